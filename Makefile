@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine:
+#   make run    set up .venv and run the main job (treefold demo; treefold bench as well on a GPU)
+#   make test   set up .venv and run the tests (kernels through the Triton interpreter on CPU)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# A machine without an NVIDIA driver gets the CPU build of torch (2.13.0 is on local disk);
+# a GPU machine gets whatever torch the index offers for it.
+HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_SPEC := $(if $(HAVE_GPU),torch>=2.6,torch==2.13.0)
+
+.PHONY: setup run test clean
+
+$(VENV)/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $@
+
+setup: $(VENV)/.ready
+
+run: setup
+	$(PY) -m treefold demo
+	@if [ -n "$(HAVE_GPU)" ]; then $(PY) -m treefold bench --out out/bench; fi
+
+test: setup
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2 tests
+
+clean:
+	rm -rf $(VENV) out

@@ -1,0 +1,1 @@
+"""Launchers: turn validated torch tensors into kernel launches (or reference calls)."""

@@ -1,0 +1,2 @@
+"""Public softmax functions: validation, docstrings, dispatch (kernel / interpreter / reference)."""
+__all__: list[str] = []

@@ -1,0 +1,1 @@
+"""Triton code only: ``@triton.jit`` kernels and the combine functions they share."""
