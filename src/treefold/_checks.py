@@ -1,0 +1,94 @@
+"""Argument validation shared by the public functions.
+
+Every message names the function, the argument and what was seen, e.g.
+``rms_norm: weight has 4095 elements, expected 4096 (x.shape[-1])``. Errors are TypeError for a
+wrong kind of value (not a tensor, wrong dtype) and ValueError for a wrong value (shape, range,
+device).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def tensor(fn: str, name: str, value, dtypes=FLOAT_DTYPES) -> torch.Tensor:
+    """Check that ``value`` is a tensor of one of ``dtypes``."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(value).__name__}")
+    if dtypes is not None and value.dtype not in dtypes:
+        raise TypeError(f"{fn}: {name} has dtype {str(value.dtype).replace('torch.', '')}, "
+                        f"expected one of {_dtype_names(dtypes)}")
+    return value
+
+
+def same_device(fn: str, name: str, value: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """treefold never moves data between devices: inputs must already share one."""
+    if value.device != ref.device:
+        raise ValueError(f"{fn}: {name} is on {value.device}, but {ref_name} is on {ref.device}; "
+                         f"move it first (treefold never copies between devices)")
+
+
+def dim(fn: str, value: int, ndim: int, name: str = "dim") -> int:
+    """Normalise a dimension index (negative allowed) for a tensor of ``ndim`` dimensions."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{fn}: {name} must be an int, got {type(value).__name__}")
+    lo, hi = -max(ndim, 1), max(ndim, 1) - 1
+    if not lo <= value <= hi:
+        raise ValueError(f"{fn}: {name}={value} is out of range for a tensor with {ndim} dimension(s) "
+                         f"(expected {lo} to {hi})")
+    return value % max(ndim, 1)
+
+
+def finite_float(fn: str, name: str, value, *, low=None, high=None, low_open=False) -> float:
+    """A finite Python number inside [low, high] (or (low, high] with ``low_open``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{fn}: {name} must be a number, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{fn}: {name} must be finite, got {value}")
+    if low is not None and (v < low or (low_open and v == low)):
+        raise ValueError(f"{fn}: {name} must be {'>' if low_open else '>='} {low}, got {value}")
+    if high is not None and v > high:
+        raise ValueError(f"{fn}: {name} must be <= {high}, got {value}")
+    return v
+
+
+def last_dim_contiguous(t: torch.Tensor) -> bool:
+    return t.ndim == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1
+
+
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """View ``t`` as [rows, n] without copying when the rows are evenly strided and the last dim
+    contiguous; otherwise a contiguous copy (documented by callers as such)."""
+    n = t.shape[-1] if t.ndim else 1
+    if t.ndim <= 1:
+        return t.reshape(1, n)
+    if last_dim_contiguous(t):
+        try:
+            return t.view(-1, n) if t.is_contiguous() else _strided_rows(t, n)
+        except RuntimeError:
+            pass
+    return t.contiguous().view(-1, n)
+
+
+def _strided_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    # Rows evenly spaced in memory (e.g. x[:, :n] of a wider buffer) can be viewed as 2-D
+    # with a row stride, no copy. Leading dims must collapse into one stride.
+    lead = t.shape[:-1]
+    strides = t.stride()[:-1]
+    rows = 1
+    for s in lead:
+        rows *= s
+    # collapse check: stride[i] == stride[i+1] * shape[i+1] for all leading dims
+    for i in range(len(lead) - 1):
+        if lead[i] > 1 and strides[i] != strides[i + 1] * lead[i + 1]:
+            raise RuntimeError("rows not evenly strided")
+    return t.as_strided((rows, n), (strides[-1] if rows > 1 else max(n, 1), 1))
