@@ -24,21 +24,21 @@ def tree_sum_rows(x: torch.Tensor, square: bool = False) -> torch.Tensor:
     rows, n = x.shape
     if n == 0 or rows == 0:
         return torch.zeros(rows, dtype=torch.float32, device=x.device)
-    if x.stride(-1) != 1:
+    if x.stride(-1) != 1 and n > 1:
         raise ValueError(f"tree_sum_rows: x must have a contiguous last dimension, got strides {tuple(x.stride())}")
-    cur, cur_n = x, n
+    cur, cur_n, dtype = x, n, x.dtype
     while True:
         lanes = order.lanes(cur_n)
-        tiles = order.tiles_per_segment(cur_n)
+        group = order.group(cur_n, dtype)
         segments = order.num_segments(cur_n)
-        spp = _segments_per_program(lanes * tiles, segments)
-        out = torch.empty((rows, segments), dtype=torch.float32, device=x.device)
+        spp = _segments_per_program(lanes, segments)
         programs = order.cdiv(segments, spp)
+        out = torch.empty((rows, segments), dtype=torch.float32, device=x.device)
         segment_sum_kernel[(rows * programs,)](
             cur, out, cur_n, cur.stride(0), out.stride(0), segments, programs,
-            LANES=lanes, LOG2_LANES=order.log2(lanes), TILES=tiles,
+            LANES=lanes, LOG2_LANES=order.log2(lanes), GROUP=group, LOG2_GROUP=order.log2(group),
             SEGMENTS_PER_PROGRAM=spp, SQUARE=square,
         )
         if segments == 1:
             return out[:, 0]
-        cur, cur_n, square = out, segments, False
+        cur, cur_n, square, dtype = out, segments, False, None

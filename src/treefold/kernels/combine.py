@@ -1,27 +1,37 @@
-"""Combine functions and halving trees shared by every treefold kernel.
+"""Combine functions and trees shared by every treefold kernel.
 
-Each tree here realises step 3 of the treefold order (``treefold.order``): over the last axis of a
-``[ROWS, WIDTH]`` block, lane j takes lane j + WIDTH/2, then j + WIDTH/4, ... A level is written as
-a reduction over an axis of size two, which is a single combine of the two halves, so the
-compiler has no order left to choose: the GPU, the interpreter and the NumPy reference
-(``treefold.order.halving_tree``) perform the same operations on the same operands.
+``tree_sum`` realises steps 2-3 of the treefold order (``treefold.order``) over the last axis of a
+``[ROWS, WIDTH]`` block: halving trees inside groups of GROUP consecutive lanes, then a halving tree
+over the groups. Each level is a reduction over an axis of size two, a single combine of the two
+halves, so the compiler has no order left to choose: the GPU, the interpreter and the NumPy
+reference (``treefold.order.grouped_tree``) perform the same operations on the same operands.
+Reshapes are free with Triton's linear layouts; with GROUP equal to the 16-byte vector each thread
+loads, the group levels are register adds and the group tree needs the usual few warp shuffles.
 """
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def tree_sum(x, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr):
-    """Halving-tree sum over the last axis of a ``[ROWS, WIDTH]`` block; returns ``[ROWS]``.
+def tree_sum(x, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr,
+             GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr):
+    """Grouped halving-tree sum over the last axis of a ``[ROWS, WIDTH]`` block; returns ``[ROWS]``.
 
     Args:
         x: the block, float32.
         ROWS: rows in the block (a power of two).
-        WIDTH: lanes per row (a power of two, ``2 ** LOG2_WIDTH``).
-        LOG2_WIDTH: tree depth.
+        WIDTH: lanes per row, ``2 ** LOG2_WIDTH`` (``treefold.order.lanes``).
+        LOG2_WIDTH: log2(WIDTH).
+        GROUP: lanes per group, ``2 ** LOG2_GROUP`` (``treefold.order.group``), at most WIDTH.
+        LOG2_GROUP: log2(GROUP).
     """
-    for level in tl.static_range(LOG2_WIDTH):
-        x = tl.sum(tl.reshape(x, [ROWS, 2, WIDTH >> (level + 1)]), axis=1)
+    GROUPS: tl.constexpr = WIDTH // GROUP
+    x = tl.reshape(x, [ROWS, GROUPS, GROUP])
+    for level in tl.static_range(LOG2_GROUP):
+        x = tl.sum(tl.reshape(x, [ROWS, GROUPS, 2, GROUP >> (level + 1)]), axis=2)
+    x = tl.reshape(x, [ROWS, GROUPS])
+    for level in tl.static_range(LOG2_WIDTH - LOG2_GROUP):
+        x = tl.sum(tl.reshape(x, [ROWS, 2, GROUPS >> (level + 1)]), axis=1)
     return tl.reshape(x, [ROWS])
 
 
@@ -42,7 +52,12 @@ def max_sum_merge(m_a, s_a, m_b, s_b):
 
 @triton.jit
 def tree_max_sum(m, s, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr):
-    """Halving tree of ``max_sum_merge`` over the last axis of ``[ROWS, WIDTH]`` states."""
+    """Halving tree of ``max_sum_merge`` over the last axis of ``[ROWS, WIDTH]`` states.
+
+    Used for the segment results (step 4 of the order, S <= MAX_LANES so a single tree);
+    the group split does not apply there because segment states are not loaded as vectors.
+    Pad unused states with (-inf, 0).
+    """
     for level in tl.static_range(LOG2_WIDTH):
         m, s = tl.reduce(
             (tl.reshape(m, [ROWS, 2, WIDTH >> (level + 1)]),
