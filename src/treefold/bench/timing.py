@@ -1,0 +1,121 @@
+"""How a call is timed, how often its output changes, and what one eager call costs the host.
+
+Two timers share one interface (``timer(fn) -> microseconds``):
+
+- ``CudaTimer``: ``triton.testing.do_bench`` with ``return_mode="median"``. do_bench clears a
+  256 MB buffer before every timed call, so no input is served from L2, and it times with CUDA
+  events around the call alone.
+- ``CpuTimer``: the median of wall-clock runs; used only by ``--cpu`` smoke runs, whose numbers
+  describe the harness and the CPU path, not any GPU.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+
+class CudaTimer:
+    """Median time of ``fn`` on the current CUDA device, L2 flushed before each call."""
+
+    device_kind = "cuda"
+
+    def __init__(self, warmup_ms: float = 25.0, rep_ms: float = 100.0):
+        self.warmup_ms = float(warmup_ms)
+        self.rep_ms = float(rep_ms)
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        import triton.testing
+
+        ms = triton.testing.do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median")
+        return float(ms) * 1e3
+
+    def describe(self) -> str:
+        return (f"triton.testing.do_bench, median, L2 flushed before each call, "
+                f"warmup {self.warmup_ms:g} ms, rep {self.rep_ms:g} ms")
+
+
+class CpuTimer:
+    """Median wall time of ``fn`` on the CPU: at least ``min_runs`` runs and about ``budget_s``."""
+
+    device_kind = "cpu"
+
+    def __init__(self, min_runs: int = 3, max_runs: int = 50, budget_s: float = 0.2):
+        self.min_runs = int(min_runs)
+        self.max_runs = int(max_runs)
+        self.budget_s = float(budget_s)
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        fn()  # one warm-up call: first calls pay for imports and caches
+        times: list[float] = []
+        start = time.perf_counter()
+        while len(times) < self.min_runs or (
+                len(times) < self.max_runs and time.perf_counter() - start < self.budget_s):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e6
+
+    def describe(self) -> str:
+        return f"wall clock on the CPU, median of {self.min_runs} to {self.max_runs} runs"
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def host_overhead_us(fn: Callable[[], Any], device: torch.device, calls: int = 2000,
+                     warmup_calls: int = 50) -> float:
+    """Host time per eager call: ``calls`` calls with no synchronisation inside the loop, wall time
+    divided by ``calls``. At decode sizes this, not the kernel, is what a user pays unless the
+    step runs in a CUDA graph. (The queue is drained before the loop and after it, outside the
+    measured interval.)"""
+    for _ in range(warmup_calls):
+        fn()
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    synchronize(device)
+    return elapsed / calls * 1e6
+
+
+def _flat_bytes(out: Any) -> list[torch.Tensor]:
+    """The output(s) of a call as flat uint8 views, in a fixed order, to compare as bytes."""
+    if isinstance(out, torch.Tensor):
+        t = out.detach()
+        if t.dtype == torch.bool:
+            t = t.to(torch.uint8)
+        return [t.contiguous().reshape(-1).view(torch.uint8)]
+    if isinstance(out, (tuple, list)):
+        parts: list[torch.Tensor] = []
+        for o in out:
+            parts.extend(_flat_bytes(o))
+        return parts
+    if out is None:
+        return []
+    raise TypeError(f"count_distinct: outputs must be tensors or tuples of tensors, got {type(out).__name__}")
+
+
+def _same_bytes(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.numel() == y.numel() and torch.equal(x, y) for x, y in zip(a, b))
+
+
+def count_distinct(fn: Callable[[], Any], runs: int = 20) -> int:
+    """How many different outputs ``runs`` calls of ``fn`` give, comparing every byte.
+
+    The comparison stays on the output's device (no copies to the host), and only the distinct
+    outputs are kept, so a deterministic op holds one copy whatever ``runs`` is.
+    """
+    if runs < 1:
+        raise ValueError(f"count_distinct: runs must be >= 1, got {runs}")
+    seen: list[list[torch.Tensor]] = []
+    for _ in range(runs):
+        current = [t.clone() for t in _flat_bytes(fn())]
+        if not any(_same_bytes(current, s) for s in seen):
+            seen.append(current)
+    return len(seen)
