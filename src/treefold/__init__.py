@@ -5,8 +5,8 @@ Every reduction follows one documented order that depends on the reduced length 
 """
 __version__ = "0.1.0"
 
-from . import order  # noqa: F401
+from . import nn, order  # noqa: F401
 from .functional import *  # noqa: F401,F403
 from .functional import __all__ as _functional_all
 
-__all__ = ["order", "__version__", *_functional_all]
+__all__ = ["nn", "order", "__version__", *_functional_all]

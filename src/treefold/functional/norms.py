@@ -1,2 +1,225 @@
-"""Public norms functions: validation, docstrings, dispatch (kernel / interpreter / reference)."""
-__all__: list[str] = []
+"""RMSNorm and LayerNorm (with the fused residual add): the public functions.
+
+Each function validates its arguments, then runs the Triton kernel (CUDA, or the interpreter on
+CPU with ``TRITON_INTERPRET=1``) or the NumPy reference (``treefold.backend``). Without a
+gradient to track, eager calls go straight to the launcher; with one, or under ``torch.compile``,
+they go through the ``treefold::`` custom ops, which carry the autograd formulas and fake
+implementations.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .. import _checks
+from .._ops import norms as _ops
+from ..reference.norms import CASTINGS, rms_norm_out_dtype
+
+__all__ = ["rms_norm", "fused_add_rms_norm_", "layer_norm"]
+
+
+def _needs_op(a: torch.Tensor, b: Optional[torch.Tensor], c: Optional[torch.Tensor]) -> bool:
+    """Go through the custom op (autograd, torch.compile) rather than straight to the launcher."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and (a.requires_grad or (b is not None and b.requires_grad)
+                                        or (c is not None and c.requires_grad))
+
+
+def _shape(t: torch.Tensor) -> tuple:
+    return tuple(t.shape)
+
+
+def _check_row_length(fn: str, n: int) -> None:
+    if n > _ops.MAX_ROW_LENGTH:
+        raise ValueError(f"{fn}: rows of {n} elements are longer than {_ops.MAX_ROW_LENGTH}, "
+                         f"the longest row these kernels hold on chip")
+
+
+def _check_vector(fn: str, name: str, value, n: int, x: torch.Tensor, what: str) -> None:
+    _checks.tensor(fn, name, value)
+    _checks.same_device(fn, name, value, "x", x)
+    if value.ndim != 1 or value.shape[0] != n:
+        raise ValueError(f"{fn}: {name} has shape {_shape(value)}, expected ({n},) ({what})")
+
+
+def _check_x(fn: str, x) -> torch.Tensor:
+    _checks.tensor(fn, "x", x)
+    if x.ndim == 0:
+        raise ValueError(f"{fn}: x must have at least one dimension, got a 0-d tensor")
+    return x
+
+
+def _check_residual(fn: str, residual, x: torch.Tensor) -> None:
+    _checks.tensor(fn, "residual", residual)
+    _checks.same_device(fn, "residual", residual, "x", x)
+    if residual.shape != x.shape:
+        raise ValueError(f"{fn}: residual has shape {_shape(residual)}, expected {_shape(x)} (x.shape)")
+
+
+def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, *,
+             residual: Optional[torch.Tensor] = None, offset: float = 0.0, casting: str = "llama",
+             out_dtype: Optional[torch.dtype] = None):
+    """RMSNorm over the last dimension, optionally after adding a residual, in one kernel.
+
+    ``y = normalise(v) * (offset + weight)`` where ``v`` is ``x``, or ``h = x + residual`` when a
+    residual is given (h is rounded to the residual's dtype and is what gets normalised), and
+    ``normalise(v) = v * rstd`` with ``rstd = 1 / sqrt(sum(v * v) / N + eps)``. The sum follows
+    the treefold order; the statistics are always float32; the division and square root are
+    IEEE-rounded, so float32 results equal ``treefold.reference.norms.rms_norm`` bit for bit, and
+    every dtype gives the same bits for a row whatever the batch size or its position.
+
+    Args:
+        x: input ``[..., N]``, float32, bfloat16 or float16. Any strides (rows that are not evenly
+            strided with a contiguous last dimension are copied first).
+        weight: ``[N]`` scale, or None for no scale.
+        eps: added to the mean square, >= 0.
+        residual: optional ``x.shape`` tensor added to x first; the function then returns
+            ``(y, h)`` with ``h = x + residual`` in the residual's dtype (the new residual stream).
+        offset: added to the weight in float32 (1.0 for Gemma's ``1 + weight``); needs a weight.
+        casting: where intermediate results are rounded, to match a model's reference code:
+
+            - ``"llama"``: statistics in float32; the normalised row is rounded to the input's
+              dtype, then multiplied by the weight (in torch's promotion of the two dtypes).
+              Hugging Face's ``LlamaRMSNorm`` and its copies (Mistral, Mixtral, Qwen2, Qwen3,
+              Phi-3, DeepSeek-V3), and vLLM's / FlashInfer's ``rms_norm``.
+            - ``"gemma"``: everything in float32 (``weight`` widened, ``offset`` added in float32),
+              one rounding to the input's dtype at the end. Hugging Face's ``GemmaRMSNorm``
+              (Gemma, Gemma 2, Gemma 3) with ``offset=1.0``; with ``offset=0.0`` it is the
+              arithmetic of ``torch.nn.functional.rms_norm``.
+            - ``"none"``: no intermediate rounding either, and the output dtype is torch's
+              promotion of the input and weight dtypes (bfloat16 activations with a float32
+              weight give float32), as an unrounded ``x * rstd * weight`` would.
+        out_dtype: output dtype; by default as stated for each casting.
+
+    Returns:
+        ``y`` (``x.shape``), or ``(y, h)`` when a residual is given.
+
+    Raises:
+        TypeError: a non-tensor or non-float argument, or an unknown ``out_dtype``.
+        ValueError: a weight or residual of the wrong shape or device, an unknown casting,
+            a negative or non-finite eps, an offset without a weight, rows over 65536 elements.
+    """
+    fn = "rms_norm"
+    _check_x(fn, x)
+    n = x.shape[-1]
+    if weight is not None:
+        _check_vector(fn, "weight", weight, n, x, "x.shape[-1]")
+    if residual is not None:
+        _check_residual(fn, residual, x)
+    eps = _checks.finite_float(fn, "eps", eps, low=0.0)
+    offset = _checks.finite_float(fn, "offset", offset)
+    if casting not in CASTINGS:
+        raise ValueError(f"{fn}: casting must be one of {', '.join(map(repr, CASTINGS))}, got {casting!r}")
+    if offset != 0.0 and weight is None:
+        raise ValueError(f"{fn}: offset={offset} needs a weight (the offset is added to the weight)")
+    if out_dtype is None:
+        in_dtype = x.dtype if residual is None else residual.dtype
+        out_dtype = rms_norm_out_dtype(in_dtype, None if weight is None else weight.dtype, casting)
+    elif out_dtype not in _checks.FLOAT_DTYPES:
+        raise TypeError(f"{fn}: out_dtype must be one of float32, bfloat16, float16, got {out_dtype}")
+    _check_row_length(fn, n)
+    if _needs_op(x, weight, residual):
+        y, h, _ = torch.ops.treefold.rms_norm(x, weight, residual, eps, offset, casting, out_dtype)
+    else:
+        y, h, _ = _ops.rms_norm_impl(x, weight, residual, eps, offset, casting, out_dtype, store_stats=False)
+    return y if residual is None else (y, h)
+
+
+def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
+                        eps: float = 1e-6) -> None:
+    """In place, the serving engines' fused add + RMSNorm: ``residual += x``, then
+    ``x = rms_norm(residual) * weight``.
+
+    The same semantics as vLLM's ``fused_add_rms_norm`` and FlashInfer's
+    ``fused_add_rmsnorm``: the sum is rounded to the residual's dtype and is what gets
+    normalised; the normalisation uses the ``"llama"`` casting and is written in x's dtype.
+    Both tensors are overwritten; nothing is returned. It has no autograd formula (it is for
+    inference): for training use ``rms_norm(x, weight, residual=residual)``, which returns
+    ``(y, h)`` and is differentiable.
+
+    Raises:
+        TypeError: a non-tensor or non-float argument.
+        ValueError: a residual or weight of the wrong shape or device, x and residual sharing
+            memory, a tensor that requires grad while grad mode is on, a bad eps.
+    """
+    fn = "fused_add_rms_norm_"
+    _check_x(fn, x)
+    _check_residual(fn, residual, x)
+    n = x.shape[-1]
+    if weight is not None:
+        _check_vector(fn, "weight", weight, n, x, "x.shape[-1]")
+    eps = _checks.finite_float(fn, "eps", eps, low=0.0)
+    _check_row_length(fn, n)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight)):
+        raise ValueError(f"{fn}: an input requires grad, but this in-place op has no autograd formula; "
+                         f"use rms_norm(x, weight, residual=residual) to train")
+    # The implementation refuses x and residual that share memory (both are written).
+    if torch.compiler.is_compiling():
+        torch.ops.treefold.fused_add_rms_norm_(x, residual, weight, eps)
+    else:
+        _ops.fused_add_rms_norm_impl(x, residual, weight, eps)
+
+
+def _normalized_shape(fn: str, normalized_shape) -> tuple[int, ...]:
+    if isinstance(normalized_shape, int) and not isinstance(normalized_shape, bool):
+        return (normalized_shape,)
+    if isinstance(normalized_shape, (tuple, list, torch.Size)) and len(normalized_shape) > 0 and all(
+            isinstance(d, int) and not isinstance(d, bool) for d in normalized_shape):
+        return tuple(normalized_shape)
+    raise TypeError(f"{fn}: normalized_shape must be an int or a non-empty sequence of ints, "
+                    f"got {normalized_shape!r}")
+
+
+def layer_norm(x: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
+               weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the trailing ``normalized_shape`` dimensions, as ``torch.nn.functional.layer_norm``.
+
+    Two passes over a row held on chip: ``mean = sum(x) / N``, ``var = sum((x - mean)^2) / N``
+    (never ``E[x^2] - E[x]^2``), ``y = ((x - mean) * rstd) * weight + bias`` with
+    ``rstd = 1 / sqrt(var + eps)``; float32 statistics and arithmetic, rounded to x's dtype at
+    the end. Sums in the treefold order; float32 results equal
+    ``treefold.reference.norms.layer_norm`` bit for bit.
+
+    Args:
+        x: input whose trailing dimensions equal ``normalized_shape``.
+        normalized_shape: an int or a sequence of ints; N is their product (at most 65536).
+        weight: optional scale of shape ``normalized_shape``.
+        bias: optional shift of shape ``normalized_shape``.
+        eps: added to the variance, >= 0.
+
+    Returns:
+        ``y`` with x's shape and dtype.
+
+    Raises:
+        TypeError: a non-tensor or non-float argument, a malformed ``normalized_shape``.
+        ValueError: ``normalized_shape`` not matching x, a weight or bias of the wrong shape or
+            device, a bad eps, rows over 65536 elements.
+    """
+    fn = "layer_norm"
+    _check_x(fn, x)
+    shape = _normalized_shape(fn, normalized_shape)
+    k = len(shape)
+    if x.ndim < k or tuple(x.shape[-k:]) != shape:
+        raise ValueError(f"{fn}: normalized_shape={shape} does not match the trailing dimensions of x "
+                         f"with shape {_shape(x)}")
+    for name, value in (("weight", weight), ("bias", bias)):
+        if value is not None:
+            _checks.tensor(fn, name, value)
+            _checks.same_device(fn, name, value, "x", x)
+            if tuple(value.shape) != shape:
+                raise ValueError(f"{fn}: {name} has shape {_shape(value)}, expected {shape} (normalized_shape)")
+    eps = _checks.finite_float(fn, "eps", eps, low=0.0)
+    n = math.prod(shape)
+    _check_row_length(fn, n)
+    rows = x if k == 1 else x.reshape(*x.shape[:-k], n)
+    w = weight if weight is None or k == 1 else weight.reshape(n)
+    b = bias if bias is None or k == 1 else bias.reshape(n)
+    if _needs_op(x, weight, bias):
+        y, _, _ = torch.ops.treefold.layer_norm(rows, w, b, eps)
+    else:
+        y, _, _ = _ops.layer_norm_impl(rows, w, b, eps, store_stats=False)
+    return y if k == 1 else y.view(x.shape)

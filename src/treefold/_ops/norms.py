@@ -1,0 +1,444 @@
+"""RMSNorm and LayerNorm: launch heuristics, launchers, torch.library custom ops, autograd.
+
+Four layers, kept apart:
+
+1. launch heuristics (``row_layout``, ``forward_config``, ``backward_config``), cached per shape;
+2. launchers that turn tensors viewed as rows into kernel launches (``launch_*``);
+3. implementations (``*_impl``) that allocate outputs and pick the kernel or the reference
+   (``treefold.backend``); the eager functions call these directly when no gradient is needed;
+4. the ``treefold::`` custom ops with fake implementations and autograd formulas, used when a
+   gradient is needed or under ``torch.compile``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import backend, order
+from .._checks import as_rows
+from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
+from ..reference import norms as ref
+
+#: Longest row the kernels hold on chip (the whole row lives in registers).
+MAX_ROW_LENGTH = 65536
+
+#: Elements one forward program aims to hold (rows are packed into a program up to this).
+_FORWARD_TILE = 4096
+#: Elements per thread the heuristic aims for (16 bf16 = two 16-byte loads).
+_ELEMENTS_PER_THREAD = 16
+#: The column tree reads at most this many float32 partials per program.
+_COLUMN_TILE = 8192
+
+
+# --------------------------------------------------------------------------------------------
+# 1. launch heuristics
+# --------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=4096)
+def row_layout(n: int, dtype: torch.dtype) -> dict:
+    """The on-chip block for a row of ``n`` whose statistics group by ``dtype``'s vectors.
+
+    LANES = C(N), GROUP = G(N, dtype), SEGMENTS = S(N) padded to a power of two, with their log2s:
+    all from the treefold order. ``dtype`` is the dtype of the row being normalised (x, or h).
+    """
+    lanes = order.lanes(n)
+    group = order.group(n, dtype)
+    segments = order.next_pow2(order.num_segments(n))
+    return dict(LANES=lanes, LOG2_LANES=order.log2(lanes), GROUP=group, LOG2_GROUP=order.log2(group),
+                SEGMENTS=segments, LOG2_SEGMENTS=order.log2(segments))
+
+
+def row_block(n: int) -> int:
+    """Elements of the on-chip block holding one row: C(N) x S(N) padded to a power of two."""
+    return order.lanes(n) * order.next_pow2(order.num_segments(n))
+
+
+def _warps_for(elements: int) -> int:
+    return max(1, min(32, elements // (32 * _ELEMENTS_PER_THREAD)))
+
+
+@functools.lru_cache(maxsize=4096)
+def forward_config(n: int) -> tuple[int, int]:
+    """(rows per program, num_warps) for the forward kernel. A launch choice: never changes bits."""
+    block = row_block(n)
+    rows = max(1, min(64, _FORWARD_TILE // block))
+    return rows, _warps_for(rows * block)
+
+
+@functools.lru_cache(maxsize=4096)
+def backward_config(m: int, n: int) -> tuple[int, int, Optional[int]]:
+    """(rows per block, num_warps, num_stages) for the backward kernel.
+
+    The rows per block fix the weight-gradient order, so they come from the shape alone
+    (``treefold.reference.norms.weight_grad_rows_per_block``). num_stages None leaves Triton's
+    default software pipelining of the row loop; rows over 16384 elements turn it off, as
+    buffering several of them would not fit in shared memory.
+    """
+    block = row_block(n)
+    return ref.weight_grad_rows_per_block(m, n), _warps_for(block), (None if block <= 16384 else 1)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. launchers (tensors are [rows, n] views with a contiguous last dimension)
+# --------------------------------------------------------------------------------------------
+
+def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: Optional[Tensor],
+                   y2: Tensor, h2: Optional[Tensor], mean: Optional[Tensor], rstd: Optional[Tensor], *,
+                   eps: float, offset: float, is_rms: bool, round_normalised: bool,
+                   rows_per_program: Optional[int] = None, num_warps: Optional[int] = None) -> None:
+    """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
+
+    ``rows_per_program`` and ``num_warps`` override the heuristic (the bits do not change).
+    """
+    m, n = x2.shape
+    layout = row_layout(n, x2.dtype if res2 is None else res2.dtype)
+    rpp, warps = forward_config(n)
+    rpp = rows_per_program or rpp
+    warps = num_warps or warps
+    norm_forward_kernel[(order.cdiv(m, rpp),)](
+        x2, x2 if res2 is None else res2, x2 if w is None else w, x2 if b is None else b,
+        y2, x2 if h2 is None else h2, y2 if mean is None else mean, y2 if rstd is None else rstd,
+        m, n, float(n), eps, offset,
+        x2.stride(0), 0 if res2 is None else res2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0),
+        IS_RMS=is_rms, HAS_RESIDUAL=res2 is not None, HAS_WEIGHT=w is not None, HAS_BIAS=b is not None,
+        HAS_OFFSET=offset != 0.0, ROUND_NORMALISED=round_normalised, STORE_STATS=rstd is not None,
+        SOFT_BF16=backend.INTERPRETED, ROWS=rpp, **layout, num_warps=warps, enable_fp_fusion=False,
+    )
+
+
+def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[Tensor],
+                    mean: Optional[Tensor], rstd: Tensor, dx2: Tensor, dres2: Optional[Tensor],
+                    dw_part: Optional[Tensor], db_part: Optional[Tensor], *, offset: float, is_rms: bool,
+                    round_normalised: bool, rows_per_block: int,
+                    num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> None:
+    """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs.
+
+    ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
+    ``backward_config(m, n)[0]`` unless they mean to compute a different order.
+    """
+    m, n = x2.shape
+    layout = row_layout(n, x2.dtype)
+    _, default_warps, default_stages = backward_config(m, n)
+    warps = num_warps or default_warps
+    num_stages = num_stages or default_stages
+    extra = {} if num_stages is None else {"num_stages": num_stages}
+    norm_backward_kernel[(order.cdiv(m, rows_per_block),)](
+        dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,
+        rstd if mean is None else mean, rstd, dx2, dx2 if dres2 is None else dres2,
+        rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
+        m, n, float(n), offset,
+        dy2.stride(0), 0 if dh2 is None else dh2.stride(0), x2.stride(0), dx2.stride(0),
+        0 if dres2 is None else dres2.stride(0),
+        IS_RMS=is_rms, HAS_DH_OUT=dh2 is not None, HAS_WEIGHT=w is not None, HAS_OFFSET=offset != 0.0,
+        ROUND_NORMALISED=round_normalised, STORE_DRES=dres2 is not None,
+        WEIGHT_GRAD=dw_part is not None, BIAS_GRAD=db_part is not None, SOFT_BF16=backend.INTERPRETED,
+        BLOCK_ROWS=rows_per_block, **layout, num_warps=warps, enable_fp_fusion=False, **extra,
+    )
+
+
+def launch_column_sum(parts: Tensor, out: Tensor) -> None:
+    """``out[j] = treefold sum over i of parts[i, j]`` for contiguous float32 ``parts``."""
+    p, n = parts.shape
+    padded = order.next_pow2(p)
+    if padded > order.MAX_LANES:
+        raise ValueError(f"launch_column_sum: {p} partial rows exceed one tree of {order.MAX_LANES}")
+    block_n = min(order.next_pow2(n), max(16, _COLUMN_TILE // padded))
+    column_tree_sum_kernel[(order.cdiv(n, block_n),)](
+        parts, out, p, n, PARTS=padded, LOG2_PARTS=order.log2(padded), BLOCK_N=block_n,
+        SOFT_BF16=backend.INTERPRETED, num_warps=4, enable_fp_fusion=False,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# 3. implementations: allocate, then kernel or reference
+# --------------------------------------------------------------------------------------------
+
+def _rows(t: Tensor) -> Tensor:
+    """``t`` as ``[rows, n]`` with a contiguous last dimension; 2-D inputs pass through untouched
+    (a view costs microseconds of host time per call, which tiny decode-time calls notice)."""
+    if t.dim() == 2 and (t.stride(1) == 1 or t.shape[1] <= 1):
+        return t
+    return as_rows(t)
+
+
+def _empty_stats(x: Tensor) -> Tensor:
+    return torch.full(x.shape[:-1], float("nan"), dtype=torch.float32, device=x.device)
+
+
+def rms_norm_impl(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], eps: float,
+                  offset: float, casting: str, out_dtype: torch.dtype, store_stats: bool = True,
+                  **launch) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """``(y, h, rstd)`` of RMSNorm over the last dim (h None without a residual, rstd None
+    without ``store_stats``). Arguments are already validated; ``launch`` overrides the config."""
+    if not backend.use_kernel(x):
+        y, h, rstd = ref.rms_norm(x, weight, eps, residual, offset, casting, out_dtype)
+        return y, h, (rstd if store_stats else None)
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    h = None if residual is None else torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+    if x.numel() == 0:
+        return y, h, (_empty_stats(x) if store_stats else None)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if store_stats else None
+    launch_forward(_rows(x), None if residual is None else _rows(residual), weight, None,
+                   _rows(y), None if h is None else _rows(h), None, None if rstd is None else rstd.view(-1),
+                   eps=eps, offset=offset, is_rms=True, round_normalised=casting == "llama", **launch)
+    return y, h, rstd
+
+
+def _overlap(a: Tensor, b: Tensor) -> bool:
+    """Whether the memory spans of two tensors intersect (a conservative test)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t: Tensor) -> tuple[int, int]:
+        extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1
+        return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float,
+                            **launch) -> None:
+    """In place: ``residual = x + residual`` (residual's dtype), then ``x = rms_norm(residual) * w``
+    with the "llama" casting, written in x's dtype. Raises ValueError if x and residual overlap."""
+    if _overlap(x, residual):
+        raise ValueError("fused_add_rms_norm_: x and residual share memory; both are written in place, "
+                         "so they must not")
+    if x.numel() == 0:
+        return
+    x2, r2 = _rows(x), _rows(residual)
+    for name, t in (("x", x2), ("residual", r2)):
+        if t.shape[0] > 1 and abs(t.stride(0)) < t.shape[1]:
+            raise ValueError(f"fused_add_rms_norm_: {name} has rows that overlap in memory (row stride "
+                             f"{t.stride(0)}, rows of {t.shape[1]}); it is written in place, so they must not")
+    if not backend.use_kernel(x):
+        y, h, _ = ref.rms_norm(x, weight, eps, residual, 0.0, "llama", x.dtype)
+        residual.copy_(h)
+        x.copy_(y)
+        return
+    # Each program reads its rows whole before writing them, so the outputs may be the inputs.
+    launch_forward(x2, r2, weight, None, x2, r2, None, None, eps=eps, offset=0.0, is_rms=True,
+                   round_normalised=True, **launch)
+    # as_rows copies rows that cannot be viewed evenly strided; write such copies back.
+    if x2.data_ptr() != x.data_ptr():
+        x.copy_(x2.view(x.shape))
+    if r2.data_ptr() != residual.data_ptr():
+        residual.copy_(r2.view(residual.shape))
+
+
+def rms_norm_backward_impl(dy: Tensor, dh_out: Optional[Tensor], normed: Tensor, weight: Optional[Tensor],
+                           rstd: Tensor, offset: float, casting: str, x_dtype: torch.dtype,
+                           residual_dtype: Optional[torch.dtype], weight_grad: bool,
+                           **launch) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """``(dx, dres, dw)``: dres only when ``residual_dtype`` differs from ``x_dtype`` (otherwise
+    dx is the residual's gradient too); dw only with a weight and ``weight_grad``."""
+    separate_dres = residual_dtype is not None and residual_dtype != x_dtype
+    if not backend.use_kernel(dy):
+        dx, dres, dw = ref.rms_norm_backward(
+            dy, normed, weight, rstd, offset=offset, casting=casting, dh_out=dh_out, x_dtype=x_dtype,
+            residual_dtype=residual_dtype if separate_dres else None, weight_grad=weight_grad)
+        return dx, dres, dw
+    shape, device = normed.shape, normed.device
+    n = shape[-1]
+    m = math.prod(shape[:-1])
+    dx = torch.empty(shape, dtype=x_dtype, device=device)
+    dres = torch.empty(shape, dtype=residual_dtype, device=device) if separate_dres else None
+    want_dw = weight is not None and weight_grad
+    if dy.numel() == 0:
+        dw = torch.zeros(n, dtype=weight.dtype, device=device) if want_dw else None
+        return dx, dres, dw
+    rows_per_block = launch.pop("rows_per_block", None) or backward_config(m, n)[0]
+    programs = order.cdiv(m, rows_per_block)
+    dw_part = torch.empty((programs, n), dtype=torch.float32, device=device) if want_dw else None
+    launch_backward(_rows(dy), None if dh_out is None else _rows(dh_out), _rows(normed), weight, None,
+                    rstd.reshape(-1), _rows(dx), None if dres is None else _rows(dres), dw_part, None,
+                    offset=offset, is_rms=True, round_normalised=casting == "llama",
+                    rows_per_block=rows_per_block, **launch)
+    dw = None
+    if want_dw:
+        dw = torch.empty(n, dtype=weight.dtype, device=device)
+        launch_column_sum(dw_part, dw)
+    return dx, dres, dw
+
+
+def layer_norm_impl(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
+                    store_stats: bool = True, **launch) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """``(y, mean, rstd)`` of LayerNorm over the last dim (stats None without ``store_stats``)."""
+    if not backend.use_kernel(x):
+        y, mean, rstd = ref.layer_norm(x, weight, bias, eps)
+        return (y, mean, rstd) if store_stats else (y, None, None)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return (y, _empty_stats(x), _empty_stats(x)) if store_stats else (y, None, None)
+    mean = rstd = None
+    if store_stats:
+        mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    launch_forward(_rows(x), None, weight, bias, _rows(y), None,
+                   None if mean is None else mean.view(-1), None if rstd is None else rstd.view(-1),
+                   eps=eps, offset=0.0, is_rms=False, round_normalised=False, **launch)
+    return y, mean, rstd
+
+
+def layer_norm_backward_impl(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor,
+                             weight_grad: bool, bias_dtype: Optional[torch.dtype],
+                             **launch) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """``(dx, dw, db)``: dw with a weight and ``weight_grad``; db when ``bias_dtype`` is given."""
+    if not backend.use_kernel(dy):
+        return ref.layer_norm_backward(dy, x, weight, mean, rstd, weight_grad=weight_grad, bias_dtype=bias_dtype)
+    shape, device = x.shape, x.device
+    n = shape[-1]
+    m = math.prod(shape[:-1])
+    dx = torch.empty(shape, dtype=x.dtype, device=device)
+    want_dw = weight is not None and weight_grad
+    if dy.numel() == 0:
+        dw = torch.zeros(n, dtype=weight.dtype, device=device) if want_dw else None
+        db = None if bias_dtype is None else torch.zeros(n, dtype=bias_dtype, device=device)
+        return dx, dw, db
+    rows_per_block = launch.pop("rows_per_block", None) or backward_config(m, n)[0]
+    programs = order.cdiv(m, rows_per_block)
+    dw_part = torch.empty((programs, n), dtype=torch.float32, device=device) if want_dw else None
+    db_part = torch.empty((programs, n), dtype=torch.float32, device=device) if bias_dtype is not None else None
+    launch_backward(_rows(dy), None, _rows(x), weight, mean.reshape(-1), rstd.reshape(-1), _rows(dx),
+                    None, dw_part, db_part, offset=0.0, is_rms=False, round_normalised=False,
+                    rows_per_block=rows_per_block, **launch)
+    dw = db = None
+    if want_dw:
+        dw = torch.empty(n, dtype=weight.dtype, device=device)
+        launch_column_sum(dw_part, dw)
+    if db_part is not None:
+        db = torch.empty(n, dtype=bias_dtype, device=device)
+        launch_column_sum(db_part, db)
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------------------------
+# 4. custom ops (namespace treefold), fake implementations, autograd
+# --------------------------------------------------------------------------------------------
+
+def _placeholder(like: Tensor) -> Tensor:
+    # Custom ops return tensors, never None: an empty tensor stands for "absent".
+    return like.new_empty(0)
+
+
+@torch.library.custom_op("treefold::rms_norm", mutates_args=())
+def rms_norm_op(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], eps: float, offset: float,
+                casting: str, out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """RMSNorm; returns (y, h or an empty tensor, rstd)."""
+    y, h, rstd = rms_norm_impl(x, weight, residual, eps, offset, casting, out_dtype)
+    return y, (_placeholder(x) if h is None else h), rstd
+
+
+@rms_norm_op.register_fake
+def _rms_norm_fake(x, weight, residual, eps, offset, casting, out_dtype):
+    h = _placeholder(x) if residual is None else residual.new_empty(x.shape)
+    return x.new_empty(x.shape, dtype=out_dtype), h, x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("treefold::rms_norm_backward", mutates_args=())
+def rms_norm_backward_op(dy: Tensor, dh_out: Optional[Tensor], normed: Tensor, weight: Optional[Tensor],
+                         rstd: Tensor, offset: float, casting: str, x_dtype: torch.dtype,
+                         residual_dtype: Optional[torch.dtype], weight_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of RMSNorm; returns (dx, dres or empty, dw or empty)."""
+    dx, dres, dw = rms_norm_backward_impl(dy, dh_out, normed, weight, rstd, offset, casting, x_dtype,
+                                          residual_dtype, weight_grad)
+    return dx, (_placeholder(dx) if dres is None else dres), (_placeholder(dx) if dw is None else dw)
+
+
+@rms_norm_backward_op.register_fake
+def _rms_norm_backward_fake(dy, dh_out, normed, weight, rstd, offset, casting, x_dtype, residual_dtype,
+                            weight_grad):
+    dx = normed.new_empty(normed.shape, dtype=x_dtype)
+    separate = residual_dtype is not None and residual_dtype != x_dtype
+    dres = normed.new_empty(normed.shape, dtype=residual_dtype) if separate else _placeholder(dx)
+    dw = weight.new_empty(weight.shape) if (weight is not None and weight_grad) else _placeholder(dx)
+    return dx, dres, dw
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, residual, eps, offset, casting, out_dtype = inputs
+    _, h, rstd = output
+    ctx.save_for_backward(x if residual is None else h, weight, rstd)
+    ctx.has_residual = residual is not None
+    ctx.x_dtype = x.dtype
+    ctx.residual_dtype = None if residual is None else residual.dtype
+    ctx.offset = offset
+    ctx.casting = casting
+
+
+def _rms_norm_backward(ctx, dy, dh, drstd):
+    normed, weight, rstd = ctx.saved_tensors
+    need_x, need_w, need_res = ctx.needs_input_grad[:3]
+    dx, dres, dw = torch.ops.treefold.rms_norm_backward(
+        dy, dh if ctx.has_residual else None, normed, weight, rstd, ctx.offset, ctx.casting, ctx.x_dtype,
+        ctx.residual_dtype, bool(need_w))
+    if not ctx.has_residual:
+        dres = None
+    elif ctx.residual_dtype == ctx.x_dtype:
+        dres = dx  # h = x + residual passes one gradient to both
+    return (dx if need_x else None, dw if need_w else None, dres if need_res else None,
+            None, None, None, None)
+
+
+rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+
+
+@torch.library.custom_op("treefold::fused_add_rms_norm_", mutates_args=("x", "residual"))
+def fused_add_rms_norm_op(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> None:
+    """In place: residual += x; x = rms_norm(residual) * weight ("llama" casting)."""
+    fused_add_rms_norm_impl(x, residual, weight, eps)
+
+
+@fused_add_rms_norm_op.register_fake
+def _fused_add_rms_norm_fake(x, residual, weight, eps):
+    return None
+
+
+@torch.library.custom_op("treefold::layer_norm", mutates_args=())
+def layer_norm_op(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """LayerNorm over the last dim; returns (y, mean, rstd)."""
+    return layer_norm_impl(x, weight, bias, eps)
+
+
+@layer_norm_op.register_fake
+def _layer_norm_fake(x, weight, bias, eps):
+    stats = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return x.new_empty(x.shape), stats, stats.new_empty(stats.shape)
+
+
+@torch.library.custom_op("treefold::layer_norm_backward", mutates_args=())
+def layer_norm_backward_op(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor,
+                           weight_grad: bool, bias_dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of LayerNorm; returns (dx, dw or empty, db or empty)."""
+    dx, dw, db = layer_norm_backward_impl(dy, x, weight, mean, rstd, weight_grad, bias_dtype)
+    return dx, (_placeholder(dx) if dw is None else dw), (_placeholder(dx) if db is None else db)
+
+
+@layer_norm_backward_op.register_fake
+def _layer_norm_backward_fake(dy, x, weight, mean, rstd, weight_grad, bias_dtype):
+    dw = weight.new_empty(weight.shape) if (weight is not None and weight_grad) else _placeholder(x)
+    db = x.new_empty(x.shape[-1:], dtype=bias_dtype) if bias_dtype is not None else _placeholder(x)
+    return x.new_empty(x.shape), dw, db
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _layer_norm_backward(ctx, dy, dmean, drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    dx, dw, db = torch.ops.treefold.layer_norm_backward(
+        dy, x, weight, mean, rstd, bool(need_w), ctx.bias_dtype if need_b else None)
+    return dx if need_x else None, dw if need_w else None, db if need_b else None, None
+
+
+layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)

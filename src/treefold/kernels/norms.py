@@ -1,0 +1,285 @@
+"""RMSNorm and LayerNorm, forward and backward, in the treefold order.
+
+A row of N elements is held on chip as a ``[SEGMENTS, LANES]`` block: LANES = C(N) lanes and
+SEGMENTS = S(N) segments padded to a power of two (``treefold.order``). A row statistic is the
+grouped halving tree over each segment (groups of GROUP = G(N, dtype) lanes, G set by the dtype of
+the row being normalised), then a plain halving tree over the segment results: exactly
+``treefold.order.reference_sum(values, dtype=that dtype)``.
+Every product and quotient is rounded on its own (launch with ``enable_fp_fusion=False``), and the
+divisions and the square root are IEEE-rounded (``div_rn``, ``sqrt_rn``), so float32 results are
+the bits of the NumPy reference in ``treefold.reference.norms``.
+
+The weight and bias gradients are column sums over all rows. The backward kernel gives each
+program a fixed block of rows (``treefold.reference.norms.weight_grad_rows_per_block``: a function
+of the shape only), folds the block's rows into float32 partials one row after another, and
+``column_tree_sum_kernel`` reduces the partials over the row axis by the halving tree the order
+uses for segment results. No atomics: the same bits on every run.
+"""
+import triton
+import triton.language as tl
+
+from .combine import tree_sum
+
+
+@triton.jit
+def round_to(x, dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
+    """Round float32 ``x`` to ``dtype`` to nearest, ties to even.
+
+    The compiled cast does this in one instruction. Triton's interpreter truncates float32 to
+    bfloat16 instead, so with ``SOFT_BF16`` (set when interpreted) the rounding is done on the
+    bits first: add 0x7FFF plus the lowest kept bit, clear the 16 dropped bits (NaN kept as is),
+    after which the truncating cast is exact.
+    """
+    if SOFT_BF16 and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + (0x7FFF + ((bits >> 16) & 1))
+        rounded = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
+        rounded = tl.where(x != x, x, rounded)
+        return rounded.to(dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def row_tree_sum(v, ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
+                 LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr):
+    """Sum of each row of a ``[ROWS, SEGMENTS, LANES]`` float32 block in the treefold order.
+
+    Each segment by the grouped tree (GROUP lanes per group), then the segment results by a plain
+    halving tree. Padding (lanes past N, segments past S) must hold zeros, as the order pads with
+    the identity. Returns ``[ROWS]``.
+    """
+    seg = tree_sum(tl.reshape(v, [ROWS * SEGMENTS, LANES]), ROWS * SEGMENTS, LANES, LOG2_LANES,
+                   GROUP, LOG2_GROUP)
+    return tree_sum(tl.reshape(seg, [ROWS, SEGMENTS]), ROWS, SEGMENTS, LOG2_SEGMENTS, 1, 0)
+
+
+@triton.jit
+def norm_forward_kernel(
+    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr,
+    rows, n, n_float, eps, offset,
+    stride_x, stride_res, stride_y, stride_h,
+    IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_OFFSET: tl.constexpr, ROUND_NORMALISED: tl.constexpr,
+    STORE_STATS: tl.constexpr, SOFT_BF16: tl.constexpr,
+    ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
+    LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
+):
+    """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip.
+
+    RMSNorm:   rstd = 1 / sqrt(tree(v * v) / N + eps), y = (v * rstd) * (w [+ offset]).
+    LayerNorm: mean = tree(v) / N, d = v - mean, rstd = 1 / sqrt(tree(d * d) / N + eps),
+               y = (d * rstd) * w + b.
+    With a residual, v is h = x + residual rounded to the residual's dtype, and h is stored.
+    With ``ROUND_NORMALISED`` (the "llama" casting), v * rstd is rounded to the dtype of the
+    normalised input (h, or x) before the weight multiplies it.
+
+    Bytes: reads M x N of x (and of the residual), N of weight and bias; writes M x N of y (and of
+    h), and 4 bytes (8 for LayerNorm) per row of statistics when ``STORE_STATS``.
+
+    Args:
+        x_ptr: input rows [rows, n], last dimension contiguous.
+        res_ptr: residual rows [rows, n] (used with HAS_RESIDUAL).
+        w_ptr: weight [n] (used with HAS_WEIGHT).
+        b_ptr: bias [n] (used with HAS_BIAS).
+        y_ptr: output rows [rows, n]; its dtype is the output dtype.
+        h_ptr: x + residual rows [rows, n] in the residual's dtype (written with HAS_RESIDUAL).
+        mean_ptr: float32 [rows] row means (written by LayerNorm with STORE_STATS).
+        rstd_ptr: float32 [rows] reciprocal standard deviations (written with STORE_STATS).
+        rows: number of rows M.
+        n: row length N.
+        n_float: N as a float (exact below 2^24), the divisor of the means.
+        eps: added to the mean square (variance) before the square root.
+        offset: added to the weight (Gemma's 1 + w), used with HAS_OFFSET.
+        stride_x, stride_res, stride_y, stride_h: elements between consecutive rows.
+        IS_RMS: RMSNorm when true, LayerNorm when false.
+        HAS_RESIDUAL: add the residual first and store h.
+        HAS_WEIGHT, HAS_BIAS, HAS_OFFSET: which affine terms apply.
+        ROUND_NORMALISED: round v * rstd to the input dtype before the weight ("llama").
+        STORE_STATS: write mean/rstd (needed for the backward pass).
+        SOFT_BF16: round to bfloat16 on the bits (interpreter only, see ``round_to``).
+        ROWS: rows per program (a launch choice; the bits do not depend on it).
+        SEGMENTS: S(N) padded to a power of two; LOG2_SEGMENTS its log2.
+        LANES: C(N); LOG2_LANES its log2.
+        GROUP: G(N, dtype of the normalised row), lanes per group; LOG2_GROUP its log2.
+    """
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    col = tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :]
+    row3 = row[:, None, None]
+    col3 = col[None, :, :]
+    mask = (row3 < rows) & (col3 < n)
+    v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0,
+                eviction_policy="evict_first").to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
+        tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask)
+        v = h.to(tl.float32)
+    if IS_RMS:
+        total = row_tree_sum(v * v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
+        normalised = v * rstd[:, None, None]
+    else:
+        total = row_tree_sum(v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+        mean = tl.div_rn(total, n_float)
+        d = tl.where(mask, v - mean[:, None, None], 0.0)
+        total_sq = row_tree_sum(d * d, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+        var = tl.div_rn(total_sq, n_float)
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+        normalised = d * rstd[:, None, None]
+        if STORE_STATS:
+            tl.store(mean_ptr + row, mean, mask=row < rows)
+    if STORE_STATS:
+        tl.store(rstd_ptr + row, rstd, mask=row < rows)
+    if ROUND_NORMALISED:
+        if HAS_RESIDUAL:
+            normalised = round_to(normalised, h_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
+        else:
+            normalised = round_to(normalised, x_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
+    out = normalised
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + col, mask=col < n, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        if HAS_OFFSET:
+            w = w + offset
+        out = out * w[None, :, :]
+    if HAS_BIAS:
+        b = tl.load(b_ptr + col, mask=col < n, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        out = out + b[None, :, :]
+    tl.store(y_ptr + row3 * stride_y + col3, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
+
+
+@triton.jit
+def norm_backward_kernel(
+    dy_ptr, dh_out_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dres_ptr, dw_part_ptr, db_part_ptr,
+    rows, n, n_float, offset,
+    stride_dy, stride_dh_out, stride_x, stride_dx, stride_dres,
+    IS_RMS: tl.constexpr, HAS_DH_OUT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, ROUND_NORMALISED: tl.constexpr, STORE_DRES: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, SOFT_BF16: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
+    GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
+):
+    """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
+
+    Program p takes rows [p * BLOCK_ROWS, (p + 1) * BLOCK_ROWS), one row at a time:
+    g = dy * (w [+ offset]) (or dy without a weight) and n = the normalised row, then
+    RMSNorm:   dx = (g - n * (tree(g * n) / N)) * rstd
+    LayerNorm: dx = ((g - tree(g) / N) - n * (tree(g * n) / N)) * rstd
+    plus the gradient arriving at h (``HAS_DH_OUT``) when the forward pass added a residual.
+    The partials fold dy * n (weight; n rounded as the forward pass rounded it) and dy (bias)
+    over the block's rows in row order, starting from zero.
+
+    Bytes: reads M x N of dy and of x (h), M x N of dh_out when present, N of weight, 4 (8) bytes of
+    statistics per row; writes M x N of dx (and of dres when its dtype differs) and
+    ceil(M / BLOCK_ROWS) x N float32 partials per gradient.
+
+    Args:
+        dy_ptr: output gradient rows [rows, n].
+        dh_out_ptr: gradient of the h output [rows, n] (used with HAS_DH_OUT).
+        x_ptr: the normalised input rows [rows, n] (h when a residual was added).
+        w_ptr: weight [n] (used with HAS_WEIGHT).
+        mean_ptr: float32 [rows] means (LayerNorm).
+        rstd_ptr: float32 [rows] reciprocal standard deviations.
+        dx_ptr: input gradient rows [rows, n], written in x's dtype.
+        dres_ptr: residual gradient rows [rows, n] (written with STORE_DRES, its own dtype).
+        dw_part_ptr: float32 [programs, n] weight-gradient partials (written with WEIGHT_GRAD).
+        db_part_ptr: float32 [programs, n] bias-gradient partials (written with BIAS_GRAD).
+        rows: number of rows M.
+        n: row length N.
+        n_float: N as a float.
+        offset: added to the weight (used with HAS_OFFSET).
+        stride_dy, stride_dh_out, stride_x, stride_dx, stride_dres: elements between rows.
+        IS_RMS: RMSNorm when true, LayerNorm when false.
+        HAS_DH_OUT, HAS_WEIGHT, HAS_OFFSET: which inputs apply.
+        ROUND_NORMALISED: the forward pass rounded the normalised row to x's dtype ("llama").
+        STORE_DRES: also write the gradient in the residual's dtype.
+        WEIGHT_GRAD, BIAS_GRAD: write the partials.
+        SOFT_BF16: round to bfloat16 on the bits (interpreter only).
+        BLOCK_ROWS: rows each program folds, a power of two that depends on M and N only
+            (``treefold.reference.norms.weight_grad_rows_per_block``), never on the device.
+        SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP: the row's block shape and
+            group, as in the forward pass.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    col = (tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :])[None, :, :]
+    cmask = col < n
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + col, mask=cmask, other=0.0).to(tl.float32)
+        if HAS_OFFSET:
+            w = w + offset
+    dw_acc = tl.zeros([1, SEGMENTS, LANES], dtype=tl.float32)
+    db_acc = tl.zeros([1, SEGMENTS, LANES], dtype=tl.float32)
+    for i in range(BLOCK_ROWS):
+        # Rows past the end load as zeros and add +0 to the partials, which changes no bits.
+        row = pid * BLOCK_ROWS + i
+        live = row < rows
+        mask = cmask & live
+        dy = tl.load(dy_ptr + row * stride_dy + col, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(x_ptr + row * stride_x + col, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + row, mask=live, other=0.0)
+        if IS_RMS:
+            normalised = v * rstd
+        else:
+            mean = tl.load(mean_ptr + row, mask=live, other=0.0)
+            normalised = tl.where(mask, v - mean, 0.0) * rstd
+        if HAS_WEIGHT:
+            g = dy * w
+        else:
+            g = dy
+        s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+        c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
+        if IS_RMS:
+            dx = (g - normalised * c_gn) * rstd
+        else:
+            s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+            c_g = tl.div_rn(s_g, n_float)[:, None, None]
+            dx = ((g - c_g) - normalised * c_gn) * rstd
+        if HAS_DH_OUT:
+            dx = dx + tl.load(dh_out_ptr + row * stride_dh_out + col, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + row * stride_dx + col, round_to(dx, dx_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
+        if STORE_DRES:
+            tl.store(dres_ptr + row * stride_dres + col, round_to(dx, dres_ptr.dtype.element_ty, SOFT_BF16),
+                     mask=mask)
+        if WEIGHT_GRAD:
+            if ROUND_NORMALISED:
+                normalised = round_to(normalised, x_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
+            dw_acc = dw_acc + dy * normalised
+        if BIAS_GRAD:
+            db_acc = db_acc + dy
+    if WEIGHT_GRAD:
+        tl.store(dw_part_ptr + pid * n + col, dw_acc, mask=cmask)
+    if BIAS_GRAD:
+        tl.store(db_part_ptr + pid * n + col, db_acc, mask=cmask)
+
+
+@triton.jit
+def column_tree_sum_kernel(
+    part_ptr, out_ptr, num_parts, n,
+    PARTS: tl.constexpr, LOG2_PARTS: tl.constexpr, BLOCK_N: tl.constexpr, SOFT_BF16: tl.constexpr,
+):
+    """Column sums of ``num_parts`` float32 partial rows: a halving tree over the rows.
+
+    The partials are reduced as the order reduces segment results: a plain halving tree over
+    next_pow2(num_parts) zero-padded lanes (num_parts <= ``treefold.order.MAX_LANES``). Program p
+    takes the columns [p * BLOCK_N, (p + 1) * BLOCK_N); the result is rounded to ``out_ptr``'s
+    dtype.
+
+    Bytes: reads num_parts x N float32, writes N.
+
+    Args:
+        part_ptr: float32 partials [num_parts, n], rows contiguous.
+        out_ptr: output [n], any float dtype.
+        num_parts: number of partial rows.
+        n: row length.
+        PARTS: next_pow2(num_parts); LOG2_PARTS its log2.
+        BLOCK_N: columns per program (a launch choice; the bits do not depend on it).
+        SOFT_BF16: round to bfloat16 on the bits (interpreter only).
+    """
+    cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    parts = tl.arange(0, PARTS)
+    mask = (parts[:, None] < num_parts) & (cols[None, :] < n)
+    v = tl.load(part_ptr + parts[:, None].to(tl.int64) * n + cols[None, :], mask=mask, other=0.0)
+    total = tree_sum(tl.trans(v), BLOCK_N, PARTS, LOG2_PARTS, 1, 0)
+    tl.store(out_ptr + cols, round_to(total, out_ptr.dtype.element_ty, SOFT_BF16), mask=cols < n)

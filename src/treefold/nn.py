@@ -1,0 +1,124 @@
+"""Drop-in ``nn.Module``s backed by treefold's kernels.
+
+``RMSNorm`` and ``LayerNorm`` keep the parameter names of ``torch.nn.RMSNorm`` /
+``torch.nn.LayerNorm`` (and of Hugging Face's ``LlamaRMSNorm`` / ``GemmaRMSNorm``: a single
+``weight``), so ``load_state_dict`` takes those modules' state dicts unchanged.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .functional.norms import layer_norm, rms_norm
+
+__all__ = ["RMSNorm", "LayerNorm"]
+
+_Shape = Union[int, Sequence[int], torch.Size]
+
+
+def _as_shape(normalized_shape: _Shape) -> tuple[int, ...]:
+    if isinstance(normalized_shape, int):
+        return (normalized_shape,)
+    return tuple(normalized_shape)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the trailing ``normalized_shape`` dimensions, optionally fused with a residual add.
+
+    Args:
+        normalized_shape: the trailing shape to normalise (an int for the last dimension).
+        eps: added to the mean square; None means ``torch.finfo(x.dtype).eps`` as in
+            ``torch.nn.RMSNorm`` (Hugging Face's modules use 1e-6 or the model config's value).
+        elementwise_affine: learn a ``weight`` of shape ``normalized_shape``.
+        casting: ``"llama"``, ``"gemma"`` or ``"none"`` (see ``treefold.rms_norm``).
+        offset: added to the weight (1.0 for Gemma, whose checkpoints store ``weight`` with the
+            1 taken out). The weight starts at ``1 - offset`` so that a fresh module scales by 1.
+
+    ``forward(x)`` returns the normalised x; ``forward(x, residual)`` returns
+    ``(normalised(x + residual), x + residual)``.
+    To stand in for Hugging Face's ``LlamaRMSNorm``: ``RMSNorm(hidden, eps=1e-6)``; for
+    ``GemmaRMSNorm``: ``RMSNorm(hidden, eps=1e-6, casting="gemma", offset=1.0)``; for
+    ``torch.nn.RMSNorm``: ``RMSNorm(shape, eps, casting="gemma")``.
+    """
+
+    def __init__(self, normalized_shape: _Shape, eps: Optional[float] = 1e-6, elementwise_affine: bool = True,
+                 *, casting: str = "llama", offset: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        self.normalized_shape = _as_shape(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.casting = casting
+        self.offset = float(offset)
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.constant_(self.weight, 1.0 - self.offset)
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        k = len(self.normalized_shape)
+        if tuple(x.shape[-k:]) != self.normalized_shape:
+            raise ValueError(f"RMSNorm: expected x with trailing shape {self.normalized_shape}, got {tuple(x.shape)}")
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        n = math.prod(self.normalized_shape)
+        flat = x if k == 1 else x.reshape(*x.shape[:-k], n)
+        res = residual if residual is None or k == 1 else residual.reshape(*residual.shape[:-k], n)
+        weight = self.weight if self.weight is None or k == 1 else self.weight.reshape(n)
+        out = rms_norm(flat, weight, eps, residual=res, offset=self.offset if weight is not None else 0.0,
+                       casting=self.casting)
+        if k == 1:
+            return out
+        if residual is None:
+            return out.view(x.shape)
+        return out[0].view(x.shape), out[1].view(x.shape)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"casting={self.casting!r}, offset={self.offset}")
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with ``torch.nn.LayerNorm``'s signature, parameters and semantics.
+
+    Args:
+        normalized_shape: the trailing shape to normalise.
+        eps: added to the variance.
+        elementwise_affine: learn ``weight`` (ones) and, with ``bias``, ``bias`` (zeros).
+        bias: whether there is a bias.
+    """
+
+    def __init__(self, normalized_shape: _Shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        self.normalized_shape = _as_shape(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+            if bias:
+                self.bias = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

@@ -1,0 +1,780 @@
+"""RMSNorm and LayerNorm: bits against the NumPy reference, accuracy against float64 and against
+Hugging Face's code, autograd, the nn modules, torch.compile, and argument errors.
+
+CPU tier: the Triton kernels through the interpreter (TRITON_INTERPRET=1), small shapes.
+GPU tier (``gpu`` marker): the compiled kernels, bigger shapes, invariance across launches.
+"""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import treefold
+import treefold.nn as tnn
+from treefold import order
+from treefold._ops import norms as ops
+from treefold.backend import use_kernel
+from treefold.reference import norms as ref
+
+LENGTHS_CPU = [1, 33, 4095, 5120]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+CASTINGS = ["llama", "gemma", "none"]
+
+# Accuracy against float64, relative to each element: at most two roundings to the output
+# format (the "llama" casting rounds the normalised row, then the product with the weight), each
+# within the unit roundoff u (2^-8 bfloat16, 2^-11 float16, 2^-24 float32), plus the float32
+# statistics (< 1e-6 relative at these lengths).
+TOL = {torch.float32: 4e-6, torch.bfloat16: 2.0 ** -7 + 1e-5, torch.float16: 2.0 ** -10 + 1e-5}
+# Values near zero in LayerNorm come from x - mean, whose error is relative to the row's scale,
+# not to the value: the bound gets this fraction of the largest magnitude as an absolute floor.
+ABS_FLOOR = 1e-2
+# Gradients: one rounding of each result to its format (u as above), plus float32 sums whose
+# cancellation (g - n * mean(g * n)) makes the error relative to the largest gradient, not to
+# each element; the bound is twice the unit roundoff of the largest gradient.
+TOL_GRAD = {torch.float32: 2e-5, torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
+
+
+def kernel_or_skip(t):
+    if not use_kernel(t):
+        pytest.skip("runs the kernel: needs TRITON_INTERPRET=1 (CPU) or a GPU")
+
+
+def randn(shape, dtype=torch.float32, seed=0, scale=1.0, device="cpu"):
+    """Normal values, never exactly zero, rounded to dtype."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * scale
+    x = torch.where(x == 0, torch.full_like(x, 0.5), x)
+    return x.to(dtype).to(device)
+
+
+def weight_like(n, dtype, seed=1, device="cpu"):
+    return (1.0 + 0.25 * randn(n, torch.float64, seed)).to(dtype).to(device)
+
+
+def assert_bits(got, want):
+    """Same dtype, shape and bits (any NaN equals any NaN: payloads differ between CPU and GPU)."""
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
+    got, want = got.detach().cpu(), want.detach().cpu()
+    int_type = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+    same = (got.view(int_type) == want.view(int_type)) | (torch.isnan(got) & torch.isnan(want))
+    assert bool(same.all()), f"{int((~same).sum())} of {same.numel()} elements differ"
+
+
+def assert_close(got, want64, dtype, floor=ABS_FLOOR):
+    err = (got.detach().cpu().double() - want64.detach().cpu()).abs()
+    bound = TOL[dtype] * (want64.abs() + floor * want64.abs().max())
+    bad = err > bound
+    assert not bool(bad.any()), f"{int(bad.sum())} elements off; worst error {err.max().item():.3g}"
+
+
+def assert_grad_close(got, want64, dtype):
+    err = (got.detach().cpu().double() - want64.detach().cpu()).abs().max().item()
+    scale = want64.abs().max().item()
+    assert err <= TOL_GRAD[dtype] * scale + 1e-30, f"error {err:.3g} vs scale {scale:.3g}"
+
+
+# --------------------------------------------------------------------------------------------
+# The models' own code (a few lines each, written out; transformers is not imported)
+# --------------------------------------------------------------------------------------------
+
+def hf_llama_rms_norm(hidden_states, weight, eps):
+    """LlamaRMSNorm.forward (also Mistral, Qwen2, Qwen3, Phi-3, DeepSeek-V3)."""
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    return weight * hidden_states.to(input_dtype)
+
+
+def hf_gemma_rms_norm(x, weight, eps):
+    """GemmaRMSNorm.forward (Gemma, Gemma 2, Gemma 3): weight stored without the 1."""
+    output = x.float()
+    output = output * torch.rsqrt(output.pow(2).mean(-1, keepdim=True) + eps)
+    output = output * (1.0 + weight.float())
+    return output.type_as(x)
+
+
+def vllm_fused_add_rms_norm(x, residual, weight, eps):
+    """The serving engines' in-place semantics, written out of place."""
+    residual = x + residual
+    h = residual.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return h.to(x.dtype) * weight, residual
+
+
+# --------------------------------------------------------------------------------------------
+# float64 references (the same functions in float64; the "llama" rounding kept where it happens)
+# --------------------------------------------------------------------------------------------
+
+def rms_norm64(x, weight, eps, residual=None, offset=0.0):
+    """float64 RMSNorm of the row the kernel normalises (h is rounded to the residual's dtype)."""
+    v = x.double() if residual is None else (x.double() + residual.double()).to(residual.dtype).double()
+    n = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+    return n if weight is None else n * (offset + weight.double())
+
+
+def straight_through(v64, dtype):
+    """``v64`` rounded to ``dtype`` in value, with the gradient of ``v64`` (a cast's gradient)."""
+    return v64 + (v64.detach().to(dtype).double() - v64.detach())
+
+
+def layer_norm64(x, weight, bias, eps):
+    return torch.nn.functional.layer_norm(x.double(), x.shape[-1:], None if weight is None else weight.double(),
+                                          None if bias is None else bias.double(), eps)
+
+
+# --------------------------------------------------------------------------------------------
+# CPU tier: bits against the reference
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", LENGTHS_CPU)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("casting", CASTINGS)
+def test_rms_norm_matches_reference_bits(n, dtype, casting):
+    x = randn((5, n), dtype, seed=n)
+    kernel_or_skip(x)
+    w = weight_like(n, dtype)
+    r = randn((5, n), dtype, seed=n + 1, scale=2.0)
+    want, _, _ = ref.rms_norm(x, w, 1e-6, casting=casting)
+    assert_bits(treefold.rms_norm(x, w, casting=casting), want)
+    y, h = treefold.rms_norm(x, w, 1e-5, residual=r, offset=1.0, casting=casting)
+    want_y, want_h, _ = ref.rms_norm(x, w, 1e-5, r, 1.0, casting)
+    assert_bits(y, want_y)
+    assert_bits(h, want_h)
+    want, _, _ = ref.rms_norm(x, None, 1e-6, casting=casting)
+    assert_bits(treefold.rms_norm(x, casting=casting), want)
+
+
+@pytest.mark.parametrize("n", LENGTHS_CPU)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_matches_reference_bits(n, dtype):
+    x = randn((5, n), dtype, seed=n, scale=3.0) + 0.5
+    kernel_or_skip(x)
+    w, b = weight_like(n, dtype), randn(n, dtype, seed=7)
+    want, _, _ = ref.layer_norm(x, w, b, 1e-5)
+    assert_bits(treefold.layer_norm(x, n, w, b), want)
+    want, _, _ = ref.layer_norm(x, None, None, 1e-5)
+    assert_bits(treefold.layer_norm(x, (n,)), want)
+
+
+def test_group_width_is_part_of_the_order():
+    """The bitwise tests have teeth: the statistics group lanes by the input dtype's vector."""
+    n = 4096
+    base = randn((16, n), torch.float64, seed=3) * torch.logspace(-6, 6, n, dtype=torch.float64)
+    x = base.to(torch.bfloat16)
+    v = x.float().numpy()
+    by_bf16 = order.reference_sum(v * v, dtype=torch.bfloat16)
+    by_fp32 = order.reference_sum(v * v, dtype=torch.float32)
+    assert by_bf16.tobytes() != by_fp32.tobytes()
+    if use_kernel(x):
+        _, _, rstd = ops.rms_norm_impl(x, None, None, 0.0, 0.0, "llama", torch.bfloat16)
+        want = (np.float32(1) / np.sqrt(by_bf16 / np.float32(n))).astype(np.float32)
+        assert rstd.numpy().tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("n", [33, 4095])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("casting", ["llama", "gemma"])
+@pytest.mark.parametrize("residual_dtype", ["same", torch.float32])
+def test_rms_norm_backward_matches_reference_bits(n, dtype, casting, residual_dtype):
+    residual_dtype = dtype if residual_dtype == "same" else residual_dtype  # float32: a wide stream
+    x = randn((6, n), dtype, seed=n).requires_grad_()
+    kernel_or_skip(x)
+    w = weight_like(n, dtype).requires_grad_()
+    r = randn((6, n), residual_dtype, seed=n + 2).requires_grad_()
+    y, h = treefold.rms_norm(x, w, residual=r, offset=0.5, casting=casting, out_dtype=dtype)
+    dy, dh = randn(y.shape, dtype, seed=11), randn(h.shape, residual_dtype, seed=12)
+    dx, dw, dr = torch.autograd.grad((y, h), (x, w, r), (dy, dh))
+    _, want_h, rstd = ref.rms_norm(x, w, 1e-6, r, 0.5, casting, dtype)
+    want_dx, want_dr, want_dw = ref.rms_norm_backward(dy, want_h, w, rstd, offset=0.5, casting=casting,
+                                                      dh_out=dh, x_dtype=dtype, residual_dtype=residual_dtype)
+    assert_bits(dx, want_dx)
+    assert_bits(dr, want_dr)
+    assert_bits(dw, want_dw)
+
+
+@pytest.mark.parametrize("n", [33, 4095])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_backward_matches_reference_bits(n, dtype):
+    x = (randn((6, n), dtype, seed=n) + 2).requires_grad_()
+    kernel_or_skip(x)
+    w, b = weight_like(n, dtype).requires_grad_(), randn(n, dtype, seed=5).requires_grad_()
+    y = treefold.layer_norm(x, n, w, b)
+    dy = randn(y.shape, dtype, seed=9)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+    _, mean, rstd = ref.layer_norm(x, w, b, 1e-5)
+    want_dx, want_dw, want_db = ref.layer_norm_backward(dy, x, w, mean, rstd, bias_dtype=dtype)
+    assert_bits(dx, want_dx)
+    assert_bits(dw, want_dw)
+    assert_bits(db, want_db)
+
+
+def test_weight_gradient_over_many_blocks_matches_reference_bits():
+    """More rows than blocks: each block folds several rows, the partials go through the tree."""
+    m, n = 260, 33
+    assert ref.weight_grad_rows_per_block(m, n) == 2
+    x = randn((m, n), torch.float32, seed=1).requires_grad_()
+    kernel_or_skip(x)
+    w = weight_like(n, torch.float32).requires_grad_()
+    dy = randn((m, n), torch.float32, seed=2)
+    dw = torch.autograd.grad(treefold.rms_norm(x, w), w, dy)[0]
+    _, _, rstd = ref.rms_norm(x, w, 1e-6)
+    assert_bits(dw, ref.rms_norm_backward(dy, x, w, rstd)[2])
+    # a different block size is a different order: the rule, not the launch, fixes it
+    other = ref.column_sum(dy.numpy() * (x.detach().numpy() * rstd.numpy()[:, None]), 1)
+    assert other.tobytes() != dw.numpy().tobytes()
+
+
+# --------------------------------------------------------------------------------------------
+# CPU tier: accuracy against float64 and against Hugging Face's code
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", LENGTHS_CPU)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("casting", CASTINGS)
+def test_rms_norm_close_to_float64(n, dtype, casting):
+    x, w = randn((3, n), dtype, seed=n, scale=5.0), weight_like(n, dtype)
+    assert_close(treefold.rms_norm(x, w, casting=casting), rms_norm64(x, w, 1e-6), dtype)
+    r = randn((3, n), dtype, seed=n + 1)
+    y, h = treefold.rms_norm(x, w, residual=r, offset=1.0, casting=casting)
+    assert_close(y, rms_norm64(x, w, 1e-6, residual=r, offset=1.0), dtype)
+    assert_close(h, x.double() + r.double(), dtype, floor=0.0)
+
+
+@pytest.mark.parametrize("n", LENGTHS_CPU)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_close_to_float64(n, dtype):
+    x = randn((3, n), dtype, seed=n, scale=2.0) - 1.5
+    w, b = weight_like(n, dtype), randn(n, dtype, seed=3)
+    assert_close(treefold.layer_norm(x, n, w, b), layer_norm64(x, w, b, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("n", [33, 4095])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_close_to_float64(n, dtype):
+    x = randn((4, n), dtype, seed=n, scale=3.0).requires_grad_()
+    w = weight_like(n, dtype).requires_grad_()
+    r = randn((4, n), dtype, seed=n + 3).requires_grad_()
+    y, h = treefold.rms_norm(x, w, residual=r)
+    dy, dh = randn(y.shape, dtype, seed=4), randn(h.shape, dtype, seed=5)
+    got = torch.autograd.grad((y, h), (x, w, r), (dy, dh))
+    x64, w64, r64 = (t.detach().double().requires_grad_() for t in (x, w, r))
+    v64 = straight_through(x64 + r64, dtype)  # h is rounded to the residual's dtype
+    n64 = v64 * torch.rsqrt(v64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    # the llama casting rounds the normalised row before the weight: the weight sees those values
+    n64 = straight_through(n64, dtype)
+    want = torch.autograd.grad((n64 * w64, v64), (x64, w64, r64), (dy.double(), dh.double()))
+    for g, g64 in zip(got, want):
+        assert_grad_close(g, g64, dtype)
+
+    b = randn(n, dtype, seed=6).requires_grad_()
+    xd = x.detach().requires_grad_()
+    got = torch.autograd.grad(treefold.layer_norm(xd, n, w, b), (xd, w, b), dy)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (xd, w, b))
+    want = torch.autograd.grad(torch.nn.functional.layer_norm(x64, (n,), w64, b64, 1e-5), (x64, w64, b64),
+                               dy.double())
+    for g, g64 in zip(got, want):
+        assert_grad_close(g, g64, dtype)
+
+
+def ulp(t, dtype):
+    """Spacing of ``dtype`` values at each element of ``t`` (float64)."""
+    _, exponent = torch.frexp(t.double().abs())
+    digits = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}[dtype]
+    return torch.pow(2.0, (exponent - digits).double())
+
+
+def agreement(got, want):
+    """Fraction of elements equal bit for bit; asserts the others are at most one ulp apart."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    got, want = got.cpu(), want.cpu()
+    same = got == want
+    a, b = got[~same].double(), want[~same].double()
+    assert bool(((a - b).abs() <= torch.maximum(ulp(a, got.dtype), ulp(b, got.dtype))).all()), \
+        "a mismatch of more than one ulp"
+    return same.double().mean().item()
+
+
+@pytest.mark.parametrize("n", [4096])
+def test_bf16_matches_hugging_face_llama_and_gemma(n):
+    x = randn((64, n), torch.bfloat16, seed=21, scale=3.0)
+    w = weight_like(n, torch.bfloat16)
+    assert agreement(treefold.rms_norm(x, w, 1e-6), hf_llama_rms_norm(x, w, 1e-6)) >= 0.9999
+    wg = randn(n, torch.bfloat16, seed=22, scale=0.3)
+    got = treefold.rms_norm(x, wg, 1e-6, casting="gemma", offset=1.0)
+    assert agreement(got, hf_gemma_rms_norm(x, wg, 1e-6)) >= 0.9999
+    # torch's own functional: the "gemma" arithmetic with no offset
+    got = treefold.rms_norm(x, w, 1e-6, casting="gemma")
+    assert agreement(got, torch.nn.functional.rms_norm(x, (n,), w, 1e-6)) >= 0.9999
+
+
+def test_fused_add_rms_norm_in_place_serving_semantics():
+    n = 4096
+    x = randn((8, n), torch.bfloat16, seed=1)
+    r = randn((8, n), torch.bfloat16, seed=2, scale=4.0)
+    w = weight_like(n, torch.bfloat16)
+    want_y, want_h = treefold.rms_norm(x, w, 1e-6, residual=r)
+    engine_y, engine_h = vllm_fused_add_rms_norm(x, r, w, 1e-6)
+    x_ptr, r_ptr = x.data_ptr(), r.data_ptr()
+    assert treefold.fused_add_rms_norm_(x, r, w, 1e-6) is None
+    assert x.data_ptr() == x_ptr and r.data_ptr() == r_ptr
+    assert_bits(x, want_y)
+    assert_bits(r, want_h)
+    assert torch.equal(r, engine_h)
+    assert agreement(x, engine_y) >= 0.9999
+
+
+def test_fused_add_rms_norm_on_rows_that_need_a_copy():
+    n = 33
+    big_x = randn((4, 2 * n), torch.float32, seed=1)
+    big_r = randn((4, n, 2), torch.float32, seed=2)
+    x, r = big_x[:, ::2], big_r[:, :, 0]  # last dimension not contiguous: worked on a copy
+    w = weight_like(n, torch.float32)
+    want_y, want_h = treefold.rms_norm(x.contiguous(), w, residual=r.contiguous())
+    treefold.fused_add_rms_norm_(x, r, w)
+    assert_bits(big_x[:, ::2].contiguous(), want_y)
+    assert_bits(big_r[:, :, 0].contiguous(), want_h)
+    assert_bits(big_x[:, 1::2], randn((4, 2 * n), torch.float32, seed=1)[:, 1::2])
+
+
+# --------------------------------------------------------------------------------------------
+# CPU tier: layouts, launches, edge cases
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [33, 4095])
+def test_bits_independent_of_batch_position_and_launch(n):
+    x = randn((7, n), torch.bfloat16, seed=n)
+    kernel_or_skip(x)
+    w = weight_like(n, torch.bfloat16)
+    full = treefold.rms_norm(x, w)
+    for i in (0, 3, 6):
+        assert_bits(treefold.rms_norm(x[i:i + 1], w), full[i:i + 1])
+    for rows_per_program in (1, 2, 4, 8):
+        y = torch.full_like(full, float("nan"))
+        ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
+                           round_normalised=True, rows_per_program=rows_per_program)
+        assert_bits(y, full)
+    ln = treefold.layer_norm(x, n, w, w)
+    for i in (0, 5):
+        assert_bits(treefold.layer_norm(x[i:i + 1], n, w, w), ln[i:i + 1])
+
+
+def test_non_contiguous_inputs():
+    n = 33
+    wide = randn((6, 2 * n + 3), torch.float16, seed=1)
+    x = wide[:, 3:n + 3]  # evenly strided rows: viewed in place, no copy
+    assert x.stride() == (2 * n + 3, 1)
+    w = weight_like(n, torch.float16)
+    assert_bits(treefold.rms_norm(x, w), treefold.rms_norm(x.contiguous(), w))
+    assert_bits(treefold.layer_norm(x, n, w, w), treefold.layer_norm(x.contiguous(), n, w, w))
+    t = randn((n, 6), torch.float16, seed=2).t()  # last dimension strided: copied
+    assert_bits(treefold.rms_norm(t, w), treefold.rms_norm(t.contiguous(), w))
+    p = randn((3, 4, n), torch.float16, seed=3).permute(1, 0, 2)  # leading dims permuted
+    r = randn((4, 3, n), torch.float16, seed=4)
+    y, h = treefold.rms_norm(p, w, residual=r)
+    y2, h2 = treefold.rms_norm(p.contiguous(), w, residual=r)
+    assert y.shape == (4, 3, n)
+    assert_bits(y, y2)
+    assert_bits(h, h2)
+    xg = p.detach().clone().requires_grad_()
+    dx = torch.autograd.grad(treefold.rms_norm(xg, w).float().sum(), xg)[0]
+    assert dx.shape == p.shape
+
+
+def test_layer_norm_over_several_trailing_dims():
+    x = randn((3, 4, 5, 7), torch.float32, seed=1)
+    w, b = weight_like(35, torch.float32).view(5, 7), randn((5, 7), torch.float32, seed=2)
+    got = treefold.layer_norm(x, (5, 7), w, b)
+    want = treefold.layer_norm(x.reshape(3, 4, 35), 35, w.reshape(35), b.reshape(35)).view(3, 4, 5, 7)
+    assert_bits(got, want)
+    assert_close(got, torch.nn.functional.layer_norm(x.double(), (5, 7), w.double(), b.double()), torch.float32)
+
+
+def test_empty_inputs_give_empty_results():
+    w = weight_like(16, torch.bfloat16)
+    for shape in [(0, 16), (2, 0, 16)]:
+        x = torch.empty(shape, dtype=torch.bfloat16)
+        assert treefold.rms_norm(x, w).shape == shape
+        y, h = treefold.rms_norm(x, w, residual=torch.empty(shape, dtype=torch.float32))
+        assert y.shape == shape and h.shape == shape and h.dtype == torch.float32
+        assert treefold.layer_norm(x, 16, w, w).shape == shape
+        treefold.fused_add_rms_norm_(x, x.clone(), w)
+    x = torch.empty((3, 0))
+    assert treefold.rms_norm(x).shape == (3, 0)
+    assert treefold.layer_norm(x, 0).shape == (3, 0)
+    xg = torch.empty((0, 16), requires_grad=True)
+    wg, bg = torch.ones(16, requires_grad=True), torch.ones(16, requires_grad=True)
+    dx, dw = torch.autograd.grad(treefold.rms_norm(xg, wg).sum(), (xg, wg))
+    assert dx.shape == (0, 16) and torch.equal(dw, torch.zeros(16))
+    dx, dw, db = torch.autograd.grad(treefold.layer_norm(xg, 16, wg, bg).sum(), (xg, wg, bg))
+    assert dx.shape == (0, 16) and torch.equal(dw, torch.zeros(16)) and torch.equal(db, torch.zeros(16))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nan_and_inf_stay_in_their_row(dtype):
+    n = 33  # many rows per program: poisoned rows share a program with clean ones
+    x = randn((9, n), dtype, seed=1)
+    w = weight_like(n, dtype)
+    clean_rms, clean_ln = treefold.rms_norm(x, w), treefold.layer_norm(x, n, w, w)
+    bad = x.clone()
+    bad[2, 5] = float("nan")
+    bad[4, 0] = float("inf")
+    bad[6, 32] = float("-inf")
+    rms, ln = treefold.rms_norm(bad, w), treefold.layer_norm(bad, n, w, w)
+    for i in range(9):
+        if i in (2, 4, 6):
+            assert not bool(torch.isfinite(rms[i]).all()) and not bool(torch.isfinite(ln[i]).all())
+        else:
+            assert_bits(rms[i], clean_rms[i])
+            assert_bits(ln[i], clean_ln[i])
+    assert_bits(rms, ref.rms_norm(bad, w, 1e-6)[0])
+    assert_bits(ln, ref.layer_norm(bad, w, w, 1e-5)[0])
+    xg = bad.clone().requires_grad_()
+    dx = torch.autograd.grad(treefold.rms_norm(xg, w), xg, torch.ones_like(bad))[0]
+    assert bool(torch.isfinite(dx[[0, 1, 3, 5, 7, 8]]).all())
+
+
+def test_layer_norm_offset_rows_have_no_nan_and_accurate_variance():
+    """Rows at 10,000 with std 1: the one-pass E[x^2] - E[x]^2 loses everything here."""
+    m, n = 256, 1024
+    x = (randn((m, n), torch.float64, seed=5) + 10_000.0).to(torch.float32)
+    y, mean, rstd = ops.layer_norm_impl(x, None, None, 1e-5)
+    assert not bool(torch.isnan(y).any())
+    var64 = x.double().var(-1, unbiased=False)
+    var = 1.0 / rstd.double() ** 2 - 1e-5
+    assert ((var - var64).abs() / var64).max().item() <= 1e-5
+    # The float32 mean of a row at 10,000 is off by up to a few ulps of 10,000 (2^-10 each), and
+    # every x - mean inherits that; with std 1 it is the output's absolute error.
+    err = (y.double() - layer_norm64(x, None, None, 1e-5)).abs().max().item()
+    assert err <= 4 * 2.0 ** -10
+
+
+def test_output_dtypes_follow_the_casting():
+    x = randn((2, 8), torch.bfloat16)
+    w32 = weight_like(8, torch.float32)
+    assert treefold.rms_norm(x, w32).dtype == torch.float32  # weight * x.to(bf16) promotes
+    assert treefold.rms_norm(x, w32, casting="gemma").dtype == torch.bfloat16  # type_as(x)
+    assert treefold.rms_norm(x, w32, casting="none").dtype == torch.float32
+    assert treefold.rms_norm(x, w32, out_dtype=torch.float16).dtype == torch.float16
+    y, h = treefold.rms_norm(x, weight_like(8, torch.bfloat16), residual=randn((2, 8), torch.float32))
+    assert y.dtype == torch.float32 and h.dtype == torch.float32  # normalises h, a float32 row
+    assert treefold.layer_norm(x, 8, w32, w32).dtype == torch.bfloat16
+
+
+def test_eager_fast_path_and_custom_op_agree():
+    x = randn((3, 33), torch.bfloat16)
+    w = weight_like(33, torch.bfloat16)
+    fast = treefold.rms_norm(x, w, residual=x)
+    via_op = torch.ops.treefold.rms_norm(x, w, x, 1e-6, 0.0, "llama", torch.bfloat16)
+    assert_bits(fast[0], via_op[0])
+    assert_bits(fast[1], via_op[1])
+    assert_bits(treefold.layer_norm(x, 33, w, w), torch.ops.treefold.layer_norm(x, w, w, 1e-5)[0])
+
+
+def test_gradient_through_h_only_and_without_weight_grad():
+    x = randn((3, 33), torch.float32).requires_grad_()
+    r = randn((3, 33), torch.float32, seed=1).requires_grad_()
+    w = weight_like(33, torch.float32)  # no grad wanted
+    _, h = treefold.rms_norm(x, w, residual=r)
+    dx, dr = torch.autograd.grad(h.sum(), (x, r))
+    assert torch.equal(dx, torch.ones_like(x)) and torch.equal(dr, torch.ones_like(r))
+    y = treefold.rms_norm(x, w)
+    (dx,) = torch.autograd.grad(y.sum(), (x,))
+    assert dx.shape == x.shape
+
+
+# --------------------------------------------------------------------------------------------
+# CPU tier: modules, torch.compile, custom ops
+# --------------------------------------------------------------------------------------------
+
+def test_modules_load_torch_state_dicts():
+    torch.manual_seed(0)
+    x = randn((4, 3, 32), torch.float32, seed=2)
+    src = torch.nn.RMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        src.weight.copy_(weight_like(32, torch.float32))
+    mod = tnn.RMSNorm(32, eps=1e-6, casting="gemma")
+    mod.load_state_dict(src.state_dict())
+    assert_close(mod(x), copy.deepcopy(src).double()(x.double()), torch.float32)
+
+    gemma = tnn.RMSNorm(32, casting="gemma", offset=1.0)
+    assert torch.equal(gemma.weight, torch.zeros(32))  # a fresh module scales by 1 + 0
+    assert_close(gemma(x), rms_norm64(x, None, 1e-6), torch.float32)
+
+    two_dims = tnn.RMSNorm((3, 32), eps=None)
+    src = torch.nn.RMSNorm((3, 32))
+    with torch.no_grad():
+        src.weight.copy_(weight_like(96, torch.float32).view(3, 32))
+    two_dims.load_state_dict(src.state_dict())
+    assert_close(two_dims(x), copy.deepcopy(src).double()(x.double()), torch.float32)
+
+    for bias in (True, False):
+        src = torch.nn.LayerNorm(32, bias=bias)
+        with torch.no_grad():
+            src.weight.copy_(weight_like(32, torch.float32))
+            if bias:
+                src.bias.copy_(randn(32, torch.float32, seed=9))
+        mod = tnn.LayerNorm(32, bias=bias)
+        mod.load_state_dict(src.state_dict())
+        assert_close(mod(x), copy.deepcopy(src).double()(x.double()), torch.float32)
+    y, h = tnn.RMSNorm(32)(x, x)
+    assert y.shape == x.shape and torch.equal(h, x + x)
+
+
+def test_modules_train():
+    mod = tnn.LayerNorm(33)
+    rms = tnn.RMSNorm(33)
+    x = randn((5, 33), torch.float32, seed=3).requires_grad_()
+    (mod(x).sum() + (rms(x) ** 2).sum()).backward()
+    assert mod.weight.grad.shape == (33,) and mod.bias.grad.shape == (33,) and rms.weight.grad.shape == (33,)
+    assert x.grad.shape == x.shape
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    x = randn((4, 64), torch.bfloat16).requires_grad_()
+    r = randn((4, 64), torch.bfloat16, seed=1).requires_grad_()
+    # one use per parameter, so that no gradient is a sum whose order the compiler may choose
+    w, w2, b2 = (weight_like(64, torch.bfloat16, seed=s).requires_grad_() for s in (1, 2, 3))
+
+    def step(x, r, w, w2, b2):
+        y, h = treefold.rms_norm(x, w, residual=r)
+        return y, treefold.layer_norm(h, 64, w2, b2)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    inputs = (x, r, w, w2, b2)
+    outs, outs_c = step(*inputs), compiled(*inputs)
+    for o, o_c in zip(outs, outs_c):
+        assert_bits(o_c, o)
+    # y's gradient alone: the path through h would add two gradients at h
+    dy = randn(outs[0].shape, outs[0].dtype, seed=4)
+    grads = torch.autograd.grad(outs[0], (x, r, w), dy, retain_graph=True)
+    grads_c = torch.autograd.grad(outs_c[0], (x, r, w), dy, retain_graph=True)
+    for g, g_c in zip(grads, grads_c):
+        assert_bits(g_c, g)
+    dz = randn(outs[1].shape, outs[1].dtype, seed=5)
+    for g, g_c in zip(torch.autograd.grad(outs[1], (w2, b2), dz), torch.autograd.grad(outs_c[1], (w2, b2), dz)):
+        assert_bits(g_c, g)
+
+    def serve(x, r, w):
+        treefold.fused_add_rms_norm_(x, r, w)
+        return x * 2
+
+    with torch.no_grad():
+        xa, ra, xb, rb = x.clone(), r.clone(), x.clone(), r.clone()
+        out = torch.compile(serve, fullgraph=True, backend="aot_eager")(xa, ra, w)
+        treefold.fused_add_rms_norm_(xb, rb, w)
+    assert_bits(out, xb * 2)
+    assert_bits(ra, rb)
+
+
+def test_custom_ops_pass_opcheck():
+    x = randn((3, 40), torch.bfloat16).requires_grad_()
+    w = weight_like(40, torch.bfloat16).requires_grad_()
+    r = randn((3, 40), torch.float32, seed=1).requires_grad_()
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for op, args in [
+        (torch.ops.treefold.rms_norm.default, (x, w, r, 1e-6, 1.0, "gemma", torch.bfloat16)),
+        (torch.ops.treefold.rms_norm.default, (x, None, None, 1e-6, 0.0, "llama", torch.float32)),
+        (torch.ops.treefold.layer_norm.default, (x, w, w, 1e-5)),
+        (torch.ops.treefold.fused_add_rms_norm_.default, (x.detach().clone(), r.detach().clone(), w.detach(), 1e-6)),
+    ]:
+        torch.library.opcheck(op, args, test_utils=checks)
+
+
+# --------------------------------------------------------------------------------------------
+# CPU tier: argument errors
+# --------------------------------------------------------------------------------------------
+
+def test_bad_arguments_name_themselves():
+    x = randn((2, 8), torch.float32)
+    w = torch.ones(8)
+    with pytest.raises(ValueError, match=r"rms_norm: weight has shape \(7,\), expected \(8,\) \(x.shape\[-1\]\)"):
+        treefold.rms_norm(x, torch.ones(7))
+    with pytest.raises(ValueError, match=r"rms_norm: weight has shape \(1, 8\)"):
+        treefold.rms_norm(x, torch.ones(1, 8))
+    with pytest.raises(ValueError, match=r"rms_norm: residual has shape \(2, 7\), expected \(2, 8\)"):
+        treefold.rms_norm(x, w, residual=torch.ones(2, 7))
+    with pytest.raises(ValueError, match=r"fused_add_rms_norm_: residual has shape \(8,\)"):
+        treefold.fused_add_rms_norm_(x, torch.ones(8), w)
+    with pytest.raises(ValueError, match=r"fused_add_rms_norm_: weight has shape \(9,\)"):
+        treefold.fused_add_rms_norm_(x, x.clone(), torch.ones(9))
+    with pytest.raises(ValueError, match=r"layer_norm: weight has shape \(7,\), expected \(8,\) \(normalized_shape\)"):
+        treefold.layer_norm(x, 8, torch.ones(7))
+    with pytest.raises(ValueError, match=r"layer_norm: bias has shape \(8, 1\), expected \(8,\)"):
+        treefold.layer_norm(x, 8, w, torch.ones(8, 1))
+    with pytest.raises(ValueError, match=r"layer_norm: normalized_shape=\(4,\) does not match"):
+        treefold.layer_norm(x, 4)
+    with pytest.raises(ValueError, match=r"layer_norm: normalized_shape=\(3, 2, 8\) does not match"):
+        treefold.layer_norm(x, (3, 2, 8))
+    with pytest.raises(TypeError, match=r"layer_norm: normalized_shape must be an int"):
+        treefold.layer_norm(x, 8.0)
+    with pytest.raises(ValueError, match=r"rms_norm: casting must be one of 'llama', 'gemma', 'none', got 'qwen'"):
+        treefold.rms_norm(x, w, casting="qwen")
+    with pytest.raises(ValueError, match=r"rms_norm: eps must be >= 0.0, got -1"):
+        treefold.rms_norm(x, w, eps=-1)
+    with pytest.raises(ValueError, match=r"layer_norm: eps must be finite, got nan"):
+        treefold.layer_norm(x, 8, eps=float("nan"))
+    with pytest.raises(ValueError, match=r"rms_norm: offset=1.0 needs a weight"):
+        treefold.rms_norm(x, offset=1.0)
+    with pytest.raises(TypeError, match=r"rms_norm: x must be a torch.Tensor, got list"):
+        treefold.rms_norm([1.0, 2.0])
+    with pytest.raises(TypeError, match=r"rms_norm: x has dtype int64"):
+        treefold.rms_norm(torch.ones(2, 8, dtype=torch.int64))
+    with pytest.raises(TypeError, match=r"rms_norm: out_dtype must be one of"):
+        treefold.rms_norm(x, out_dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"rms_norm: x must have at least one dimension"):
+        treefold.rms_norm(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"rms_norm: weight is on meta, but x is on cpu"):
+        treefold.rms_norm(x, torch.ones(8, device="meta"))
+    with pytest.raises(ValueError, match=r"rms_norm: rows of 65537 elements are longer than 65536"):
+        treefold.rms_norm(torch.ones(1, 65537))
+    with pytest.raises(ValueError, match=r"fused_add_rms_norm_: x and residual share memory"):
+        treefold.fused_add_rms_norm_(x, x, w)
+    with pytest.raises(ValueError, match=r"fused_add_rms_norm_: an input requires grad"):
+        treefold.fused_add_rms_norm_(x.clone().requires_grad_(), x.clone(), w)
+    with pytest.raises(ValueError, match=r"fused_add_rms_norm_: x has rows that overlap in memory"):
+        treefold.fused_add_rms_norm_(torch.ones(8).expand(2, 8), x.clone(), w)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU tier
+# --------------------------------------------------------------------------------------------
+
+LENGTHS_GPU = [1, 33, 4095, 4096, 5120, 8192, 14336, 65536]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", LENGTHS_GPU)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_forward_matches_cpu_reference_bits(n, dtype):
+    m = 64 if n <= 16384 else 8
+    x, w = randn((m, n), dtype, seed=n, scale=2.0), weight_like(n, dtype)
+    r = randn((m, n), torch.float32, seed=n + 1)
+    xc, wc, rc = x.cuda(), w.cuda(), r.cuda()
+    for casting in CASTINGS:
+        assert_bits(treefold.rms_norm(xc, wc, casting=casting), ref.rms_norm(x, w, 1e-6, casting=casting)[0])
+        y, h = treefold.rms_norm(xc, wc, residual=rc, offset=1.0, casting=casting, out_dtype=dtype)
+        want_y, want_h, _ = ref.rms_norm(x, w, 1e-6, r, 1.0, casting, dtype)
+        assert_bits(y, want_y)
+        assert_bits(h, want_h)
+    assert_bits(treefold.layer_norm(xc, n, wc, wc), ref.layer_norm(x, w, w, 1e-5)[0])
+    assert_bits(treefold.layer_norm(xc, n), ref.layer_norm(x, None, None, 1e-5)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [33, 4096, 5120, 14336])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
+    x = randn((300, n), dtype, seed=n).cuda()
+    w, b = weight_like(n, dtype).cuda(), randn(n, dtype, seed=3).cuda()
+    full, full_ln = treefold.rms_norm(x, w), treefold.layer_norm(x, n, w, b)
+    for i in (0, 1, 129, 299):
+        assert_bits(treefold.rms_norm(x[i:i + 1], w), full[i:i + 1])
+        assert_bits(treefold.rms_norm(x[i:i + 37], w), full[i:i + 37])
+        assert_bits(treefold.layer_norm(x[i:i + 3], n, w, b), full_ln[i:i + 3])
+    block = ops.row_block(n)
+    for rows_per_program in (1, 2, 4, 16):
+        for num_warps in (1, 4, 8, 16, 32):
+            if rows_per_program * block > 32 * num_warps * 64:
+                continue  # at most 64 elements per thread: tiles that fit the register file
+            y = torch.full_like(full, float("nan"))
+            ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
+                               round_normalised=True, rows_per_program=rows_per_program, num_warps=num_warps)
+            assert_bits(y, full)
+            y = torch.full_like(full, float("nan"))
+            ops.launch_forward(x, None, w, b, y, None, None, None, eps=1e-5, offset=0.0, is_rms=False,
+                               round_normalised=False, rows_per_program=rows_per_program, num_warps=num_warps)
+            assert_bits(y, full_ln)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [33, 4096, 5120, 14336, 65536])
+def test_gpu_backward_matches_cpu_reference_bits(n):
+    m = 1000 if n <= 16384 else 40
+    x = randn((m, n), torch.float32, seed=n)
+    w, b = weight_like(n, torch.float32), randn(n, torch.float32, seed=2)
+    r = randn((m, n), torch.float32, seed=n + 1)
+    dy, dh = randn((m, n), torch.float32, seed=5), randn((m, n), torch.float32, seed=6)
+    xc, wc, rc = (t.cuda().requires_grad_() for t in (x, w, r))
+    y, h = treefold.rms_norm(xc, wc, residual=rc)
+    got = torch.autograd.grad((y, h), (xc, wc, rc), (dy.cuda(), dh.cuda()))
+    _, want_h, rstd = ref.rms_norm(x, w, 1e-6, r)
+    want_dx, _, want_dw = ref.rms_norm_backward(dy, want_h, w, rstd, dh_out=dh)
+    assert_bits(got[0], want_dx)
+    assert_bits(got[1], want_dw)
+    assert_bits(got[2], want_dx)
+    bc = b.cuda().requires_grad_()
+    got = torch.autograd.grad(treefold.layer_norm(xc, n, wc, bc), (xc, wc, bc), dy.cuda())
+    _, mean, rstd = ref.layer_norm(x, w, b, 1e-5)
+    want = ref.layer_norm_backward(dy, x, w, mean, rstd, bias_dtype=torch.float32)
+    for g, g_want in zip(got, want):
+        assert_bits(g, g_want)
+
+
+@pytest.mark.gpu
+def test_gpu_backward_is_deterministic_and_launch_independent():
+    m, n = 4096, 4096
+    x = randn((m, n), torch.bfloat16, seed=1).cuda().requires_grad_()
+    w = weight_like(n, torch.bfloat16).cuda().requires_grad_()
+    dy = randn((m, n), torch.bfloat16, seed=2).cuda()
+    first = torch.autograd.grad(treefold.rms_norm(x, w), (x, w), dy)
+    for _ in range(3):
+        again = torch.autograd.grad(treefold.rms_norm(x, w), (x, w), dy)
+        assert_bits(again[0], first[0])
+        assert_bits(again[1], first[1])
+    _, _, rstd = ops.rms_norm_impl(x.detach(), w.detach(), None, 1e-6, 0.0, "llama", torch.bfloat16)
+    for num_warps in (4, 8, 16):
+        for num_stages in (1, 2, 3):
+            dx, _, dw = ops.rms_norm_backward_impl(dy, None, x.detach(), w.detach(), rstd, 0.0, "llama",
+                                                   torch.bfloat16, None, True, num_warps=num_warps,
+                                                   num_stages=num_stages)
+            assert_bits(dx, first[0])
+            assert_bits(dw, first[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [4096, 14336])
+def test_gpu_bf16_matches_hugging_face(n):
+    x = randn((4096 if n == 4096 else 1024, n), torch.bfloat16, seed=3, scale=3.0).cuda()
+    w = weight_like(n, torch.bfloat16).cuda()
+    assert agreement(treefold.rms_norm(x, w).cpu(), hf_llama_rms_norm(x, w, 1e-6).cpu()) >= 0.9999
+    wg = randn(n, torch.bfloat16, seed=4, scale=0.3).cuda()
+    got = treefold.rms_norm(x, wg, casting="gemma", offset=1.0).cpu()
+    assert agreement(got, hf_gemma_rms_norm(x, wg, 1e-6).cpu()) >= 0.9999
+    r = randn(x.shape, torch.bfloat16, seed=5).cuda()
+    y, h = treefold.rms_norm(x, w, residual=r)
+    engine_y, engine_h = vllm_fused_add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(h, engine_h)
+    assert agreement(y.cpu(), engine_y.cpu()) >= 0.9999
+
+
+@pytest.mark.gpu
+def test_gpu_layer_norm_offset_rows():
+    x = (randn((1024, 4096), torch.float64, seed=5) + 10_000.0).to(torch.float32).cuda()
+    y, _, rstd = ops.layer_norm_impl(x, None, None, 1e-5)
+    assert not bool(torch.isnan(y).any())
+    var64 = x.double().var(-1, unbiased=False)
+    assert ((1.0 / rstd.double() ** 2 - 1e-5 - var64).abs() / var64).max().item() <= 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_inductor_matches_eager():
+    x = randn((64, 4096), torch.bfloat16).cuda().requires_grad_()
+    r = randn((64, 4096), torch.bfloat16, seed=1).cuda()
+    # one use per parameter, so that no gradient is a sum whose order the compiler may choose
+    w, w2, b2 = (weight_like(4096, torch.bfloat16, seed=s).cuda().requires_grad_() for s in (1, 2, 3))
+
+    def step(x, r, w, w2, b2):
+        y, h = treefold.rms_norm(x, w, residual=r)
+        return treefold.layer_norm(y, 4096, w2, b2), h
+
+    inputs = (x, r, w, w2, b2)
+    outs, outs_c = step(*inputs), torch.compile(step, fullgraph=True)(*inputs)
+    for o, o_c in zip(outs, outs_c):
+        assert_bits(o_c, o)
+    dz = randn(outs[0].shape, torch.bfloat16, seed=7).cuda()
+    params = (x, w, w2, b2)
+    for g, g_c in zip(torch.autograd.grad(outs[0], params, dz), torch.autograd.grad(outs_c[0], params, dz)):
+        assert_bits(g_c, g)
