@@ -1,2 +1,104 @@
-"""Public softmax functions: validation, docstrings, dispatch (kernel / interpreter / reference)."""
-__all__: list[str] = []
+"""Public softmax functions: validation, docstrings, dispatch (kernel / interpreter / reference).
+
+All three reduce one dimension in the treefold order (``treefold.kernels.softmax`` documents it),
+so a row gives the same bits whatever the batch size, its position in the batch or the launch
+strategy. They accept float32, bfloat16 and float16 and compute in float32.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import _checks
+from .._ops import softmax as _ops
+
+__all__ = ["softmax", "log_softmax", "logsumexp"]
+
+_COMMON_DOC = """
+    Args:
+        x: float32, bfloat16 or float16 tensor of any shape.
+        dim: the dimension to reduce (negative counts from the end). The last dimension is the
+            fast path; rows that are evenly strided with a contiguous last dimension (for
+            example ``x[:, :n]`` of a wider buffer) are read in place. Any other ``dim`` is
+            moved last with one copy, and the result copied back to ``x``'s layout.
+        temperature: a finite number > 0. The float32 input is multiplied by float32(1 /
+            temperature) before anything else, in every strategy and in the gradient.
+        dtype: the output dtype (float32, bfloat16 or float16); default ``x.dtype``. Unlike
+            torch, ``x`` is not rounded to ``dtype`` first: the result is computed from ``x``
+            in float32 and rounded once to ``dtype``.
+
+    Rows of at most 2^24 elements. A row that is entirely -inf (fully masked) gives {masked}.
+    A row holding NaN gives NaN for the whole row, as does a row holding +inf (as in torch).
+    Differentiable (the backward pass is a Triton kernel too, with its row sums in the same
+    order); works under ``torch.compile(fullgraph=True)`` through the ``treefold::softmax`` op.
+"""
+
+
+def _prepare(fn: str, x, dim, temperature, dtype):
+    _checks.tensor(fn, "x", x)
+    d = _checks.dim(fn, dim, x.ndim)
+    t = _checks.finite_float(fn, "temperature", temperature, low=0.0, low_open=True)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{fn}: dtype must be a torch.dtype or None, got {type(dtype).__name__}")
+    if dtype is not None and dtype not in _checks.FLOAT_DTYPES:
+        raise TypeError(f"{fn}: dtype={str(dtype).replace('torch.', '')} is not supported, "
+                        f"expected one of float32, bfloat16, float16")
+    n = x.shape[d] if x.ndim else 1
+    if n > _ops.MAX_ROW:
+        raise ValueError(f"{fn}: x has {n} elements along dim {dim}; rows longer than "
+                         f"{_ops.MAX_ROW} elements are not supported")
+    return d, t
+
+
+def _softmax(fn: str, x, dim, temperature, dtype, log: bool) -> torch.Tensor:
+    d, t = _prepare(fn, x, dim, temperature, dtype)
+    if x.ndim == 0:
+        return _ops.softmax(x.reshape(1), log, t, dtype).reshape(())
+    if d == x.ndim - 1:
+        return _ops.softmax(x, log, t, dtype)
+    return _ops.softmax(x.movedim(d, -1), log, t, dtype).movedim(-1, d).contiguous()
+
+
+def softmax(x: torch.Tensor, dim: int = -1, *, temperature: float = 1.0,
+            dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    return _softmax("softmax", x, dim, temperature, dtype, log=False)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, *, temperature: float = 1.0,
+                dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    return _softmax("log_softmax", x, dim, temperature, dtype, log=True)
+
+
+softmax.__doc__ = ("Softmax of ``x / temperature`` along ``dim``: exp(x - max) / sum(exp(x - max)).\n"
+                   + _COMMON_DOC.format(masked="zeros"))
+log_softmax.__doc__ = ("Log-softmax of ``x / temperature`` along ``dim``: (x - max) - log(sum(exp(x - max))).\n"
+                       + _COMMON_DOC.format(masked="-inf"))
+
+
+def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """log(sum(exp(x))) along ``dim``, computed stably as max + log(sum(exp(x - max))).
+
+    Args:
+        x: float32, bfloat16 or float16 tensor of any shape.
+        dim: the dimension to reduce (an int; negative counts from the end).
+        keepdim: keep the reduced dimension with size 1.
+
+    Returns a tensor of ``x.dtype``. A row that is entirely -inf (fully masked) or empty gives
+    -inf (and a zero gradient); a row holding NaN gives NaN; a row holding +inf and no NaN gives
+    +inf, as in torch. Rows of at most 2^24 elements. Differentiable (Triton backward kernel);
+    works under ``torch.compile(fullgraph=True)`` through the ``treefold::logsumexp`` op.
+    """
+    fn = "logsumexp"
+    _checks.tensor(fn, "x", x)
+    d = _checks.dim(fn, dim, x.ndim)
+    if not isinstance(keepdim, bool):
+        raise TypeError(f"{fn}: keepdim must be a bool, got {type(keepdim).__name__}")
+    n = x.shape[d] if x.ndim else 1
+    if n > _ops.MAX_ROW:
+        raise ValueError(f"{fn}: x has {n} elements along dim {dim}; rows longer than "
+                         f"{_ops.MAX_ROW} elements are not supported")
+    if x.ndim == 0:
+        return _ops.logsumexp(x.reshape(1))
+    out = _ops.logsumexp(x if d == x.ndim - 1 else x.movedim(d, -1))
+    return out.unsqueeze(d) if keepdim else out

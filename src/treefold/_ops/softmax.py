@@ -1,0 +1,444 @@
+"""Softmax, log_softmax and logsumexp: launch heuristics, torch.library ops, autograd.
+
+Four launch strategies realise the one treefold order of ``treefold.kernels.softmax``, so they
+give the same bits as one another for every row, batch size and launch parameter:
+
+- ``"warp"``: whole rows held in registers, one warp per program (no barriers), several rows
+  per program for short rows;
+- ``"block"``: a whole row held in the registers of one program of several warps;
+- ``"online"``: one program streams a row twice (segment partials, then outputs), for rows
+  too long for registers; the second read is meant to hit L2. The (max, sum) state of every
+  segment is kept and the states meet once in the order's tree at the end: a running merge
+  per block would make the result depend on the block size;
+- ``"split"``: several programs per row write segment partials to a small buffer, then a
+  second launch merges them (every program of a row merges the same partials the same way)
+  and writes its share of the outputs; for a few long rows (decode batches of a vocabulary).
+
+``"auto"`` picks one from the row length, the batch size and the number of SMs. The choice and
+its parameters are cached per (shape, device) so an eager call does little Python work.
+"""
+from __future__ import annotations
+
+import functools
+import struct
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .. import backend, order
+from .._checks import as_rows
+from ..kernels import softmax as kernels
+from ..reference import softmax as reference
+
+STRATEGIES = ("warp", "block", "online", "split")
+
+#: Longest row: up to MAX_LANES^2 elements the S segment results meet in one tree (``treefold.order``).
+MAX_ROW = order.MAX_LANES ** 2
+
+# ---- launch heuristics (launch choices only: the bits never depend on them) ------------------
+# "Held" elements: a row's padded tile (next_pow2(S) * C elements), doubled for the backward
+# passes of softmax / log_softmax, which hold y and dy.
+#: "auto" uses one warp per program (several short rows each) up to this many held elements,
+WARP_ELEMENTS = 1024
+#: and one program per row with the row in registers up to this many.
+REGISTER_ELEMENTS = 32768
+#: The largest tile a register strategy accepts when asked for explicitly.
+REGISTER_ELEMENTS_LIMIT = 65536
+#: "warp": held elements one program aims at (rows per program = this / tile).
+WARP_PROGRAM_ELEMENTS = 1024
+#: "block": held elements per thread the warp count aims at (then clamped to 4..16 warps).
+BLOCK_ELEMENTS_PER_THREAD = 32
+#: Rows that do not fit in registers: "split" while rows * this <= number of SMs, else "online".
+SPLIT_ROWS_PER_SM = 2
+#: "split": total programs aimed at, per SM.
+SPLIT_PROGRAMS_PER_SM = 4
+#: "online" / "split": held elements per streamed block, and warps.
+ONLINE_BLOCK_ELEMENTS = 8192
+ONLINE_WARPS = 8
+SPLIT_BLOCK_ELEMENTS = 4096
+SPLIT_WARPS = 4
+
+_OPS = {"softmax": kernels.SOFTMAX.value, "log_softmax": kernels.LOG_SOFTMAX.value,
+        "logsumexp": kernels.LOGSUMEXP.value}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Launch parameters for study (``None``: the heuristic's choice). Powers of two."""
+    num_warps: Optional[int] = None
+    rows_per_program: Optional[int] = None
+    seg_block: Optional[int] = None
+    segments_per_program: Optional[int] = None
+    inner: Optional[int] = None
+    hints: Optional[bool] = None
+
+
+_DEFAULT_TUNING = Tuning()
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """One kernel launch: its grid and its constexpr keywords (with and without temperature)."""
+    grid: int
+    programs_per_row: int
+    num_warps: int
+    constexprs: tuple  # (name, value) pairs, HAS_TEMPERATURE=False
+    kwargs: dict = field(compare=False, repr=False, default_factory=dict)
+    kwargs_temperature: dict = field(compare=False, repr=False, default_factory=dict)
+
+
+def _phase(grid: int, programs_per_row: int, num_warps: int, constexprs: dict) -> _Phase:
+    launch = dict(constexprs, num_warps=num_warps, enable_fp_fusion=False)
+    return _Phase(grid, programs_per_row, num_warps, tuple(constexprs.items()), launch,
+                  dict(launch, HAS_TEMPERATURE=True))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one call launches: the strategy, its parameters and the kernel launches in order."""
+    strategy: str
+    num_warps: int
+    rows_per_program: int
+    seg_block: int
+    segments_per_program: int
+    inner: int
+    hints: bool
+    num_segments: int
+    phases: tuple
+    partials: str = ""  # "" (none), "p" (backward: one float32 per segment) or "pq" (forward)
+
+
+def _pow2(fn: str, name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise ValueError(f"{fn}: {name} must be a power of two >= 1, got {value!r}")
+    return value
+
+
+@functools.lru_cache(maxsize=64)
+def _sm_count(device_type: str, index: Optional[int]) -> int:
+    if device_type == "cuda":
+        return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
+                                                ).multi_processor_count
+    return 4  # the interpreter: fewer, larger programs run faster
+
+
+def _tile_elements(n: int) -> int:
+    return order.next_pow2(order.num_segments(n)) * order.lanes(n)
+
+
+def _held_factor(op: int, backward: bool) -> int:
+    return 2 if backward and op != _OPS["logsumexp"] else 1
+
+
+def _auto_strategy(op: int, backward: bool, n: int, rows: int, sms: int) -> str:
+    held = _tile_elements(n) * _held_factor(op, backward)
+    if held <= WARP_ELEMENTS:
+        return "warp"
+    if held <= REGISTER_ELEMENTS:
+        return "block"
+    if rows * SPLIT_ROWS_PER_SM <= sms:
+        return "split"
+    return "online"
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 2, strategy: str = "auto",
+         tuning: Tuning = _DEFAULT_TUNING, fn: str = "softmax") -> Plan:
+    """The launches for ``rows`` rows of ``n`` elements of ``item_size`` bytes (cached)."""
+    if strategy == "auto":
+        strategy = _auto_strategy(op, backward, n, rows, sms)
+    elif strategy not in STRATEGIES:
+        raise ValueError(f"{fn}: strategy={strategy!r} is not one of {', '.join(('auto',) + STRATEGIES)}")
+    lanes, segments = order.lanes(n), order.num_segments(n)
+    seg_pow2 = order.next_pow2(segments)
+    tile = seg_pow2 * lanes
+    for name in ("num_warps", "rows_per_program", "seg_block", "segments_per_program", "inner"):
+        if getattr(tuning, name) is not None:
+            _pow2(fn, name, getattr(tuning, name))
+    lse = op == _OPS["logsumexp"]
+    group = order.group(n, item_size)
+    # A block's contiguous axis: a warp's 32 lanes times one 16-byte vector (= one group) each.
+    inner = min(lanes, max(group, tuning.inner or group * 32))
+    outer = lanes // inner
+    common = dict(OP=op, BACKWARD=backward, HAS_TEMPERATURE=False, LANES=lanes, INNER=inner,
+                  OUTER=outer, LOG2_OUTER=order.log2(outer), GROUP=group, LOG2_GROUP=order.log2(group),
+                  LOG2_INNER_GROUPS=order.log2(inner // group),
+                  SEG_POW2=seg_pow2, LOG2_SEG_POW2=order.log2(seg_pow2))
+    hints = True if tuning.hints is None else bool(tuning.hints)
+    first_policy, second_policy = ("evict_last", "evict_first") if hints else ("", "")
+
+    factor = _held_factor(op, backward)
+    if strategy in ("warp", "block"):
+        if tile > REGISTER_ELEMENTS_LIMIT:
+            raise ValueError(f"{fn}: strategy={strategy!r} holds whole rows in registers; a row of {n} elements "
+                             f"needs a tile of {tile} > {REGISTER_ELEMENTS_LIMIT}; use 'online' or 'split'")
+        if strategy == "warp":
+            num_warps = tuning.num_warps or 1
+            rpp = tuning.rows_per_program or max(1, min(WARP_PROGRAM_ELEMENTS // (tile * factor),
+                                                        order.next_pow2(rows)))
+        else:
+            num_warps = tuning.num_warps or max(4, min(16, tile * factor // (32 * BLOCK_ELEMENTS_PER_THREAD)))
+            rpp = tuning.rows_per_program or 1
+        phase = _phase(order.cdiv(rows, rpp), 1, num_warps, dict(
+            common, PHASE=kernels.WHOLE_ROWS.value, IN_REGISTERS=True, ROWS_PER_PROGRAM=rpp,
+            SEG_BLOCK=1, SEGMENTS_PER_PROGRAM=1, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY=""))
+        return Plan(strategy, num_warps, rpp, 1, 1, inner, False, segments, (phase,))
+
+    if strategy == "online":
+        num_warps = tuning.num_warps or ONLINE_WARPS
+        seg_block = min(tuning.seg_block or max(1, ONLINE_BLOCK_ELEMENTS // (lanes * factor)), seg_pow2)
+        phase = _phase(rows, 1, num_warps, dict(
+            common, PHASE=kernels.WHOLE_ROWS.value, IN_REGISTERS=False, ROWS_PER_PROGRAM=1,
+            SEG_BLOCK=seg_block, SEGMENTS_PER_PROGRAM=seg_block, ONLINE_BLOCKS=order.cdiv(segments, seg_block),
+            FIRST_READ_POLICY=first_policy, SECOND_READ_POLICY=second_policy))
+        return Plan(strategy, num_warps, 1, seg_block, seg_block, inner, hints, segments, (phase,))
+
+    # split
+    num_warps = tuning.num_warps or SPLIT_WARPS
+    if tuning.segments_per_program is not None:
+        spp = tuning.segments_per_program
+    else:
+        spp = order.next_pow2(order.cdiv(rows * segments, SPLIT_PROGRAMS_PER_SM * sms))
+    spp = min(spp, seg_pow2)
+    seg_block = min(tuning.seg_block or max(1, SPLIT_BLOCK_ELEMENTS // (lanes * factor)), spp)
+    programs_per_row = order.cdiv(segments, spp)
+    split = dict(common, IN_REGISTERS=False, ROWS_PER_PROGRAM=1, SEG_BLOCK=seg_block, SEGMENTS_PER_PROGRAM=spp,
+                 ONLINE_BLOCKS=1,
+                 FIRST_READ_POLICY=first_policy, SECOND_READ_POLICY=second_policy)
+    phases = []
+    partials = ""
+    if not (lse and backward):  # the logsumexp backward needs no partials
+        partials = "p" if backward else "pq"
+        phases.append(_phase(rows * programs_per_row, programs_per_row, num_warps,
+                             dict(split, PHASE=kernels.PARTIALS.value)))
+    finish_programs = 1 if (lse and not backward) else programs_per_row
+    phases.append(_phase(rows * finish_programs, finish_programs, num_warps, dict(split, PHASE=kernels.FINISH.value)))
+    return Plan(strategy, num_warps, 1, seg_block, spp, inner, hints, segments, tuple(phases), partials)
+
+
+def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, strides, inv_temperature: float) -> None:
+    if plan_.partials:
+        part_p = src.new_empty((rows, plan_.num_segments), dtype=torch.float32)
+        part_q = torch.empty_like(part_p) if plan_.partials == "pq" else part_p
+    else:
+        part_p = part_q = src
+    with_temperature = inv_temperature != 1.0
+    for phase in plan_.phases:
+        kernels.softmax_kernel[(phase.grid,)](
+            src, grad, dst, row, part_p, part_q, rows, n, plan_.num_segments, phase.programs_per_row,
+            strides[0], strides[1], strides[2], inv_temperature,
+            **(phase.kwargs_temperature if with_temperature else phase.kwargs))
+
+
+_PLANS: dict = {}
+
+
+def _plan_for(op: int, backward: bool, n: int, rows: int, t: torch.Tensor, strategy: str, tuning: Tuning,
+              fn: str) -> Plan:
+    """``plan`` for tensor ``t``, through a dictionary keyed by plain values (an eager call costs one
+    lookup; the device's SM count and the dataclass hash are only computed on a miss)."""
+    key = (op, backward, n, rows, t.dtype, t.get_device(), strategy, None if tuning is _DEFAULT_TUNING else tuning)
+    found = _PLANS.get(key)
+    if found is None:
+        found = plan(op, backward, n, rows, _sm_count(t.device.type, t.device.index), t.element_size(), strategy,
+                     tuning, fn)
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[key] = found
+    return found
+
+
+def _rows(t: torch.Tensor, n: int):
+    """(rows of ``t``, their stride): ``t`` itself when contiguous (the kernel needs only its
+    address), else a [rows, n] view when the rows are evenly strided with a contiguous last dim,
+    else a contiguous copy."""
+    if t.is_contiguous():
+        return t, n
+    rows = as_rows(t)
+    return rows, rows.stride(0)
+
+
+@functools.lru_cache(maxsize=256)
+def _float32_inverse(temperature: float) -> float:
+    return struct.unpack("f", struct.pack("f", 1.0 / temperature))[0]
+
+
+def _inverse_temperature(temperature: float) -> float:
+    """float32(1 / temperature): what the kernel multiplies by (1 exactly when temperature is 1)."""
+    return 1.0 if temperature == 1.0 else _float32_inverse(float(temperature))
+
+
+# ---- launchers (kernel only; the tensors' last dim is the reduced one) ----------------------
+
+def _new_output(shape, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    """Every output buffer of the launchers (uninitialised; the kernels write every element)."""
+    return like.new_empty(shape, dtype=dtype)
+
+
+def softmax_forward(x: torch.Tensor, *, log: bool = False, temperature: float = 1.0,
+                    out_dtype: Optional[torch.dtype] = None, strategy: str = "auto",
+                    tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
+    """softmax (or log_softmax) over the last dim of ``x`` through the Triton kernel."""
+    shape = x.shape
+    out = _new_output(shape, out_dtype or x.dtype, x)
+    n = shape[-1] if shape else 1
+    if n == 0 or out.numel() == 0:
+        return out
+    fn = "log_softmax" if log else "softmax"
+    x2, x_stride = _rows(x, n)
+    rows = out.numel() // n
+    p = _plan_for(_OPS[fn], False, n, rows, x, strategy, tuning, fn)
+    _launch(p, x2, x2, out, x2, rows, n, (x_stride, x_stride, n), _inverse_temperature(temperature))
+    return out
+
+
+def logsumexp_forward(x: torch.Tensor, *, strategy: str = "auto", tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
+    """logsumexp over the last dim of ``x`` through the Triton kernel; shape ``x.shape[:-1]``."""
+    out = _new_output(x.shape[:-1], x.dtype, x)
+    n = x.shape[-1]
+    if out.numel() == 0:
+        return out
+    if n == 0:
+        return out.fill_(float("-inf"))
+    x2, x_stride = _rows(x, n)
+    rows = out.numel()
+    p = _plan_for(_OPS["logsumexp"], False, n, rows, x, strategy, tuning, "logsumexp")
+    _launch(p, x2, x2, out, x2, rows, n, (x_stride, x_stride, 1), 1.0)
+    return out
+
+
+def softmax_backward(grad: torch.Tensor, y: torch.Tensor, *, log: bool = False, temperature: float = 1.0,
+                     x_dtype: Optional[torch.dtype] = None, strategy: str = "auto",
+                     tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
+    """dx of softmax (or log_softmax) from dy = ``grad`` and the forward output ``y``."""
+    shape = y.shape
+    dx = _new_output(shape, x_dtype or y.dtype, y)
+    n = shape[-1] if shape else 1
+    if n == 0 or dx.numel() == 0:
+        return dx
+    fn = "log_softmax" if log else "softmax"
+    (y2, y_stride), (g2, g_stride) = _rows(y, n), _rows(grad, n)
+    rows = dx.numel() // n
+    p = _plan_for(_OPS[fn], True, n, rows, y, strategy, tuning, fn)
+    _launch(p, y2, g2, dx, y2, rows, n, (y_stride, g_stride, n), _inverse_temperature(temperature))
+    return dx
+
+
+def logsumexp_backward(grad: torch.Tensor, x: torch.Tensor, lse: torch.Tensor, *, strategy: str = "auto",
+                       tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
+    """dx of logsumexp: ``grad`` and ``lse`` have shape ``x.shape[:-1]``."""
+    dx = _new_output(x.shape, x.dtype, x)
+    n = x.shape[-1]
+    if n == 0 or dx.numel() == 0:
+        return dx
+    x2, x_stride = _rows(x, n)
+    rows = dx.numel() // n
+    g1 = grad.reshape(rows).contiguous()
+    l1 = lse.reshape(rows).contiguous()
+    p = _plan_for(_OPS["logsumexp"], True, n, rows, x, strategy, tuning, "logsumexp")
+    _launch(p, x2, g1, dx, l1, rows, n, (x_stride, 1, n), 1.0)
+    return dx
+
+
+# ---- the registered ops: kernel or reference, by device ------------------------------------
+
+@torch.library.custom_op("treefold::softmax", mutates_args=())
+def _softmax_op(x: torch.Tensor, log: bool, temperature: float, dtype: Optional[torch.dtype],
+                strategy: str) -> torch.Tensor:
+    if backend.use_kernel(x):
+        return softmax_forward(x, log=log, temperature=temperature, out_dtype=dtype, strategy=strategy)
+    return reference.softmax(x, log=log, temperature=temperature, out_dtype=dtype)
+
+
+@_softmax_op.register_fake
+def _(x, log, temperature, dtype, strategy):
+    return x.new_empty(x.shape, dtype=dtype or x.dtype)
+
+
+@torch.library.custom_op("treefold::softmax_backward", mutates_args=())
+def _softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, log: bool, temperature: float,
+                         x_dtype: torch.dtype, strategy: str) -> torch.Tensor:
+    if backend.use_kernel(y):
+        return softmax_backward(grad, y, log=log, temperature=temperature, x_dtype=x_dtype, strategy=strategy)
+    return reference.softmax_backward(grad, y, log=log, temperature=temperature, x_dtype=x_dtype)
+
+
+@_softmax_backward_op.register_fake
+def _(grad, y, log, temperature, x_dtype, strategy):
+    return y.new_empty(y.shape, dtype=x_dtype)
+
+
+@torch.library.custom_op("treefold::logsumexp", mutates_args=())
+def _logsumexp_op(x: torch.Tensor, strategy: str) -> torch.Tensor:
+    if backend.use_kernel(x):
+        return logsumexp_forward(x, strategy=strategy)
+    return reference.logsumexp(x)
+
+
+@_logsumexp_op.register_fake
+def _(x, strategy):
+    return x.new_empty(x.shape[:-1])
+
+
+@torch.library.custom_op("treefold::logsumexp_backward", mutates_args=())
+def _logsumexp_backward_op(grad: torch.Tensor, x: torch.Tensor, lse: torch.Tensor, strategy: str) -> torch.Tensor:
+    if backend.use_kernel(x):
+        return logsumexp_backward(grad, x, lse, strategy=strategy)
+    return reference.logsumexp_backward(grad, x, lse)
+
+
+@_logsumexp_backward_op.register_fake
+def _(grad, x, lse, strategy):
+    return x.new_empty(x.shape)
+
+
+def _softmax_setup(ctx, inputs, output):
+    x, log, temperature, dtype, strategy = inputs
+    ctx.save_for_backward(output)
+    ctx.log, ctx.temperature, ctx.x_dtype, ctx.strategy = log, temperature, x.dtype, strategy
+
+
+def _softmax_grad(ctx, grad):
+    (y,) = ctx.saved_tensors
+    dx = _softmax_backward_op(grad, y, ctx.log, ctx.temperature, ctx.x_dtype, ctx.strategy)
+    return dx, None, None, None, None
+
+
+def _logsumexp_setup(ctx, inputs, output):
+    x, strategy = inputs
+    ctx.save_for_backward(x, output)
+    ctx.strategy = strategy
+
+
+def _logsumexp_grad(ctx, grad):
+    x, lse = ctx.saved_tensors
+    return _logsumexp_backward_op(grad, x, lse, ctx.strategy), None
+
+
+_softmax_op.register_autograd(_softmax_grad, setup_context=_softmax_setup)
+_logsumexp_op.register_autograd(_logsumexp_grad, setup_context=_logsumexp_setup)
+
+
+# ---- entry points for the public functions --------------------------------------------------
+
+def _direct(x: torch.Tensor) -> bool:
+    """An eager call that needs no graph: skip the dispatcher (saves host time per call)."""
+    return (type(x) is torch.Tensor and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch.compiler.is_compiling())
+
+
+def softmax(x: torch.Tensor, log: bool, temperature: float, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """softmax / log_softmax over the last dim of ``x`` (validated by the caller)."""
+    if _direct(x):
+        if backend.use_kernel(x):
+            return softmax_forward(x, log=log, temperature=temperature, out_dtype=dtype)
+        return reference.softmax(x, log=log, temperature=temperature, out_dtype=dtype)
+    return _softmax_op(x, log, temperature, dtype, "auto")
+
+
+def logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last dim of ``x`` (validated by the caller)."""
+    if _direct(x):
+        return logsumexp_forward(x) if backend.use_kernel(x) else reference.logsumexp(x)
+    return _logsumexp_op(x, "auto")

@@ -1,0 +1,369 @@
+"""Softmax, log-softmax and log-sum-exp over rows, forward and backward, in the treefold order.
+
+The order (``treefold.order``) for a row of N <= MAX_LANES^2 elements: S = num_segments(N)
+segments of C = lanes(N) lanes, the last one padded; inside a segment, groups of
+G = group(N, dtype read) consecutive lanes (one 16-byte vector); every sum over a segment is
+``combine.tree_sum`` with those groups (a halving tree inside each group, then one over the
+groups), and the S segment results meet in one plain halving tree padded to next_pow2(S).
+
+Forward, for each segment s of the (temperature-scaled, float32) row x:
+    m_s  = max of the segment (exact in any order; padded lanes are -inf),
+    s_s  = tree_sum over the C lanes of exp(x - m_s'), where m_s' = 0 when m_s is infinite and
+           m_s otherwise (padded lanes give exp(-inf) = 0),
+and the S states (m_s, s_s), padded to next_pow2(S) with (-inf, 0), meet in ``tree_max_sum``,
+giving (M, Z). With M' = 0 when M = -inf and M otherwise:
+    softmax      y = exp(x - M') * (1 / Z)        (1 / Z rounded once per row, 0 when Z = 0)
+    log_softmax  y = (x - M') - log(Z)            (log(Z) replaced by 0 when Z = 0)
+    logsumexp      M + log(Z)                     (+inf when the row holds +inf and no NaN)
+A row that is entirely -inf has M = -inf and Z = 0: softmax gives 0, log_softmax and logsumexp
+give -inf. A row holding NaN has Z = NaN, so every output of the row is NaN. A row holding +inf
+(and no NaN) gets Z = NaN as well (as in torch, whose exp(inf - inf) is NaN), except logsumexp,
+which is +inf as in torch. Mapping a +inf segment maximum to m_s' = 0 (rather than only -inf)
+keeps such a segment's s_s free of NaN, so s_s is NaN exactly when the segment holds a NaN, and
+logsumexp can tell the two cases apart.
+
+Backward (dy given; y the saved forward output; dx scaled by 1/temperature when one was used):
+    softmax      dx = y * (dy - sum(dy * y))
+    log_softmax  dx = dy - exp(y) * sum(dy)
+    logsumexp    dx = dlse * exp(x - lse'), lse' = 0 when lse = -inf (a fully masked row gets 0)
+where each row sum is ``tree_sum`` over the lanes of every segment (groups of the dtype of y)
+followed by a plain halving tree over the S segment sums padded with zeros: exactly
+``order.reference_sum(..., dtype=y.dtype)``.
+
+Every launch strategy computes the same segment partials with the same code and merges them with
+the same trees, so the bits do not depend on the strategy, the batch size, the position of a row,
+``num_warps`` or how segments are shared out. (The launcher disables FMA contraction so that the
+compiler cannot fuse products differently in different specialisations.)
+
+Bytes each launch must move (rows x N elements, b_in / b_out bytes per element):
+    forward, whole row(s) per program or split:  read N * b_in, write N * b_out per row (the split
+        finish pass re-reads the row, which for decode shapes is still in L2), plus 8 bytes per
+        segment of partials for split;
+    forward, online:  read N * b_in twice (the second time from L2 while the row fits there),
+        write N * b_out;
+    logsumexp:  read N * b_in, write one value per row;
+    backward softmax / log_softmax:  read y and dy, write dx (online and split read them twice);
+    backward logsumexp:  read x, write dx, plus two values per row.
+"""
+import triton
+import triton.language as tl
+
+from .combine import tree_max_sum, tree_sum
+
+#: Which function: the OP constexpr.
+SOFTMAX = tl.constexpr(0)
+LOG_SOFTMAX = tl.constexpr(1)
+LOGSUMEXP = tl.constexpr(2)
+
+#: What a program does: the PHASE constexpr.
+#: WHOLE_ROWS: partials, merge and outputs of whole rows (registers or streaming).
+WHOLE_ROWS = tl.constexpr(0)
+#: PARTIALS: the partials of one group of segments of one row, written to the partial buffers.
+PARTIALS = tl.constexpr(1)
+#: FINISH: merge a row's partials from the buffers, then the outputs of one group of segments.
+FINISH = tl.constexpr(2)
+
+
+@triton.jit
+def _lane_tree_sum(x, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS: tl.constexpr,
+                   INNER: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
+                   LOG2_INNER_GROUPS: tl.constexpr):
+    """``tree_sum`` over the C = OUTER * INNER lanes of each segment, in groups; returns [SEGS].
+
+    ``x`` is a ``[SEGS, OUTER, INNER]`` block holding lane k * INNER + j of segment s at
+    [s, k, j] (INNER a multiple of GROUP). The order is that of ``combine.tree_sum`` over
+    [SEGS, C] with groups of GROUP lanes: first a halving tree inside each group (consecutive
+    lanes, all inside INNER), then a halving tree over the C / GROUP groups, whose first
+    log2(OUTER) levels pair k with k + OUTER / 2, ... (group g with g + C / (2 GROUP), ...) and
+    whose last levels run over the INNER / GROUP groups of each k. The same pairs in the same
+    order, so the same bits; holding the lanes this way lets a thread own a 16-byte vector of
+    INNER (vector loads) while the high lane bits live in its registers, so the first group
+    levels are additions inside a thread rather than exchanges between warps.
+    """
+    INNER_GROUPS: tl.constexpr = INNER // GROUP
+    x = tl.reshape(x, [SEGS * OUTER * INNER_GROUPS, GROUP])
+    for level in tl.static_range(LOG2_GROUP):
+        x = tl.sum(tl.reshape(x, [SEGS * OUTER * INNER_GROUPS, 2, GROUP >> (level + 1)]), axis=1)
+    x = tl.reshape(x, [SEGS, OUTER, INNER_GROUPS])
+    for level in tl.static_range(LOG2_OUTER):
+        x = tl.sum(tl.reshape(x, [SEGS, 2, OUTER >> (level + 1), INNER_GROUPS]), axis=1)
+    return tree_sum(tl.reshape(x, [SEGS, INNER_GROUPS]), SEGS, INNER_GROUPS, LOG2_INNER_GROUPS, 1, 0)
+
+
+@triton.jit
+def _load_tiles(src_ptrs, grad_ptrs, mask, inv_temperature, FOR_PARTIALS: tl.constexpr,
+                OP: tl.constexpr, BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
+                POLICY: tl.constexpr):
+    """Load one block of a row as float32: returns (a, b).
+
+    Forward: a = x * inv_temperature (masked lanes -inf), b = a (unused).
+    Backward softmax / log_softmax: a = y, b = dy (masked lanes 0); for the partials of
+    log_softmax, which need dy only, y is not read and a = b.
+    Backward logsumexp: a = x (masked lanes 0), b = a (unused).
+    """
+    if BACKWARD:
+        if OP == LOGSUMEXP:
+            a = tl.load(src_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+            b = a
+        else:
+            b = tl.load(grad_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+            if FOR_PARTIALS and OP == LOG_SOFTMAX:
+                a = b
+            else:
+                a = tl.load(src_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+    else:
+        a = tl.load(src_ptrs, mask=mask, other=float("-inf"), eviction_policy=POLICY).to(tl.float32)
+        if HAS_TEMPERATURE:
+            a = a * inv_temperature
+        b = a
+    return a, b
+
+
+@triton.jit
+def _segment_partials(a, b, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS: tl.constexpr,
+                      INNER: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
+                      LOG2_INNER_GROUPS: tl.constexpr, OP: tl.constexpr, BACKWARD: tl.constexpr):
+    """Partials of the segments of a ``[SEGS, OUTER, INNER]`` block: (p, q), each [SEGS].
+
+    Forward: p = m_s (segment max), q = s_s (tree sum of exp(x - m_s')).
+    Backward softmax: p = q = tree sum of dy * y. Backward log_softmax: p = q = tree sum of dy.
+    """
+    if BACKWARD:
+        if OP == SOFTMAX:
+            p = _lane_tree_sum(a * b, OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
+                               LOG2_INNER_GROUPS)
+        else:
+            p = _lane_tree_sum(b, OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
+                               LOG2_INNER_GROUPS)
+        q = p
+    else:
+        p = tl.max(tl.max(a, axis=2), axis=1)
+        shift = tl.where((p == float("-inf")) | (p == float("inf")), 0.0, p)
+        q = _lane_tree_sum(tl.exp(a - shift[:, None, None]), OUTER, LOG2_OUTER, SEGS, INNER, GROUP,
+                           LOG2_GROUP, LOG2_INNER_GROUPS)
+    return p, q
+
+
+@triton.jit
+def _merge_partials(p, q, ROWS: tl.constexpr, SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr,
+                    OP: tl.constexpr, BACKWARD: tl.constexpr):
+    """Merge the ``[ROWS, SEG_POW2]`` segment partials of each row (padding already holds the
+    identity) into the row constants (c0, c1), each [ROWS], that ``_outputs`` uses.
+
+    Forward softmax: (M', 1 / Z). Forward log_softmax: (M', log Z). Forward logsumexp:
+    (logsumexp, logsumexp). Backward softmax / log_softmax: (row sum, row sum).
+    """
+    if BACKWARD:
+        c0 = tree_sum(p, ROWS, SEG_POW2, LOG2_SEG_POW2, 1, 0)
+        c1 = c0
+    else:
+        m, z = tree_max_sum(p, q, ROWS, SEG_POW2, LOG2_SEG_POW2)
+        # A +inf maximum makes every output NaN (as exp(inf - inf) does in torch), also for a row
+        # of one segment, which meets no merge.
+        z = tl.where(m == float("inf"), float("nan"), z)
+        if OP == LOGSUMEXP:
+            has_nan = tl.max(tl.where(q != q, 1, 0), axis=1)
+            c0 = tl.where((m == float("inf")) & (has_nan == 0), float("inf"), m + tl.log(z))
+            c1 = c0
+        else:
+            c0 = tl.where(m == float("-inf"), 0.0, m)
+            if OP == SOFTMAX:
+                ones = tl.full([ROWS], 1.0, tl.float32)
+                c1 = tl.where(z == 0.0, 0.0, tl.div_rn(ones, z))
+            else:
+                c1 = tl.where(z == 0.0, 0.0, tl.log(z))
+    return c0, c1
+
+
+@triton.jit
+def _outputs(a, b, c0, c1, inv_temperature, OP: tl.constexpr, BACKWARD: tl.constexpr,
+             HAS_TEMPERATURE: tl.constexpr):
+    """The elementwise outputs from the loaded block (a, b) and the row constants (c0, c1)."""
+    if BACKWARD:
+        if OP == SOFTMAX:
+            out = a * (b - c0)
+        elif OP == LOG_SOFTMAX:
+            out = b - tl.exp(a) * c0
+        else:
+            out = c1 * tl.exp(a - c0)
+        if HAS_TEMPERATURE:
+            out = out * inv_temperature
+    else:
+        if OP == SOFTMAX:
+            out = tl.exp(a - c0) * c1
+        else:
+            out = (a - c0) - c1
+    return out
+
+
+@triton.jit
+def _given_constants(row_ptr, grad_ptr, rows_idx, row_ok):
+    """Row constants of the logsumexp backward, read from memory: (lse', dlse)."""
+    lse = tl.load(row_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
+    dlse = tl.load(grad_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
+    return tl.where(lse == float("-inf"), 0.0, lse), dlse
+
+
+@triton.jit
+def softmax_kernel(
+    src_ptr, grad_ptr, dst_ptr, row_ptr, part_p_ptr, part_q_ptr,
+    rows, n, num_segments, programs_per_row,
+    stride_src, stride_grad, stride_dst, inv_temperature,
+    OP: tl.constexpr, BACKWARD: tl.constexpr, PHASE: tl.constexpr, IN_REGISTERS: tl.constexpr,
+    HAS_TEMPERATURE: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
+    LANES: tl.constexpr, INNER: tl.constexpr, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr,
+    GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, LOG2_INNER_GROUPS: tl.constexpr,
+    SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr,
+    SEG_BLOCK: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, ONLINE_BLOCKS: tl.constexpr,
+    FIRST_READ_POLICY: tl.constexpr, SECOND_READ_POLICY: tl.constexpr,
+):
+    """The softmax family: one kernel, specialised by the constexpr flags.
+
+    Args:
+        src_ptr: forward: x [rows, n]; backward softmax / log_softmax: y; backward logsumexp: x.
+            Last dimension contiguous, rows ``stride_src`` elements apart.
+        grad_ptr: backward softmax / log_softmax: dy [rows, n] (rows ``stride_grad`` apart);
+            backward logsumexp: dlse [rows]; forward: unused (any pointer).
+        dst_ptr: forward softmax / log_softmax: y [rows, n]; forward logsumexp: lse [rows];
+            backward: dx [rows, n]. Rows ``stride_dst`` elements apart; written in its dtype.
+        row_ptr: backward logsumexp: the forward result lse [rows]; otherwise unused.
+        part_p_ptr, part_q_ptr: float32 [rows, num_segments] segment partials, written by the
+            PARTIALS phase and read by the FINISH phase (forward: m_s and s_s; backward: the
+            segment sums, q unused); unused by WHOLE_ROWS.
+        rows: number of rows.
+        n: elements per row (N <= MAX_LANES^2).
+        num_segments: S(N).
+        programs_per_row: PARTIALS / FINISH: programs sharing one row (grid = rows * this).
+        stride_src, stride_grad, stride_dst: elements between consecutive rows.
+        inv_temperature: float32 1 / temperature (forward x is multiplied by it first; backward
+            dx is multiplied by it last); used only when HAS_TEMPERATURE.
+        OP: SOFTMAX, LOG_SOFTMAX or LOGSUMEXP.
+        BACKWARD: compute dx instead of the forward output.
+        PHASE: WHOLE_ROWS, PARTIALS or FINISH (see the module constants).
+        IN_REGISTERS: WHOLE_ROWS only: hold ROWS_PER_PROGRAM whole rows (all SEG_POW2 segments
+            of each) in one block (one read); otherwise stream one row in blocks of SEG_BLOCK
+            segments (two reads).
+        HAS_TEMPERATURE: inv_temperature != 1 (multiplying by 1 is exact, so this only saves work).
+        ROWS_PER_PROGRAM: rows per program when IN_REGISTERS (power of two), else 1.
+        LANES: C(N), lanes per segment, = OUTER * INNER.
+        INNER: lanes along the fast (contiguous) axis of a block (a multiple of GROUP).
+        OUTER, LOG2_OUTER: LANES / INNER, and log2: a segment is held as [OUTER, INNER].
+        GROUP, LOG2_GROUP: G(N, dtype read), lanes per group of the order, and log2.
+        LOG2_INNER_GROUPS: log2(INNER / GROUP).
+        SEG_POW2, LOG2_SEG_POW2: next_pow2(S(N)) and its log2: the width of the merge tree.
+        SEG_BLOCK: segments per streamed block (power of two, <= SEG_POW2).
+        SEGMENTS_PER_PROGRAM: PARTIALS / FINISH: segments per program (a multiple of SEG_BLOCK).
+        ONLINE_BLOCKS: streaming WHOLE_ROWS: cdiv(S, SEG_BLOCK), the blocks of a row (a
+            constexpr so that the loops have static trip counts).
+        FIRST_READ_POLICY, SECOND_READ_POLICY: eviction policies ("", "evict_last",
+            "evict_first") of the reads of a row that is read twice.
+
+    A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
+    segment s, i.e. column s * LANES + k * INNER + j of the row.
+    """
+    pid = tl.program_id(0)
+    lane_cols = (tl.arange(0, OUTER)[:, None] * INNER + tl.arange(0, INNER)[None, :])[None, :, :]
+    LSE_FORWARD: tl.constexpr = (OP == LOGSUMEXP) and (not BACKWARD)
+    LSE_BACKWARD: tl.constexpr = (OP == LOGSUMEXP) and BACKWARD
+    if PHASE == WHOLE_ROWS and IN_REGISTERS:
+        HELD: tl.constexpr = ROWS_PER_PROGRAM * SEG_POW2
+        held = tl.arange(0, HELD)
+        rows_idx = pid * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+        row_of = pid * ROWS_PER_PROGRAM + held // SEG_POW2
+        cols = ((held % SEG_POW2) * LANES)[:, None, None] + lane_cols
+        mask = (row_of < rows)[:, None, None] & (cols < n)
+        rows64 = row_of.to(tl.int64)[:, None, None]
+        a, b = _load_tiles(src_ptr + rows64 * stride_src + cols, grad_ptr + rows64 * stride_grad + cols,
+                           mask, inv_temperature, False, OP, BACKWARD, HAS_TEMPERATURE, "")
+        if LSE_BACKWARD:
+            c0, c1 = _given_constants(row_ptr, grad_ptr, rows_idx, rows_idx < rows)
+        else:
+            p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, HELD, INNER, GROUP, LOG2_GROUP,
+                                     LOG2_INNER_GROUPS, OP, BACKWARD)
+            c0, c1 = _merge_partials(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]),
+                                     tl.reshape(q, [ROWS_PER_PROGRAM, SEG_POW2]),
+                                     ROWS_PER_PROGRAM, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
+        if LSE_FORWARD:
+            tl.store(dst_ptr + rows_idx, c0.to(dst_ptr.dtype.element_ty), mask=rows_idx < rows)
+        else:
+            # Row constants repeated for each held segment: [ROWS_PER_PROGRAM] -> [HELD].
+            c0 = tl.reshape(tl.broadcast_to(c0[:, None], [ROWS_PER_PROGRAM, SEG_POW2]), [HELD])
+            c1 = tl.reshape(tl.broadcast_to(c1[:, None], [ROWS_PER_PROGRAM, SEG_POW2]), [HELD])
+            out = _outputs(a, b, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
+                           HAS_TEMPERATURE)
+            tl.store(dst_ptr + rows64 * stride_dst + cols, out.to(dst_ptr.dtype.element_ty), mask=mask)
+    else:
+        # One row per program in the streaming phases; blocks of SEG_BLOCK segments.
+        if PHASE == WHOLE_ROWS:
+            row = pid
+            first_segment = 0
+            block_count: tl.constexpr = ONLINE_BLOCKS
+        else:
+            row = pid // programs_per_row
+            first_segment = (pid % programs_per_row) * SEGMENTS_PER_PROGRAM
+            block_count: tl.constexpr = SEGMENTS_PER_PROGRAM // SEG_BLOCK
+        row64 = row.to(tl.int64)
+        one_row = row + tl.arange(0, 1)
+        block_segments = tl.arange(0, SEG_BLOCK)
+        block_cols = (block_segments * LANES)[:, None, None] + lane_cols
+        src_row = src_ptr + row64 * stride_src
+        grad_row = grad_ptr + row64 * stride_grad
+        if PHASE == PARTIALS:
+            for block in range(block_count):
+                segments = first_segment + block * SEG_BLOCK + block_segments
+                cols = (first_segment + block * SEG_BLOCK) * LANES + block_cols
+                a, b = _load_tiles(src_row + cols, grad_row + cols, cols < n, inv_temperature, True,
+                                   OP, BACKWARD, HAS_TEMPERATURE, FIRST_READ_POLICY)
+                p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
+                                         LOG2_INNER_GROUPS, OP, BACKWARD)
+                part_offsets = row64 * num_segments + segments
+                tl.store(part_p_ptr + part_offsets, p, mask=segments < num_segments)
+                if not BACKWARD:
+                    tl.store(part_q_ptr + part_offsets, q, mask=segments < num_segments)
+        else:
+            if LSE_BACKWARD:
+                c0, c1 = _given_constants(row_ptr, grad_ptr, one_row, one_row < rows)
+            elif PHASE == FINISH:
+                segments = tl.arange(0, SEG_POW2)
+                part_offsets = row64 * num_segments + segments
+                valid = segments < num_segments
+                if BACKWARD:
+                    p = tl.load(part_p_ptr + part_offsets, mask=valid, other=0.0)
+                    q = p
+                else:
+                    p = tl.load(part_p_ptr + part_offsets, mask=valid, other=float("-inf"))
+                    q = tl.load(part_q_ptr + part_offsets, mask=valid, other=0.0)
+                c0, c1 = _merge_partials(tl.reshape(p, [1, SEG_POW2]), tl.reshape(q, [1, SEG_POW2]),
+                                         1, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
+            else:
+                # Online: the partials of every block are placed in a [blocks, SEG_BLOCK] array
+                # that starts as the padding identity, then merged once, as the tree demands.
+                BLOCKS: tl.constexpr = SEG_POW2 // SEG_BLOCK
+                block_ids = tl.arange(0, BLOCKS)[:, None]
+                if BACKWARD:
+                    p_all = tl.zeros([BLOCKS, SEG_BLOCK], tl.float32)
+                else:
+                    p_all = tl.full([BLOCKS, SEG_BLOCK], float("-inf"), tl.float32)
+                q_all = tl.zeros([BLOCKS, SEG_BLOCK], tl.float32)
+                for block in range(block_count):
+                    cols = block * (SEG_BLOCK * LANES) + block_cols
+                    a, b = _load_tiles(src_row + cols, grad_row + cols, cols < n, inv_temperature, True,
+                                       OP, BACKWARD, HAS_TEMPERATURE, FIRST_READ_POLICY)
+                    p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
+                                             LOG2_INNER_GROUPS, OP, BACKWARD)
+                    p_all = tl.where(block_ids == block, p[None, :], p_all)
+                    q_all = tl.where(block_ids == block, q[None, :], q_all)
+                c0, c1 = _merge_partials(tl.reshape(p_all, [1, SEG_POW2]), tl.reshape(q_all, [1, SEG_POW2]),
+                                         1, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
+            if LSE_FORWARD:
+                tl.store(dst_ptr + one_row, c0.to(dst_ptr.dtype.element_ty))
+            else:
+                dst_row = dst_ptr + row64 * stride_dst
+                for block in range(block_count):
+                    cols = (first_segment + block * SEG_BLOCK) * LANES + block_cols
+                    mask = cols < n
+                    a, b = _load_tiles(src_row + cols, grad_row + cols, mask, inv_temperature, False,
+                                       OP, BACKWARD, HAS_TEMPERATURE, SECOND_READ_POLICY)
+                    out = _outputs(a, b, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
+                                   HAS_TEMPERATURE)
+                    tl.store(dst_row + cols, out.to(dst_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,627 @@
+"""softmax, log_softmax and logsumexp: accuracy, the treefold order's bits, strategies, autograd.
+
+CPU tier: the Triton kernels run through the interpreter (TRITON_INTERPRET=1); tests that need
+the kernels skip otherwise. GPU tier (``gpu`` marker): bigger shapes, bitwise equality across
+strategies, num_warps and batch sizes.
+
+Tolerances are ``treefold.numerics.TOLERANCES`` for the output dtype (float32: rtol 1.3e-6,
+about 22 ulp, covering the log2 depth of the trees, exp and one reciprocal; bf16/fp16: a few
+roundings of their own precision), applied by ``numerics.compare`` against float64 references.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import treefold
+from treefold import backend
+from treefold._ops import softmax as ops
+from treefold.numerics import compare
+from treefold.reference import softmax as reference
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+INTERPRETED = backend.INTERPRETED
+needs_kernel = pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_available(),
+                                  reason="needs TRITON_INTERPRET=1 (or a GPU) to run the kernels")
+FUNCS = {"softmax": treefold.softmax, "log_softmax": treefold.log_softmax}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+LENGTHS = [1, 33, 4095, 5120]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter_rounds_bf16_to_nearest_even():
+    """Triton 3.6's interpreter truncates float32 -> bfloat16 casts; the GPU (cvt.rn) and torch
+    round to nearest even. Make the interpreter round like the hardware it stands in for, so that
+    bf16 outputs can be compared bit for bit."""
+    if not INTERPRETED:
+        yield
+        return
+    from triton.runtime import interpreter
+    truncating = interpreter._convert_float
+
+    def convert(data, input_dtype, output_dtype, rounding_mode):
+        if input_dtype.primitive_bitwidth == 32 and output_dtype.is_bf16():
+            values = torch.from_numpy(np.ascontiguousarray(data).view(np.float32).copy())
+            return values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(data.shape)
+        return truncating(data, input_dtype, output_dtype, rounding_mode)
+
+    interpreter._convert_float = convert
+    yield
+    interpreter._convert_float = truncating
+
+
+def _data(shape, dtype=torch.float32, scale=3.0, seed=0):
+    """Random normal data, never exactly zero, rounded to ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+    x = torch.where(x == 0, torch.full_like(x, 0.5), x)
+    return x.to(dtype)
+
+
+def _float64(op, x, dim=-1, temperature=1.0):
+    """torch in float64 from the float32 values the kernel sees (x * float32(1 / T))."""
+    xs = x.float()
+    if temperature != 1.0:
+        xs = xs * torch.tensor(np.float32(1.0 / temperature))
+    xs = xs.double()
+    if op == "softmax":
+        return torch.softmax(xs, dim)
+    if op == "log_softmax":
+        return torch.log_softmax(xs, dim)
+    return torch.logsumexp(xs, dim)
+
+
+def _call(op, x, **kw):
+    return treefold.logsumexp(x, **kw) if op == "logsumexp" else FUNCS[op](x, **kw)
+
+
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t):
+    return t.detach().cpu().contiguous().view(-1).view(_SAME_SIZE_INT[t.element_size()])
+
+
+def assert_same_bits(a, b, what=""):
+    assert a.shape == b.shape and a.dtype == b.dtype, what
+    assert torch.equal(_bits(a), _bits(b)), f"{what}: {int((_bits(a) != _bits(b)).sum())} elements differ"
+
+
+# ---- accuracy against float64 ----------------------------------------------------------------
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Output buffers start as NaN, so an element a kernel forgets to write cannot pass."""
+    def poisoned(shape, dtype, like):
+        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
+    monkeypatch.setattr(ops, "_new_output", poisoned)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_matches_float64_reference(op, dtype, n, poisoned_outputs):
+    x = _data((3, n), dtype)
+    got = _call(op, x)
+    want = _float64(op, x)
+    report = compare(got, want)
+    assert report.ok, str(report)
+    assert got.dtype == dtype and got.shape == want.shape
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_sum_to_one(dtype):
+    x = _data((4, 5000), dtype, scale=5.0, seed=1)
+    y = treefold.softmax(x, dtype=torch.float32).double()
+    # Each of the 5000 outputs is within a few float32 ulps; their sum within N * 4u of 1.
+    assert torch.all((y.sum(-1) - 1).abs() < 5000 * 4 * 2.0 ** -24)
+    assert torch.all(y >= 0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", [1, 33, 4095, 9000])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_kernel_follows_the_order_bit_for_bit(op, n):
+    # order_forward replays the kernel's operations in NumPy float32 (the interpreter's exp and
+    # log are NumPy's): equal bits show the kernel follows the documented order exactly.
+    if not INTERPRETED:
+        pytest.skip("bits against NumPy hold for the interpreter; the GPU's exp differs")
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _data((3, n), dtype, seed=n)
+        if op == "logsumexp":
+            got = treefold.logsumexp(x)
+            want = torch.from_numpy(reference.order_forward(x, op)).to(dtype)
+        else:
+            got = FUNCS[op](x, dtype=torch.float32, temperature=0.7)
+            want = torch.from_numpy(reference.order_forward(x, op, temperature=0.7))
+        assert_same_bits(got, want, f"{op} n={n} {dtype}")
+
+
+# ---- the treefold order: strategies, launch parameters, batch position -----------------------
+
+STUDY = [
+    ("warp", ops.Tuning()), ("warp", ops.Tuning(rows_per_program=4, inner=8)),
+    ("block", ops.Tuning()), ("block", ops.Tuning(num_warps=8, inner=32)),
+    ("online", ops.Tuning()), ("online", ops.Tuning(seg_block=1, hints=False)),
+    ("split", ops.Tuning()), ("split", ops.Tuning(segments_per_program=1)),
+    ("split", ops.Tuning(segments_per_program=4, seg_block=2)),
+]
+
+
+def _study_forward(op, x, strategy, tuning, **kw):
+    if op == "logsumexp":
+        return ops.logsumexp_forward(x, strategy=strategy, tuning=tuning)
+    return ops.softmax_forward(x, log=op == "log_softmax", strategy=strategy, tuning=tuning, **kw)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", [1, 33, 4095, 9000])
+def test_every_strategy_gives_the_same_bits(n):
+    x = _data((3, n), torch.bfloat16, seed=7)
+    dy = _data((3, n), torch.float32, seed=8)
+    for op in ("softmax", "log_softmax", "logsumexp"):
+        outs = {}
+        for strategy, tuning in STUDY:
+            if strategy in ("warp", "block") and ops._tile_elements(n) > ops.REGISTER_ELEMENTS_LIMIT:
+                continue
+            outs[(strategy, tuning)] = _study_forward(op, x, strategy, tuning, out_dtype=torch.float32)
+        first = next(iter(outs.values()))
+        for key, out in outs.items():
+            assert_same_bits(out, first, f"{op} n={n} {key}")
+        # backward through every strategy, from the same y (or x and lse)
+        dxs = {}
+        for strategy, tuning in STUDY:
+            if op == "logsumexp":
+                dxs[(strategy, tuning)] = ops.logsumexp_backward(dy[:, 0], x, first.to(x.dtype), strategy=strategy,
+                                                                 tuning=tuning)
+            else:
+                dxs[(strategy, tuning)] = ops.softmax_backward(dy, first, log=op == "log_softmax",
+                                                               x_dtype=torch.float32, strategy=strategy, tuning=tuning)
+        first_dx = next(iter(dxs.values()))
+        for key, dx in dxs.items():
+            assert_same_bits(dx, first_dx, f"{op} backward n={n} {key}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("strategy", ["auto", "warp", "online", "split"])
+def test_a_row_gives_the_same_bits_in_any_batch_and_position(strategy):
+    n = 3000
+    x = _data((7, n), torch.float32, seed=11)
+    batch = ops.softmax_forward(x, strategy=strategy)
+    for i in (0, 3, 6):
+        alone = ops.softmax_forward(x[i:i + 1], strategy=strategy)
+        assert_same_bits(batch[i:i + 1], alone, f"row {i}")
+    shuffled = x[[6, 3, 0, 1, 2, 4, 5]]
+    assert_same_bits(ops.softmax_forward(shuffled, strategy=strategy)[0], batch[6], "row 6 moved first")
+    lse = ops.logsumexp_forward(x, strategy=strategy)
+    assert_same_bits(ops.logsumexp_forward(x[5:6], strategy=strategy), lse[5:6], "logsumexp row 5")
+
+
+@needs_kernel
+def test_shift_by_an_exact_constant_changes_no_bit():
+    # Values on a grid of 1/256 below 2^10: x + 1024 is exact in float32, every x - max is the
+    # same float, so softmax and log_softmax are bit-identical and logsumexp moves by 1024.
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randint(-256 * 500, 256 * 500, (4, 5000), generator=g) / 256.0).float()
+    shifted = x + 1024.0
+    assert_same_bits(treefold.softmax(shifted), treefold.softmax(x))
+    assert_same_bits(treefold.log_softmax(shifted), treefold.log_softmax(x))
+    lse, lse_shifted = treefold.logsumexp(x), treefold.logsumexp(shifted)
+    assert torch.allclose(lse_shifted - 1024.0, lse, rtol=0, atol=2e-4)
+
+
+@needs_kernel
+def test_temperature_multiplies_by_its_float32_inverse_first():
+    x = _data((3, 700), torch.float32, seed=2)
+    t = 0.37
+    prescaled = x * torch.tensor(np.float32(1.0 / t))
+    assert_same_bits(treefold.softmax(x, temperature=t), treefold.softmax(prescaled))
+    assert_same_bits(treefold.log_softmax(x, temperature=t), treefold.log_softmax(prescaled))
+    assert compare(treefold.softmax(x, temperature=t), _float64("softmax", x, temperature=t)).ok
+
+
+@needs_kernel
+def test_dtype_argument_rounds_once_at_the_end():
+    x = _data((3, 1000), torch.bfloat16, seed=4)
+    y = treefold.softmax(x, dtype=torch.float32)
+    assert y.dtype == torch.float32
+    assert compare(y, _float64("softmax", x)).ok
+    # the float32 result rounded to bf16 is the bf16 result: one rounding, at the store
+    assert_same_bits(y.to(torch.bfloat16), treefold.softmax(x))
+    ls16 = treefold.log_softmax(x, dtype=torch.float16)
+    assert ls16.dtype == torch.float16
+    assert_same_bits(ls16, treefold.log_softmax(x, dtype=torch.float32).to(torch.float16))
+
+
+# ---- layouts -----------------------------------------------------------------------------------
+
+@needs_kernel
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_any_dim(op):
+    x = _data((5, 6, 40), torch.float32, seed=9)
+    for dim in (0, 1, -2):
+        got = _call(op, x, dim=dim)
+        moved = _call(op, x.movedim(dim, -1).contiguous())
+        want = moved if op == "logsumexp" else moved.movedim(-1, dim)
+        assert_same_bits(got, want.contiguous(), f"dim={dim}")
+        if op != "logsumexp":
+            assert got.is_contiguous()
+    assert treefold.logsumexp(x, dim=1, keepdim=True).shape == (5, 1, 40)
+
+
+@needs_kernel
+def test_strided_rows_are_read_in_place():
+    wide = _data((6, 1200), torch.float32, seed=3)
+    x = wide[:, 100:1100]  # rows 1200 elements apart, last dim contiguous
+    rows, stride = ops._rows(x, 1000)
+    assert rows.data_ptr() == x.data_ptr() and stride == 1200
+    assert_same_bits(treefold.softmax(x), treefold.softmax(x.contiguous()))
+    assert_same_bits(treefold.logsumexp(x), treefold.logsumexp(x.contiguous()))
+    every_other = wide[::2, :1000]
+    assert_same_bits(treefold.log_softmax(every_other), treefold.log_softmax(every_other.contiguous()))
+    not_contiguous = wide.t()[:50]  # last dim strided: copied
+    assert_same_bits(treefold.softmax(not_contiguous), treefold.softmax(not_contiguous.contiguous()))
+
+
+@needs_kernel
+def test_empty_tensors_and_scalars():
+    assert treefold.softmax(torch.empty(0, 7)).shape == (0, 7)
+    assert treefold.log_softmax(torch.empty(3, 0)).shape == (3, 0)
+    assert treefold.logsumexp(torch.empty(0, 7)).shape == (0,)
+    lse = treefold.logsumexp(torch.empty(3, 0))
+    assert lse.shape == (3,) and torch.all(lse == float("-inf"))
+    assert treefold.softmax(torch.tensor(2.5)).item() == 1.0
+    assert treefold.log_softmax(torch.tensor(2.5)).item() == 0.0
+    assert treefold.logsumexp(torch.tensor(2.5)).item() == 2.5
+    one = treefold.softmax(torch.tensor([[3.0], [-1e30]]))
+    assert torch.equal(one, torch.ones(2, 1))
+
+
+# ---- extreme inputs ------------------------------------------------------------------------
+
+EXTREME = torch.tensor([
+    [float("-inf")] * 6,                                     # fully masked
+    [1.0, float("nan"), 2.0, 3.0, 4.0, 5.0],                 # NaN
+    [1.0, float("inf"), 2.0, 3.0, 4.0, 5.0],                 # +inf
+    [1e4, -1e4, float("-inf"), 0.0, 1e4, float("-inf")],     # mixed, masked lanes
+    [-1e4] * 6,
+    [1e4, 1e4 - 1, 1e4 - 2, -1e4, -1e4, float("-inf")],
+])
+
+
+@needs_kernel
+@pytest.mark.parametrize("strategy", ops.STRATEGIES)
+def test_extremes(strategy):
+    y = ops.softmax_forward(EXTREME, strategy=strategy)
+    ls = ops.softmax_forward(EXTREME, log=True, strategy=strategy)
+    lse = ops.logsumexp_forward(EXTREME, strategy=strategy)
+    assert torch.equal(y[0], torch.zeros(6)) and torch.all(ls[0] == float("-inf")) and lse[0] == float("-inf")
+    assert torch.all(torch.isnan(y[1])) and torch.all(torch.isnan(ls[1])) and torch.isnan(lse[1])
+    assert torch.all(torch.isnan(y[2])) and torch.all(torch.isnan(ls[2])) and lse[2] == float("inf")
+    assert torch.equal(lse[2:3], torch.logsumexp(EXTREME[2:3], -1))
+    for row in (3, 4, 5):
+        assert compare(y[row], torch.softmax(EXTREME[row].double(), -1)).ok
+        assert compare(ls[row], torch.log_softmax(EXTREME[row].double(), -1)).ok
+        assert compare(lse[row], torch.logsumexp(EXTREME[row].double(), -1)).ok
+    # the rules hold with longer rows too, where the -inf segments meet finite ones in the tree
+    long = torch.full((2, 9000), float("-inf"))
+    long[1, 8999] = -3.0
+    out = ops.softmax_forward(long, strategy=strategy)
+    assert torch.all(out[0] == 0) and out[1, 8999] == 1.0 and torch.all(out[1, :8999] == 0)
+    assert torch.equal(ops.logsumexp_forward(long, strategy=strategy), torch.tensor([float("-inf"), -3.0]))
+
+
+def test_reference_follows_the_same_rules():
+    y, ls, lse = reference.softmax(EXTREME), reference.softmax(EXTREME, log=True), reference.logsumexp(EXTREME)
+    assert torch.equal(y[0], torch.zeros(6)) and torch.all(ls[0] == float("-inf")) and lse[0] == float("-inf")
+    assert torch.all(torch.isnan(y[1:3])) and torch.isnan(lse[1]) and lse[2] == float("inf")
+    assert compare(y[3:], torch.softmax(EXTREME[3:].double(), -1)).ok
+    dx = reference.logsumexp_backward(torch.ones(6), EXTREME, lse)
+    assert torch.equal(dx[0], torch.zeros(6))
+
+
+# ---- autograd ------------------------------------------------------------------------------
+
+@needs_kernel
+@pytest.mark.parametrize("n", [1, 33, 4095, 5120])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_gradients_match_torch_in_float64(op, n):
+    x = _data((3, n), torch.float32, seed=n + 1)
+    temperature = 1.0 if op == "logsumexp" else 1.7
+    kw = {} if op == "logsumexp" else {"temperature": temperature}
+    dy = _data((3,) if op == "logsumexp" else (3, n), torch.float32, scale=1.0, seed=n + 2)
+    xg = x.clone().requires_grad_()
+    _call(op, xg, **kw).backward(dy)
+    x64 = x.double().requires_grad_()
+    scaled = x64 * float(np.float32(1.0 / temperature)) if temperature != 1.0 else x64
+    torch_op = {"softmax": torch.softmax, "log_softmax": torch.log_softmax, "logsumexp": torch.logsumexp}[op]
+    torch_op(scaled, -1).backward(dy.double())
+    # float32 gradients of float32 outputs: judged with an absolute floor of the gradient's scale
+    err = (xg.grad.double() - x64.grad).abs().max().item()
+    scale = x64.grad.abs().max().item() + dy.abs().max().item() * (1.0 / temperature)
+    assert err <= 64 * 2.0 ** -24 * scale, (err, scale)
+
+
+@needs_kernel
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_backward_row_sums_follow_the_order_bit_for_bit(op):
+    if not INTERPRETED:
+        pytest.skip("bits against NumPy hold for the interpreter; the GPU's exp differs")
+    for n, dtype in ((4095, torch.float32), (9000, torch.bfloat16)):
+        y = ops.softmax_forward(_data((3, n), dtype, seed=n), log=op == "log_softmax")
+        dy = _data((3, n), dtype, scale=1.0, seed=n + 1)
+        dx = ops.softmax_backward(dy, y, log=op == "log_softmax", x_dtype=torch.float32, temperature=0.5)
+        want = reference.order_backward(dy, y, op, temperature=0.5)
+        assert_same_bits(dx, torch.from_numpy(want), f"{op} n={n} {dtype}")
+
+
+@needs_kernel
+def test_gradient_dtypes_and_other_dims():
+    x = _data((4, 5, 6), torch.bfloat16, seed=12).requires_grad_()
+    y = treefold.softmax(x, dim=1, dtype=torch.float32)
+    assert y.dtype == torch.float32
+    y.square().sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and x.grad.shape == x.shape
+    x64 = x.detach().double().requires_grad_()
+    torch.softmax(x64, 1).square().sum().backward()
+    assert compare(x.grad, x64.grad).ok
+    lse_in = _data((3, 50), torch.float32, seed=13).requires_grad_()
+    treefold.logsumexp(lse_in, dim=0, keepdim=True).sum().backward()
+    assert compare(lse_in.grad, torch.softmax(lse_in.detach().double(), 0)).ok
+    masked = torch.full((2, 8), float("-inf"), requires_grad=True)
+    treefold.logsumexp(masked).sum().backward()
+    assert torch.equal(masked.grad, torch.zeros(2, 8))  # a fully masked row gets a zero gradient
+
+
+# ---- torch.compile, the reference path, host-side caching -----------------------------------
+
+@needs_kernel
+def test_torch_compile_fullgraph():
+    # Inductor when a C++ compiler is present (CPU codegen for the surrounding ops), otherwise
+    # aot_eager; both require a single graph through the registered ops, their fake
+    # implementations and their autograd formulas.
+    compiler = "inductor" if (shutil.which("g++") or shutil.which("c++")) else "aot_eager"
+
+    def f(x):
+        return (treefold.softmax(x * 2.0, dim=-1).square().sum(-1) + treefold.logsumexp(x, -1)
+                + treefold.log_softmax(x, dim=0, temperature=2.0)[0, :3].sum())
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend=compiler)
+    x = _data((4, 33), torch.float32, seed=14).requires_grad_()
+    got = compiled(x)
+    got.sum().backward()
+    g_compiled, x.grad = x.grad.clone(), None
+    want = f(x)
+    want.sum().backward()
+    assert_same_bits(got.detach(), want.detach(), compiler)
+    assert_same_bits(g_compiled, x.grad, compiler + " backward")
+
+
+@needs_kernel
+def test_registered_ops_pass_opcheck():
+    # schema, fake (meta) implementation, autograd registration and AOT dispatch of each op
+    x = _data((3, 40), torch.float32, seed=17).requires_grad_()
+    y = torch.softmax(x.detach(), -1)
+    lse = torch.logsumexp(x.detach(), -1)
+    cases = [(ops._softmax_op, (x, False, 0.5, torch.bfloat16, "auto")), (ops._logsumexp_op, (x, "split")),
+             (ops._softmax_backward_op, (torch.randn(3, 40), y, True, 2.0, torch.float32, "online")),
+             (ops._logsumexp_backward_op, (torch.randn(3), x.detach(), lse, "auto"))]
+    for op, args in cases:
+        results = torch.library.opcheck(op, args)
+        assert all(v == "SUCCESS" for v in results.values()), (op, results)
+
+
+def test_reference_path_without_the_interpreter(monkeypatch):
+    monkeypatch.setattr(backend, "INTERPRETED", False)
+    x = _data((3, 77), torch.bfloat16, seed=15)
+    for op in ("softmax", "log_softmax", "logsumexp"):
+        got = _call(op, x)
+        assert compare(got, _float64(op, x)).ok, op
+    xg = _data((3, 77), torch.float32, seed=16).requires_grad_()
+    treefold.softmax(xg, temperature=3.0).pow(2).sum().backward()
+    x64 = xg.detach().double().requires_grad_()
+    torch.softmax(x64 * float(np.float32(1 / 3.0)), -1).pow(2).sum().backward()
+    assert compare(xg.grad, x64.grad).ok
+
+
+def test_launch_plans_are_cached_and_explain_themselves():
+    p = ops.plan(0, False, 151936, 64, 132, 2)
+    assert p is ops.plan(0, False, 151936, 64, 132, 2)  # one dictionary lookup per eager call
+    assert p.strategy == "split" and len(p.phases) == 2 and p.partials == "pq"
+    assert ops.plan(0, False, 151936, 1024, 132, 2).strategy == "online"
+    assert ops.plan(0, False, 4096, 8192, 132, 2).strategy == "block"
+    assert ops.plan(0, False, 512, 8192, 132, 2).strategy == "warp"
+    lse_backward = ops.plan(2, True, 151936, 1, 132, 2, "split")  # elementwise: no partials
+    assert len(lse_backward.phases) == 1 and lse_backward.partials == ""
+
+
+# ---- bad inputs ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: treefold.softmax([1.0, 2.0]), TypeError, "softmax: x must be a torch.Tensor, got list"),
+    (lambda: treefold.log_softmax(torch.ones(3, dtype=torch.int64)), TypeError,
+     "log_softmax: x has dtype int64, expected one of float32, bfloat16, float16"),
+    (lambda: treefold.softmax(torch.ones(3, dtype=torch.float64)), TypeError, "softmax: x has dtype float64"),
+    (lambda: treefold.softmax(torch.ones(2, 3), dim=2), ValueError,
+     r"softmax: dim=2 is out of range for a tensor with 2 dimension\(s\)"),
+    (lambda: treefold.softmax(torch.ones(2, 3), dim=1.0), TypeError, "softmax: dim must be an int, got float"),
+    (lambda: treefold.softmax(torch.ones(3), temperature=0), ValueError, "softmax: temperature must be > 0.0, got 0"),
+    (lambda: treefold.softmax(torch.ones(3), temperature=-2.0), ValueError, "softmax: temperature must be > 0.0"),
+    (lambda: treefold.log_softmax(torch.ones(3), temperature=float("inf")), ValueError,
+     "log_softmax: temperature must be finite, got inf"),
+    (lambda: treefold.softmax(torch.ones(3), temperature="hot"), TypeError,
+     "softmax: temperature must be a number, got str"),
+    (lambda: treefold.softmax(torch.ones(3), dtype=torch.float64), TypeError,
+     "softmax: dtype=float64 is not supported, expected one of float32, bfloat16, float16"),
+    (lambda: treefold.softmax(torch.ones(3), dtype="float32"), TypeError,
+     "softmax: dtype must be a torch.dtype or None, got str"),
+    (lambda: treefold.logsumexp(torch.ones(3), keepdim=1), TypeError, "logsumexp: keepdim must be a bool, got int"),
+    (lambda: treefold.logsumexp(torch.ones(3), dim=(0,)), TypeError, "logsumexp: dim must be an int, got tuple"),
+    (lambda: treefold.logsumexp("x"), TypeError, "logsumexp: x must be a torch.Tensor, got str"),
+    (lambda: treefold.softmax(torch.empty(1, ops.MAX_ROW + 1, dtype=torch.bfloat16)), ValueError,
+     "softmax: x has 16777217 elements along dim -1; rows longer than 16777216 elements are not supported"),
+    (lambda: ops.softmax_forward(torch.ones(2, 8), strategy="fast"), ValueError,
+     "softmax: strategy='fast' is not one of auto, warp, block, online, split"),
+    (lambda: ops.softmax_forward(torch.ones(2, 8), tuning=ops.Tuning(num_warps=3)), ValueError,
+     "softmax: num_warps must be a power of two >= 1, got 3"),
+    (lambda: ops.logsumexp_forward(torch.ones(1, 200000), strategy="block"), ValueError,
+     "logsumexp: strategy='block' holds whole rows in registers; a row of 200000 elements"),
+])
+def test_bad_inputs_are_named(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+# ---- long rows (interpreter time matters: one row of a decode vocabulary) -------------------
+
+@needs_kernel
+def test_decode_vocabulary_row():
+    n = 151936
+    x = _data((1, n), torch.bfloat16, scale=4.0, seed=21)
+    split = ops.softmax_forward(x, strategy="split", out_dtype=torch.float32)
+    online = ops.softmax_forward(x, strategy="online", out_dtype=torch.float32)
+    assert_same_bits(split, online, "split vs online")
+    assert compare(split, _float64("softmax", x)).ok
+    assert_same_bits(ops.logsumexp_forward(x, strategy="split"), ops.logsumexp_forward(x, strategy="online"))
+
+
+# ---- the compiled kernel (sm_90, offline): constructs the interpreter accepts must also compile
+
+_SM90_SCRIPT = textwrap.dedent("""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from treefold._ops import softmax as ops
+    from treefold.kernels import softmax as kernels
+    names = kernels.softmax_kernel.arg_names
+    cases = [(0, False, 4096, 8192, "block"), (1, False, 512, 8192, "warp"), (2, False, 151936, 256, "online"),
+             (0, False, 151936, 64, "split"), (0, True, 32768, 4096, "online"), (2, True, 9000, 8, "split")]
+    for op, backward, n, rows, strategy in cases:
+        plan = ops.plan(op, backward, n, rows, 132, 2, strategy)
+        for phase in plan.phases:
+            consts = dict(phase.constexprs, HAS_TEMPERATURE=True)
+            sig = {a: "constexpr" if a in consts else ("*fp32" if a.startswith("part") else "*bf16")
+                   if a.endswith("_ptr") else "fp32" if a == "inv_temperature" else "i32" for a in names}
+            src = ASTSource(kernels.softmax_kernel, sig, constexprs=consts)
+            triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": phase.num_warps, "enable_fp_fusion": False})
+    print("compiled", len(cases))
+""")
+
+
+def test_kernel_compiles_for_sm90_offline():
+    ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("Triton's bundled ptxas is not available")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _SM90_SCRIPT], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
+# ---- GPU tier ------------------------------------------------------------------------------
+
+# (rows, n, dtype): batch sizes 1, 7 and 1000; rows in registers, streamed and split.
+GPU_CASES = [(1, 151936, torch.bfloat16), (7, 4095, torch.float32), (1000, 4096, torch.bfloat16),
+             (7, 32768, torch.bfloat16), (64, 151936, torch.float32), (1000, 257, torch.bfloat16)]
+
+
+def _gpu_configs(n, held_factor=1, every=True):
+    """Launch variants whose register tiles stay reasonable (backward holds y and dy: factor 2).
+    ``every=False``: one variant per strategy (each variant is a compile on the device)."""
+    configs = [("auto", ops.Tuning()), ("online", ops.Tuning()), ("split", ops.Tuning())]
+    if every:
+        configs += [("online", ops.Tuning(num_warps=4, seg_block=1)),
+                    ("split", ops.Tuning(segments_per_program=1, num_warps=8))]
+    held = ops._tile_elements(n) * held_factor
+    if held <= 4096 and every:
+        configs += [("warp", ops.Tuning(num_warps=2))]
+    if held <= ops.REGISTER_ELEMENTS:
+        configs += [("block", ops.Tuning(num_warps=w)) for w in ((8, 16) if every else (16,))
+                    if held // (32 * w) <= 128]
+    return configs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, n, dtype", GPU_CASES)
+def test_gpu_strategies_num_warps_and_batches_agree_bitwise(rows, n, dtype):
+    shape = (rows, n)
+    x = _data(shape, dtype, seed=rows + n).cuda()
+    dy = _data(shape, torch.float32, scale=1.0, seed=n).cuda()
+    for op in ("softmax", "log_softmax", "logsumexp"):
+        configs = _gpu_configs(n, every=op == "softmax")
+        kw = {} if op == "logsumexp" else {"out_dtype": torch.float32}
+        outs = [_study_forward(op, x, s, t, **kw) for s, t in configs]
+        for (s, t), out in zip(configs, outs):
+            assert_same_bits(out, outs[0], f"{op} {shape} {s} {t}")
+        for b in (1, 7):
+            assert_same_bits(_study_forward(op, x[-b:], "auto", ops.Tuning(), **kw), outs[0][-b:],
+                             f"{op} last {b} rows alone")
+        report = compare(outs[0].cpu(), _float64(op, x.cpu()))
+        assert report.ok, str(report)
+        if op != "logsumexp":
+            backward_configs = _gpu_configs(n, held_factor=2, every=op == "softmax")
+            dxs = [ops.softmax_backward(dy, outs[0], log=op == "log_softmax", x_dtype=torch.float32, strategy=s,
+                                        tuning=t) for s, t in backward_configs]
+            for (s, t), dx in zip(backward_configs, dxs):
+                assert_same_bits(dx, dxs[0], f"{op} backward {shape} {s} {t}")
+
+
+@pytest.mark.gpu
+def test_gpu_batch_of_1000_rows_each_equal_to_alone():
+    x = _data((1000, 5000), torch.bfloat16, seed=31).cuda()
+    batch = treefold.softmax(x)
+    for i in (0, 1, 499, 993):
+        assert_same_bits(treefold.softmax(x[i:i + 1]), batch[i:i + 1], f"row {i}")
+        assert_same_bits(treefold.softmax(x[i:i + 7]), batch[i:i + 7], f"rows {i}..{i + 6}")
+
+
+@pytest.mark.gpu
+def test_gpu_run_to_run_and_cuda_graph_capture():
+    x = _data((64, 151936), torch.bfloat16, seed=32).cuda()
+    first = treefold.softmax(x)
+    for _ in range(3):
+        assert_same_bits(treefold.softmax(x), first, "run to run")
+    static_out = torch.empty_like(first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out.copy_(treefold.softmax(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_bits(static_out, first, "graph replay")
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_and_gradients():
+    x = _data((256, 4096), torch.bfloat16, seed=33).cuda().requires_grad_()
+
+    def f(t):
+        return treefold.log_softmax(t, temperature=0.8).float().exp().sum(-1)
+
+    torch._dynamo.reset()
+    torch.compile(f, fullgraph=True)(x).sum().backward()
+    g = x.grad.clone()
+    x.grad = None
+    f(x).sum().backward()
+    assert_same_bits(g, x.grad, "compiled vs eager gradient")
+
+
+@pytest.mark.gpu
+def test_gpu_offsets_past_two_to_the_31():
+    rows, n = (1 << 31) // 4096 + 8, 4096  # 2^31 + 32768 elements: row offsets need int64
+    x = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16).normal_(0, 3)
+    for strategy in ("auto", "online"):
+        y = ops.softmax_forward(x, strategy=strategy)
+        tail = ops.softmax_forward(x[-8:].clone(), strategy=strategy)
+        assert_same_bits(y[-8:], tail, f"last rows, {strategy}")
+        del y
+    lse = treefold.logsumexp(x)
+    assert_same_bits(lse[-8:], treefold.logsumexp(x[-8:].clone()), "logsumexp last rows")
