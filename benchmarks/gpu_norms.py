@@ -1,6 +1,6 @@
 """RMSNorm and LayerNorm on the GPU: check every treefold strategy, then time it against its peers.
 
-Run from the repository root on a CUDA machine (about two to three minutes):
+Run from the repository root on a CUDA machine (under two minutes):
 
     python benchmarks/gpu_norms.py                  # all cases
     python benchmarks/gpu_norms.py --quick          # the default launch of each case only
@@ -15,11 +15,13 @@ Run from the repository root on a CUDA machine (about two to three minutes):
    eager, Hugging Face's eager code, torch.compile of it (two shapes), Liger-Kernel and QuACK
    when importable, and a 1 GiB device-to-device copy: the roof, in the same run.
    Bytes = inputs read once + outputs written once (backward: read x, read dy, write dx).
-3. Host time per eager call at 1 x 4096 (2000 calls, no synchronisation inside the loop).
+3. Host time per eager call at 1 x 4096 (1000 calls, no synchronisation inside the loop): the
+   public functions, the implementation without validation, and forward + backward through
+   autograd, against torch's.
 
 Prints the variant and check lines as it goes and a short table last; writes everything to
 ``$OUT/norms.json`` when OUT is set. A failing variant or peer is reported and skipped. A time
-budget (``--budget`` seconds, default 165) drops the remaining optional measurements (variants,
+budget (``--budget`` seconds, default 100) drops the remaining optional measurements (variants,
 peers) when exceeded; the default treefold launches and torch eager are always measured.
 """
 from __future__ import annotations
@@ -124,7 +126,7 @@ def load_peers() -> dict:
 # Recording
 # --------------------------------------------------------------------------------------------
 
-def record(op, shape, dtype, strategy, fn, nbytes, roof, *, optional=True, kind="peer", budget=165.0):
+def record(op, shape, dtype, strategy, fn, nbytes, roof, *, optional=True, kind="peer", budget=100.0):
     """Time ``fn`` and append a row; failures and budget skips become notes."""
     if optional and elapsed() > budget:
         note(f"skipped (time budget): {op} {shape} {strategy}")
@@ -154,14 +156,15 @@ def roof_gbs() -> float:
 # Cases
 # --------------------------------------------------------------------------------------------
 
-def fwd_variants(m: int, n: int, quick: bool):
-    """Up to three (rows_per_program, num_warps) launches besides the default: half and twice the
-    warps, and twice the rows (when the tile stays within 16384 elements and the batch has them)."""
+def fwd_variants(m: int, n: int, quick: bool, is_rms: bool = True):
+    """Up to three (rows_per_program, num_warps) launches besides the default: half the warps
+    (64 elements per thread), twice the rows and warps (same elements per thread, a bigger tile),
+    and twice the warps; tiles up to 32768 elements, and only rows the batch has."""
     if quick:
         return []
-    rpp, warps = ops.forward_config(n)
-    out = [(rpp, warps // 2), (rpp, warps * 2), (rpp * 2, warps)]
-    return [(r, w) for r, w in out if 1 <= w <= 32 and r * ops.row_block(n) <= 16384 and r <= max(m, 1)]
+    rpp, warps = ops.forward_config(n, is_rms)
+    out = [(rpp, warps // 2), (rpp * 2, warps * 2), (rpp, warps * 2)]
+    return [(r, w) for r, w in out if 1 <= w <= 32 and r * ops.row_block(n) <= 32768 and r <= max(m, 1)]
 
 
 def rms_forward_case(m, n, dtype, residual, roof, peers, args, compile_hf=False):
@@ -203,6 +206,9 @@ def rms_forward_case(m, n, dtype, residual, roof, peers, args, compile_hf=False)
     record(op, shape, dtype, "torch eager (F.rms_norm)", torch_fn, nbytes, roof, optional=False, kind="torch")
     record(op, shape, dtype, "treefold", (lambda: treefold.rms_norm(x, w, EPS, residual=r)), nbytes, roof,
            optional=False, kind="treefold")
+    rpp0, nw0 = ops.forward_config(n, True)
+    record(op, shape, dtype, f"treefold default r{rpp0} w{nw0} (impl)", lambda: run_tf(), nbytes, roof,
+           optional=False, kind="treefold-impl")
     if m * n <= 8192:
         try:
             us = triton.testing.do_bench_cudagraph(lambda: run_tf(), rep=100, return_mode="median") * 1e3
@@ -288,8 +294,11 @@ def ln_forward_case(m, n, dtype, roof, peers, args):
            optional=False, kind="torch")
     record(op, shape, dtype, "treefold", lambda: treefold.layer_norm(x, n, w, b), nbytes, roof, optional=False,
            kind="treefold")
+    rpp0, nw0 = ops.forward_config(n, False)
+    record(op, shape, dtype, f"treefold default r{rpp0} w{nw0} (impl)", lambda: run_tf(), nbytes, roof,
+           optional=False, kind="treefold-impl")
     line = []
-    for rpp, nw in fwd_variants(m, n, args.quick):
+    for rpp, nw in fwd_variants(m, n, args.quick, is_rms=False):
         name = f"treefold r{rpp} w{nw}"
         try:
             check(f"{op} {shape} {name} = default bits", same_bits(run_tf(rows_per_program=rpp, num_warps=nw), base))
@@ -370,12 +379,15 @@ def backward_case(m, n, dtype, is_rms, roof, peers, args):
         return ops.layer_norm_backward_impl(dy, xd, wd, mean, rstd, True, dtype, **launch)
 
     default_rpb, default_warps, _ = ops.backward_config(m, n)
+    # the default launch without autograd: the gap to the row above is host and autograd time
+    record(op, shape, dtype, f"treefold default w{default_warps} (impl)", lambda: run_bwd(), nbytes, roof,
+           optional=False, kind="treefold-impl")
     line = []
     # warps halved / doubled, software-pipelining stages 1 and 2 (Triton's default is 3), and
-    # blocks of half / twice the rows (a different weight-gradient order: timing only)
+    # blocks of half the rows (a different weight-gradient order: timing only)
     variants = [] if args.quick else [
-        (None, default_warps // 2, None), (None, min(32, default_warps * 2), None), (None, None, 1), (None, None, 2),
-        (max(1, default_rpb // 2), None, None), (default_rpb * 2, None, None)]
+        (None, max(1, default_warps // 2), None), (None, min(32, default_warps * 2), None), (None, None, 1),
+        (None, None, 2), (max(1, default_rpb // 2), None, None)]
     for rpb, nw, ns in variants:
         launch = {k: v for k, v in (("rows_per_block", rpb), ("num_warps", nw), ("num_stages", ns)) if v is not None}
         name = "treefold" + "".join(f" {tag}{v}" for tag, v in (("b", rpb), ("w", nw), ("s", ns)) if v is not None)
@@ -453,19 +465,27 @@ def host_overhead():
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
     r = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    dyg = torch.randn_like(x)
     out = {}
     for name, fn in [("treefold.rms_norm", lambda: treefold.rms_norm(x, w)),
                      ("treefold.rms_norm + residual", lambda: treefold.rms_norm(x, w, residual=r)),
                      ("treefold.layer_norm", lambda: treefold.layer_norm(x, 4096, w, w)),
+                     ("ops.rms_norm_impl (no validation)",
+                      lambda: ops.rms_norm_impl(x, w, None, EPS, 0.0, "llama", x.dtype, store_stats=False)),
+                     ("treefold.rms_norm fwd+bwd (autograd)", lambda: torch.autograd.grad(
+                         treefold.rms_norm(xg, wg, EPS), (xg, wg), dyg)),
+                     ("F.rms_norm fwd+bwd (autograd)", lambda: torch.autograd.grad(
+                         F.rms_norm(xg, (4096,), wg, EPS), (xg, wg), dyg)),
                      ("F.rms_norm", lambda: F.rms_norm(x, (4096,), w, EPS)),
                      ("F.layer_norm", lambda: F.layer_norm(x, (4096,), w, w))]:
         for _ in range(50):
             fn()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(2000):
+        for _ in range(1000):
             fn()
-        out[name] = (time.perf_counter() - t0) / 2000 * 1e6
+        out[name] = (time.perf_counter() - t0) / 1000 * 1e6
         torch.cuda.synchronize()
         print(f"  {name:30s} {out[name]:6.1f} us/call", flush=True)
     return out
@@ -474,7 +494,7 @@ def host_overhead():
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="default launches only, no compile peer")
-    parser.add_argument("--budget", type=float, default=165.0, help="seconds before optional work is dropped")
+    parser.add_argument("--budget", type=float, default=100.0, help="seconds before optional work is dropped")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this (e.g. backward)")
     args = parser.parse_args()
     if not torch.cuda.is_available():

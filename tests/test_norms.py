@@ -285,23 +285,50 @@ def ulp(t, dtype):
     return torch.pow(2.0, (exponent - digits).double())
 
 
-def agreement(got, want):
-    """Fraction of elements equal bit for bit; asserts the others are at most one ulp apart."""
+def agreement(got, want, max_ulps=1):
+    """Fraction of elements equal bit for bit; asserts the others are at most ``max_ulps`` apart."""
     assert got.dtype == want.dtype and got.shape == want.shape
     got, want = got.cpu(), want.cpu()
     same = got == want
     a, b = got[~same].double(), want[~same].double()
-    assert bool(((a - b).abs() <= torch.maximum(ulp(a, got.dtype), ulp(b, got.dtype))).all()), \
-        "a mismatch of more than one ulp"
+    apart = (a - b).abs() / torch.maximum(ulp(a, got.dtype), ulp(b, got.dtype))
+    assert bool((apart <= max_ulps).all()), f"a mismatch of {apart.max().item()} ulps (at most {max_ulps} allowed)"
     return same.double().mean().item()
+
+
+def hf_llama_normalised(x, eps):
+    """LlamaRMSNorm.forward up to the weight: the normalised row rounded to x's dtype."""
+    h = x.to(torch.float32)
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def check_llama_agreement(x, w, eps=1e-6):
+    """treefold's "llama" casting against LlamaRMSNorm, stage by stage.
+
+    The statistics differ in their last float32 bits (another summation order; on the GPU also
+    CUDA's approximate rsqrt), so the normalised row, rounded to bfloat16, lands one ulp from
+    Hugging Face's in a few elements in 10^5. The weight then multiplies that rounded value once,
+    in both codes: treefold's y is exactly ``w * normalised`` (asserted bit for bit), so every
+    difference in y comes from the normalised row, and one ulp of a value times |w| > 1 can round
+    to two ulps of the product (never more: the product's ulp is more than half of
+    ulp(normalised) * |w|). Measured on CPU at 4096 x 4096: 99.9996% of normalised values equal
+    (the rest one ulp apart), 99.9997% of y equal, two elements two ulps apart.
+    """
+    normalised = treefold.rms_norm(x, None, eps)
+    assert agreement(normalised, hf_llama_normalised(x, eps), max_ulps=1) >= 0.9999
+    y = treefold.rms_norm(x, w, eps)
+    assert_bits(y, w * normalised)
+    assert agreement(y, hf_llama_rms_norm(x, w, eps), max_ulps=2) >= 0.9999
+    return y
 
 
 @pytest.mark.parametrize("n", [4096])
 def test_bf16_matches_hugging_face_llama_and_gemma(n):
     x = randn((64, n), torch.bfloat16, seed=21, scale=3.0)
     w = weight_like(n, torch.bfloat16)
-    assert agreement(treefold.rms_norm(x, w, 1e-6), hf_llama_rms_norm(x, w, 1e-6)) >= 0.9999
+    check_llama_agreement(x, w)
     wg = randn(n, torch.bfloat16, seed=22, scale=0.3)
+    # one rounding at the end in both codes: the float32 statistics' last bits move y by one ulp at most
     got = treefold.rms_norm(x, wg, 1e-6, casting="gemma", offset=1.0)
     assert agreement(got, hf_gemma_rms_norm(x, wg, 1e-6)) >= 0.9999
     # torch's own functional: the "gemma" arithmetic with no offset
@@ -322,7 +349,7 @@ def test_fused_add_rms_norm_in_place_serving_semantics():
     assert_bits(x, want_y)
     assert_bits(r, want_h)
     assert torch.equal(r, engine_h)
-    assert agreement(x, engine_y) >= 0.9999
+    assert agreement(x, engine_y, max_ulps=2) >= 0.9999  # the "llama" rounding (check_llama_agreement)
 
 
 def test_fused_add_rms_norm_on_rows_that_need_a_copy():
@@ -739,7 +766,7 @@ def test_gpu_backward_is_deterministic_and_launch_independent():
 def test_gpu_bf16_matches_hugging_face(n):
     x = randn((4096 if n == 4096 else 1024, n), torch.bfloat16, seed=3, scale=3.0).cuda()
     w = weight_like(n, torch.bfloat16).cuda()
-    assert agreement(treefold.rms_norm(x, w).cpu(), hf_llama_rms_norm(x, w, 1e-6).cpu()) >= 0.9999
+    check_llama_agreement(x, w)
     wg = randn(n, torch.bfloat16, seed=4, scale=0.3).cuda()
     got = treefold.rms_norm(x, wg, casting="gemma", offset=1.0).cpu()
     assert agreement(got, hf_gemma_rms_norm(x, wg, 1e-6).cpu()) >= 0.9999
@@ -747,7 +774,7 @@ def test_gpu_bf16_matches_hugging_face(n):
     y, h = treefold.rms_norm(x, w, residual=r)
     engine_y, engine_h = vllm_fused_add_rms_norm(x, r, w, 1e-6)
     assert torch.equal(h, engine_h)
-    assert agreement(y.cpu(), engine_y.cpu()) >= 0.9999
+    assert agreement(y.cpu(), engine_y.cpu(), max_ulps=2) >= 0.9999  # the "llama" rounding, as above
 
 
 @pytest.mark.gpu

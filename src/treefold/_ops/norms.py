@@ -22,14 +22,19 @@ from .. import backend, order
 from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
+from .launch import Launcher
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
 MAX_ROW_LENGTH = 65536
 
-#: Elements one forward program aims to hold (rows are packed into a program up to this).
-_FORWARD_TILE = 4096
-#: Elements per thread the heuristic aims for (16 bf16 = two 16-byte loads).
-_ELEMENTS_PER_THREAD = 16
+#: Elements one forward program holds at most (rows are packed into a program up to this):
+#: RMSNorm and LayerNorm. On the H200, 1024-element rows ran best four to a program (tiles of
+#: 4096; eight to a program lost a quarter of the bandwidth), while LayerNorm's 4096-element rows
+#: ran best two to a program.
+_FORWARD_TILE = {True: 4096, False: 8192}
+#: Elements per thread: 32 (four 16-byte bfloat16 loads) beat 16 and 8 at every bfloat16 shape
+#: measured on the H200 (rows of 1024 to 16384, forward and backward; float32 was flat).
+_ELEMENTS_PER_THREAD = 32
 #: The column tree reads at most this many float32 partials per program.
 _COLUMN_TILE = 8192
 
@@ -62,10 +67,10 @@ def _warps_for(elements: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def forward_config(n: int) -> tuple[int, int]:
+def forward_config(n: int, is_rms: bool = True) -> tuple[int, int]:
     """(rows per program, num_warps) for the forward kernel. A launch choice: never changes bits."""
     block = row_block(n)
-    rows = max(1, min(64, _FORWARD_TILE // block))
+    rows = max(1, min(64, _FORWARD_TILE[bool(is_rms)] // block))
     return rows, _warps_for(rows * block)
 
 
@@ -74,9 +79,11 @@ def backward_config(m: int, n: int) -> tuple[int, int, Optional[int]]:
     """(rows per block, num_warps, num_stages) for the backward kernel.
 
     The rows per block fix the weight-gradient order, so they come from the shape alone
-    (``treefold.reference.norms.weight_grad_rows_per_block``). num_stages None leaves Triton's
-    default software pipelining of the row loop; rows over 16384 elements turn it off, as
-    buffering several of them would not fit in shared memory.
+    (``treefold.reference.norms.weight_grad_rows_per_block``). num_warps gives 32 elements per
+    thread (4096: 4 warps, 8192: 8, which ran at 72% and 65% of the roof on the H200 where 8 and 16
+    warps ran at 30-58%). num_stages None leaves Triton's default software pipelining of the row
+    loop; rows over 16384 elements turn it off, as buffering several of them would not fit in
+    shared memory.
     """
     block = row_block(n)
     return ref.weight_grad_rows_per_block(m, n), _warps_for(block), (None if block <= 16384 else 1)
@@ -85,6 +92,25 @@ def backward_config(m: int, n: int) -> tuple[int, int, Optional[int]]:
 # --------------------------------------------------------------------------------------------
 # 2. launchers (tensors are [rows, n] views with a contiguous last dimension)
 # --------------------------------------------------------------------------------------------
+
+_forward_kernel = Launcher(norm_forward_kernel)
+_backward_kernel = Launcher(norm_backward_kernel)
+_column_sum_kernel = Launcher(column_tree_sum_kernel)
+
+
+@functools.lru_cache(maxsize=4096)
+def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, has_weight: bool,
+                  has_bias: bool, has_offset: bool, round_normalised: bool, store_stats: bool,
+                  rows_per_program: Optional[int], num_warps: Optional[int]) -> tuple[int, dict]:
+    """(rows per program, the kernel's constexprs and options) for one kind of forward launch."""
+    default_rows, default_warps = forward_config(n, is_rms)
+    rows = rows_per_program or default_rows
+    return rows, dict(
+        IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
+        HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
+        SOFT_BF16=backend.INTERPRETED, ROWS=rows, **row_layout(n, dtype),
+        num_warps=num_warps or default_warps, enable_fp_fusion=False)
+
 
 def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: Optional[Tensor],
                    y2: Tensor, h2: Optional[Tensor], mean: Optional[Tensor], rstd: Optional[Tensor], *,
@@ -95,19 +121,32 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     ``rows_per_program`` and ``num_warps`` override the heuristic (the bits do not change).
     """
     m, n = x2.shape
-    layout = row_layout(n, x2.dtype if res2 is None else res2.dtype)
-    rpp, warps = forward_config(n)
-    rpp = rows_per_program or rpp
-    warps = num_warps or warps
-    norm_forward_kernel[(order.cdiv(m, rpp),)](
+    rows, plan = _forward_plan(n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None,
+                               w is not None, b is not None, offset != 0.0, round_normalised,
+                               rstd is not None, rows_per_program, num_warps)
+    _forward_kernel(
+        ((m + rows - 1) // rows,),
         x2, x2 if res2 is None else res2, x2 if w is None else w, x2 if b is None else b,
         y2, x2 if h2 is None else h2, y2 if mean is None else mean, y2 if rstd is None else rstd,
         m, n, float(n), eps, offset,
         x2.stride(0), 0 if res2 is None else res2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0),
-        IS_RMS=is_rms, HAS_RESIDUAL=res2 is not None, HAS_WEIGHT=w is not None, HAS_BIAS=b is not None,
-        HAS_OFFSET=offset != 0.0, ROUND_NORMALISED=round_normalised, STORE_STATS=rstd is not None,
-        SOFT_BF16=backend.INTERPRETED, ROWS=rpp, **layout, num_warps=warps, enable_fp_fusion=False,
-    )
+        **plan)
+
+
+@functools.lru_cache(maxsize=4096)
+def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out: bool, has_weight: bool,
+                   has_offset: bool, round_normalised: bool, store_dres: bool, weight_grad: bool,
+                   bias_grad: bool, rows_per_block: int, num_warps: Optional[int],
+                   num_stages: Optional[int]) -> dict:
+    """The kernel's constexprs and options for one kind of backward launch."""
+    _, default_warps, default_stages = backward_config(m, n)
+    stages = num_stages or default_stages
+    return dict(
+        IS_RMS=is_rms, HAS_DH_OUT=has_dh_out, HAS_WEIGHT=has_weight, HAS_OFFSET=has_offset,
+        ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
+        BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
+        **row_layout(n, dtype), num_warps=num_warps or default_warps, enable_fp_fusion=False,
+        **({} if stages is None else {"num_stages": stages}))
 
 
 def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[Tensor],
@@ -121,36 +160,35 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     ``backward_config(m, n)[0]`` unless they mean to compute a different order.
     """
     m, n = x2.shape
-    layout = row_layout(n, x2.dtype)
-    _, default_warps, default_stages = backward_config(m, n)
-    warps = num_warps or default_warps
-    num_stages = num_stages or default_stages
-    extra = {} if num_stages is None else {"num_stages": num_stages}
-    norm_backward_kernel[(order.cdiv(m, rows_per_block),)](
+    plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
+                          round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
+                          rows_per_block, num_warps, num_stages)
+    _backward_kernel(
+        ((m + rows_per_block - 1) // rows_per_block,),
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,
         rstd if mean is None else mean, rstd, dx2, dx2 if dres2 is None else dres2,
         rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
         m, n, float(n), offset,
         dy2.stride(0), 0 if dh2 is None else dh2.stride(0), x2.stride(0), dx2.stride(0),
         0 if dres2 is None else dres2.stride(0),
-        IS_RMS=is_rms, HAS_DH_OUT=dh2 is not None, HAS_WEIGHT=w is not None, HAS_OFFSET=offset != 0.0,
-        ROUND_NORMALISED=round_normalised, STORE_DRES=dres2 is not None,
-        WEIGHT_GRAD=dw_part is not None, BIAS_GRAD=db_part is not None, SOFT_BF16=backend.INTERPRETED,
-        BLOCK_ROWS=rows_per_block, **layout, num_warps=warps, enable_fp_fusion=False, **extra,
-    )
+        **plan)
+
+
+@functools.lru_cache(maxsize=4096)
+def _column_sum_plan(parts: int, n: int) -> tuple[int, dict]:
+    padded = order.next_pow2(parts)
+    if padded > order.MAX_LANES:
+        raise ValueError(f"launch_column_sum: {parts} partial rows exceed one tree of {order.MAX_LANES}")
+    block_n = min(order.next_pow2(n), max(16, _COLUMN_TILE // padded))
+    return order.cdiv(n, block_n), dict(PARTS=padded, LOG2_PARTS=order.log2(padded), BLOCK_N=block_n,
+                                        SOFT_BF16=backend.INTERPRETED, num_warps=4, enable_fp_fusion=False)
 
 
 def launch_column_sum(parts: Tensor, out: Tensor) -> None:
     """``out[j] = treefold sum over i of parts[i, j]`` for contiguous float32 ``parts``."""
     p, n = parts.shape
-    padded = order.next_pow2(p)
-    if padded > order.MAX_LANES:
-        raise ValueError(f"launch_column_sum: {p} partial rows exceed one tree of {order.MAX_LANES}")
-    block_n = min(order.next_pow2(n), max(16, _COLUMN_TILE // padded))
-    column_tree_sum_kernel[(order.cdiv(n, block_n),)](
-        parts, out, p, n, PARTS=padded, LOG2_PARTS=order.log2(padded), BLOCK_N=block_n,
-        SOFT_BF16=backend.INTERPRETED, num_warps=4, enable_fp_fusion=False,
-    )
+    programs, plan = _column_sum_plan(p, n)
+    _column_sum_kernel((programs,), parts, out, p, n, **plan)
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,12 +408,26 @@ def _rms_norm_setup(ctx, inputs, output):
     ctx.casting = casting
 
 
+def _plain_eager(*tensors: Optional[Tensor]) -> bool:
+    """Whether a backward formula may call the implementation directly: eager plain tensors, no
+    graph being traced (torch.compile's fake and functional tensors are subclasses) and no
+    gradient of the gradient being recorded. Skipping the dispatcher saves host time per call."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    return all(t is None or type(t) is Tensor for t in tensors)
+
+
 def _rms_norm_backward(ctx, dy, dh, drstd):
     normed, weight, rstd = ctx.saved_tensors
     need_x, need_w, need_res = ctx.needs_input_grad[:3]
-    dx, dres, dw = torch.ops.treefold.rms_norm_backward(
-        dy, dh if ctx.has_residual else None, normed, weight, rstd, ctx.offset, ctx.casting, ctx.x_dtype,
-        ctx.residual_dtype, bool(need_w))
+    dh_out = dh if ctx.has_residual else None
+    if _plain_eager(dy, dh_out, normed, weight, rstd):
+        dx, dres, dw = rms_norm_backward_impl(dy, dh_out, normed, weight, rstd, ctx.offset, ctx.casting,
+                                              ctx.x_dtype, ctx.residual_dtype, bool(need_w))
+    else:
+        dx, dres, dw = torch.ops.treefold.rms_norm_backward(
+            dy, dh_out, normed, weight, rstd, ctx.offset, ctx.casting, ctx.x_dtype, ctx.residual_dtype,
+            bool(need_w))
     if not ctx.has_residual:
         dres = None
     elif ctx.residual_dtype == ctx.x_dtype:
@@ -436,8 +488,11 @@ def _layer_norm_setup(ctx, inputs, output):
 def _layer_norm_backward(ctx, dy, dmean, drstd):
     x, weight, mean, rstd = ctx.saved_tensors
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    dx, dw, db = torch.ops.treefold.layer_norm_backward(
-        dy, x, weight, mean, rstd, bool(need_w), ctx.bias_dtype if need_b else None)
+    bias_dtype = ctx.bias_dtype if need_b else None
+    if _plain_eager(dy, x, weight, mean, rstd):
+        dx, dw, db = layer_norm_backward_impl(dy, x, weight, mean, rstd, bool(need_w), bias_dtype)
+    else:
+        dx, dw, db = torch.ops.treefold.layer_norm_backward(dy, x, weight, mean, rstd, bool(need_w), bias_dtype)
     return dx if need_x else None, dw if need_w else None, db if need_b else None, None
 
 

@@ -20,6 +20,19 @@ from ..reference.norms import CASTINGS, rms_norm_out_dtype
 __all__ = ["rms_norm", "fused_add_rms_norm_", "layer_norm"]
 
 
+def _eps(fn: str, eps) -> float:
+    # The common case (a finite float >= 0) costs one comparison; anything else gets the full check.
+    if type(eps) is float and 0.0 <= eps < math.inf:
+        return eps
+    return _checks.finite_float(fn, "eps", eps, low=0.0)
+
+
+def _offset(fn: str, offset) -> float:
+    if type(offset) is float and -math.inf < offset < math.inf:
+        return offset
+    return _checks.finite_float(fn, "offset", offset)
+
+
 def _needs_op(a: torch.Tensor, b: Optional[torch.Tensor], c: Optional[torch.Tensor]) -> bool:
     """Go through the custom op (autograd, torch.compile) rather than straight to the launcher."""
     if torch.compiler.is_compiling():
@@ -109,8 +122,8 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         _check_vector(fn, "weight", weight, n, x, "x.shape[-1]")
     if residual is not None:
         _check_residual(fn, residual, x)
-    eps = _checks.finite_float(fn, "eps", eps, low=0.0)
-    offset = _checks.finite_float(fn, "offset", offset)
+    eps = _eps(fn, eps)
+    offset = _offset(fn, offset)
     if casting not in CASTINGS:
         raise ValueError(f"{fn}: casting must be one of {', '.join(map(repr, CASTINGS))}, got {casting!r}")
     if offset != 0.0 and weight is None:
@@ -151,7 +164,7 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
     n = x.shape[-1]
     if weight is not None:
         _check_vector(fn, "weight", weight, n, x, "x.shape[-1]")
-    eps = _checks.finite_float(fn, "eps", eps, low=0.0)
+    eps = _eps(fn, eps)
     _check_row_length(fn, n)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight)):
         raise ValueError(f"{fn}: an input requires grad, but this in-place op has no autograd formula; "
@@ -212,7 +225,7 @@ def layer_norm(x: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
             _checks.same_device(fn, name, value, "x", x)
             if tuple(value.shape) != shape:
                 raise ValueError(f"{fn}: {name} has shape {_shape(value)}, expected {shape} (normalized_shape)")
-    eps = _checks.finite_float(fn, "eps", eps, low=0.0)
+    eps = _eps(fn, eps)
     n = math.prod(shape)
     _check_row_length(fn, n)
     rows = x if k == 1 else x.reshape(*x.shape[:-k], n)
