@@ -407,6 +407,29 @@ def test_torch_compile_fullgraph():
 
 
 @needs_kernel
+def test_eager_autograd_and_registered_op_give_the_same_bits():
+    # Eager calls with a gradient take a plain autograd.Function; traced ones take the registered
+    # op and its autograd formula. Both launch the same kernels: same values, same gradients.
+    x = _data((3, 300), torch.bfloat16, seed=18)
+    dy = _data((3, 300), torch.bfloat16, scale=1.0, seed=19)
+    for log in (False, True):
+        grads = []
+        for call in (lambda t: treefold.log_softmax(t, temperature=0.9) if log else treefold.softmax(t, temperature=0.9),
+                     lambda t: ops._softmax_op(t, log, 0.9, None, "auto")):
+            xg = x.clone().requires_grad_()
+            y = call(xg)
+            y.backward(dy)
+            grads.append((y.detach(), xg.grad))
+        assert_same_bits(grads[0][0], grads[1][0], f"log={log} forward")
+        assert_same_bits(grads[0][1], grads[1][1], f"log={log} backward")
+    xg = x.float().requires_grad_()
+    treefold.logsumexp(xg).backward(dy[:, 0].float())
+    x2 = x.float().requires_grad_()
+    ops._logsumexp_op(x2, "auto").backward(dy[:, 0].float())
+    assert_same_bits(xg.grad, x2.grad, "logsumexp backward")
+
+
+@needs_kernel
 def test_registered_ops_pass_opcheck():
     # schema, fake (meta) implementation, autograd registration and AOT dispatch of each op
     x = _data((3, 40), torch.float32, seed=17).requires_grad_()
@@ -440,6 +463,10 @@ def test_launch_plans_are_cached_and_explain_themselves():
     assert ops.plan(0, False, 151936, 1024, 132, 2).strategy == "online"
     assert ops.plan(0, False, 4096, 8192, 132, 2).strategy == "block"
     assert ops.plan(0, False, 512, 8192, 132, 2).strategy == "warp"
+    # rows longer than the forward register tile stream; the backward keeps y and dy in registers
+    assert ops.plan(0, False, 32768, 4096, 132, 2).strategy == "online"
+    assert ops.plan(0, True, 32768, 4096, 132, 2).strategy == "block"
+    assert ops.plan(2, False, 4096, 8192, 132, 2).num_warps == 8  # logsumexp only reads: more warps
     lse_backward = ops.plan(2, True, 151936, 1, 132, 2, "split")  # elementwise: no partials
     assert len(lse_backward.phases) == 1 and lse_backward.partials == ""
 

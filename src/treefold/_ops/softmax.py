@@ -14,8 +14,12 @@ give the same bits as one another for every row, batch size and launch parameter
   second launch merges them (every program of a row merges the same partials the same way)
   and writes its share of the outputs; for a few long rows (decode batches of a vocabulary).
 
-``"auto"`` picks one from the row length, the batch size and the number of SMs. The choice and
-its parameters are cached per (shape, device) so an eager call does little Python work.
+``"auto"`` picks one from the row length, the batch size and the number of SMs (the choices
+measured fastest on the H200). The choice and its parameters are cached per (op, row length,
+rows, dtype, device) in a plain dictionary, and kernels launch through ``Launcher`` (the compiled
+kernel cached per specialisation), so an eager call does little Python work. An eager call that
+needs no graph skips the torch.library dispatcher; one that needs a gradient goes through a plain
+``torch.autograd.Function``; ``torch.compile`` sees the registered ops.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import torch
 from .. import backend, order
 from .._checks import as_rows
 from ..kernels import softmax as kernels
+from .launch import Launcher
 from ..reference import softmax as reference
 
 STRATEGIES = ("warp", "block", "online", "split")
@@ -41,14 +46,18 @@ MAX_ROW = order.MAX_LANES ** 2
 # passes of softmax / log_softmax, which hold y and dy.
 #: "auto" uses one warp per program (several short rows each) up to this many held elements,
 WARP_ELEMENTS = 1024
-#: and one program per row with the row in registers up to this many.
-REGISTER_ELEMENTS = 32768
+#: and one program per row with the row in registers up to this many (forward; the backward,
+#: which reads two tensors per element, measured best in registers up to 2 x 32768).
+REGISTER_ELEMENTS = 16384
+REGISTER_ELEMENTS_BACKWARD = 65536
 #: The largest tile a register strategy accepts when asked for explicitly.
 REGISTER_ELEMENTS_LIMIT = 65536
 #: "warp": held elements one program aims at (rows per program = this / tile).
 WARP_PROGRAM_ELEMENTS = 1024
-#: "block": held elements per thread the warp count aims at (then clamped to 4..16 warps).
+#: "block": held elements per thread the warp count aims at (then clamped to 4..16 warps);
+#: logsumexp, which only reads, aims at fewer per thread (more warps: more loads in flight).
 BLOCK_ELEMENTS_PER_THREAD = 32
+BLOCK_ELEMENTS_PER_THREAD_LOGSUMEXP = 16
 #: Rows that do not fit in registers: "split" while rows * this <= number of SMs, else "online".
 SPLIT_ROWS_PER_SM = 2
 #: "split": total programs aimed at, per SM.
@@ -61,6 +70,7 @@ SPLIT_WARPS = 4
 
 _OPS = {"softmax": kernels.SOFTMAX.value, "log_softmax": kernels.LOG_SOFTMAX.value,
         "logsumexp": kernels.LOGSUMEXP.value}
+_SOFTMAX, _LOG_SOFTMAX, _LOGSUMEXP = _OPS["softmax"], _OPS["log_softmax"], _OPS["logsumexp"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ _DEFAULT_TUNING = Tuning()
 @dataclass(frozen=True)
 class _Phase:
     """One kernel launch: its grid and its constexpr keywords (with and without temperature)."""
-    grid: int
+    grid: tuple
     programs_per_row: int
     num_warps: int
     constexprs: tuple  # (name, value) pairs, HAS_TEMPERATURE=False
@@ -90,7 +100,7 @@ class _Phase:
 
 def _phase(grid: int, programs_per_row: int, num_warps: int, constexprs: dict) -> _Phase:
     launch = dict(constexprs, num_warps=num_warps, enable_fp_fusion=False)
-    return _Phase(grid, programs_per_row, num_warps, tuple(constexprs.items()), launch,
+    return _Phase((grid,), programs_per_row, num_warps, tuple(constexprs.items()), launch,
                   dict(launch, HAS_TEMPERATURE=True))
 
 
@@ -135,7 +145,7 @@ def _auto_strategy(op: int, backward: bool, n: int, rows: int, sms: int) -> str:
     held = _tile_elements(n) * _held_factor(op, backward)
     if held <= WARP_ELEMENTS:
         return "warp"
-    if held <= REGISTER_ELEMENTS:
+    if held <= (REGISTER_ELEMENTS_BACKWARD if backward else REGISTER_ELEMENTS):
         return "block"
     if rows * SPLIT_ROWS_PER_SM <= sms:
         return "split"
@@ -178,7 +188,8 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
             rpp = tuning.rows_per_program or max(1, min(WARP_PROGRAM_ELEMENTS // (tile * factor),
                                                         order.next_pow2(rows)))
         else:
-            num_warps = tuning.num_warps or max(4, min(16, tile * factor // (32 * BLOCK_ELEMENTS_PER_THREAD)))
+            per_thread = BLOCK_ELEMENTS_PER_THREAD_LOGSUMEXP if lse and not backward else BLOCK_ELEMENTS_PER_THREAD
+            num_warps = tuning.num_warps or max(4, min(16, tile * factor // (32 * per_thread)))
             rpp = tuning.rows_per_program or 1
         phase = _phase(order.cdiv(rows, rpp), 1, num_warps, dict(
             common, PHASE=kernels.WHOLE_ROWS.value, IN_REGISTERS=True, ROWS_PER_PROGRAM=rpp,
@@ -217,32 +228,37 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
     return Plan(strategy, num_warps, 1, seg_block, spp, inner, hints, segments, tuple(phases), partials)
 
 
-def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, strides, inv_temperature: float) -> None:
+_KERNEL = Launcher(kernels.softmax_kernel)
+
+
+def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int, stride_grad: int,
+            stride_dst: int, inv_temperature: float) -> None:
     if plan_.partials:
         part_p = src.new_empty((rows, plan_.num_segments), dtype=torch.float32)
         part_q = torch.empty_like(part_p) if plan_.partials == "pq" else part_p
     else:
         part_p = part_q = src
     with_temperature = inv_temperature != 1.0
+    segments = plan_.num_segments
     for phase in plan_.phases:
-        kernels.softmax_kernel[(phase.grid,)](
-            src, grad, dst, row, part_p, part_q, rows, n, plan_.num_segments, phase.programs_per_row,
-            strides[0], strides[1], strides[2], inv_temperature,
-            **(phase.kwargs_temperature if with_temperature else phase.kwargs))
+        _KERNEL(phase.grid, src, grad, dst, row, part_p, part_q, rows, n, segments, phase.programs_per_row,
+                stride_src, stride_grad, stride_dst, inv_temperature,
+                **(phase.kwargs_temperature if with_temperature else phase.kwargs))
 
 
 _PLANS: dict = {}
+_FN_NAMES = {value: name for name, value in _OPS.items()}
 
 
-def _plan_for(op: int, backward: bool, n: int, rows: int, t: torch.Tensor, strategy: str, tuning: Tuning,
-              fn: str) -> Plan:
+def _plan_for(op: int, backward: bool, n: int, rows: int, t: torch.Tensor, strategy: str = "auto",
+              tuning: Tuning = _DEFAULT_TUNING) -> Plan:
     """``plan`` for tensor ``t``, through a dictionary keyed by plain values (an eager call costs one
     lookup; the device's SM count and the dataclass hash are only computed on a miss)."""
     key = (op, backward, n, rows, t.dtype, t.get_device(), strategy, None if tuning is _DEFAULT_TUNING else tuning)
     found = _PLANS.get(key)
     if found is None:
         found = plan(op, backward, n, rows, _sm_count(t.device.type, t.device.index), t.element_size(), strategy,
-                     tuning, fn)
+                     tuning, _FN_NAMES[op])
         if len(_PLANS) > 4096:
             _PLANS.clear()
         _PLANS[key] = found
@@ -261,18 +277,16 @@ def _rows(t: torch.Tensor, n: int):
 
 @functools.lru_cache(maxsize=256)
 def _float32_inverse(temperature: float) -> float:
+    """float32(1 / temperature): what the kernel multiplies by (callers pass 1.0 itself through)."""
     return struct.unpack("f", struct.pack("f", 1.0 / temperature))[0]
-
-
-def _inverse_temperature(temperature: float) -> float:
-    """float32(1 / temperature): what the kernel multiplies by (1 exactly when temperature is 1)."""
-    return 1.0 if temperature == 1.0 else _float32_inverse(float(temperature))
 
 
 # ---- launchers (kernel only; the tensors' last dim is the reduced one) ----------------------
 
 def _new_output(shape, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
     """Every output buffer of the launchers (uninitialised; the kernels write every element)."""
+    if shape is like.shape or shape == like.shape:  # empty_like is the cheaper call on the host
+        return torch.empty_like(like, dtype=dtype, memory_format=torch.contiguous_format)
     return like.new_empty(shape, dtype=dtype)
 
 
@@ -283,13 +297,14 @@ def softmax_forward(x: torch.Tensor, *, log: bool = False, temperature: float = 
     shape = x.shape
     out = _new_output(shape, out_dtype or x.dtype, x)
     n = shape[-1] if shape else 1
-    if n == 0 or out.numel() == 0:
+    numel = out.numel()
+    if n == 0 or numel == 0:
         return out
-    fn = "log_softmax" if log else "softmax"
-    x2, x_stride = _rows(x, n)
-    rows = out.numel() // n
-    p = _plan_for(_OPS[fn], False, n, rows, x, strategy, tuning, fn)
-    _launch(p, x2, x2, out, x2, rows, n, (x_stride, x_stride, n), _inverse_temperature(temperature))
+    x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
+    rows = numel // n
+    p = _plan_for(_LOG_SOFTMAX if log else _SOFTMAX, False, n, rows, x, strategy, tuning)
+    _launch(p, x2, x2, out, x2, rows, n, x_stride, x_stride, n,
+            1.0 if temperature == 1.0 else _float32_inverse(float(temperature)))
     return out
 
 
@@ -297,14 +312,14 @@ def logsumexp_forward(x: torch.Tensor, *, strategy: str = "auto", tuning: Tuning
     """logsumexp over the last dim of ``x`` through the Triton kernel; shape ``x.shape[:-1]``."""
     out = _new_output(x.shape[:-1], x.dtype, x)
     n = x.shape[-1]
-    if out.numel() == 0:
+    rows = out.numel()
+    if rows == 0:
         return out
     if n == 0:
         return out.fill_(float("-inf"))
-    x2, x_stride = _rows(x, n)
-    rows = out.numel()
-    p = _plan_for(_OPS["logsumexp"], False, n, rows, x, strategy, tuning, "logsumexp")
-    _launch(p, x2, x2, out, x2, rows, n, (x_stride, x_stride, 1), 1.0)
+    x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
+    p = _plan_for(_LOGSUMEXP, False, n, rows, x, strategy, tuning)
+    _launch(p, x2, x2, out, x2, rows, n, x_stride, x_stride, 1, 1.0)
     return out
 
 
@@ -315,13 +330,15 @@ def softmax_backward(grad: torch.Tensor, y: torch.Tensor, *, log: bool = False, 
     shape = y.shape
     dx = _new_output(shape, x_dtype or y.dtype, y)
     n = shape[-1] if shape else 1
-    if n == 0 or dx.numel() == 0:
+    numel = dx.numel()
+    if n == 0 or numel == 0:
         return dx
-    fn = "log_softmax" if log else "softmax"
-    (y2, y_stride), (g2, g_stride) = _rows(y, n), _rows(grad, n)
-    rows = dx.numel() // n
-    p = _plan_for(_OPS[fn], True, n, rows, y, strategy, tuning, fn)
-    _launch(p, y2, g2, dx, y2, rows, n, (y_stride, g_stride, n), _inverse_temperature(temperature))
+    y2, y_stride = (y, n) if y.is_contiguous() else _rows(y, n)
+    g2, g_stride = (grad, n) if grad.is_contiguous() else _rows(grad, n)
+    rows = numel // n
+    p = _plan_for(_LOG_SOFTMAX if log else _SOFTMAX, True, n, rows, y, strategy, tuning)
+    _launch(p, y2, g2, dx, y2, rows, n, y_stride, g_stride, n,
+            1.0 if temperature == 1.0 else _float32_inverse(float(temperature)))
     return dx
 
 
@@ -330,14 +347,15 @@ def logsumexp_backward(grad: torch.Tensor, x: torch.Tensor, lse: torch.Tensor, *
     """dx of logsumexp: ``grad`` and ``lse`` have shape ``x.shape[:-1]``."""
     dx = _new_output(x.shape, x.dtype, x)
     n = x.shape[-1]
-    if n == 0 or dx.numel() == 0:
+    numel = dx.numel()
+    if n == 0 or numel == 0:
         return dx
-    x2, x_stride = _rows(x, n)
-    rows = dx.numel() // n
+    x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
+    rows = numel // n
     g1 = grad.reshape(rows).contiguous()
     l1 = lse.reshape(rows).contiguous()
-    p = _plan_for(_OPS["logsumexp"], True, n, rows, x, strategy, tuning, "logsumexp")
-    _launch(p, x2, g1, dx, l1, rows, n, (x_stride, 1, n), 1.0)
+    p = _plan_for(_LOGSUMEXP, True, n, rows, x, strategy, tuning)
+    _launch(p, x2, g1, dx, l1, rows, n, x_stride, 1, n, 1.0)
     return dx
 
 
@@ -420,25 +438,79 @@ _softmax_op.register_autograd(_softmax_grad, setup_context=_softmax_setup)
 _logsumexp_op.register_autograd(_logsumexp_grad, setup_context=_logsumexp_setup)
 
 
+# ---- eager autograd: the same launchers, without the dispatcher --------------------------------
+
+class _SoftmaxFunction(torch.autograd.Function):
+    """Eager-mode autograd for softmax / log_softmax: the same kernels (or references) as the
+    registered op and its autograd formula, called directly (a registered op's autograd path costs
+    tens of microseconds of host time per call)."""
+
+    @staticmethod
+    def forward(ctx, x, log, temperature, dtype):
+        if backend.use_kernel(x):
+            y = softmax_forward(x, log=log, temperature=temperature, out_dtype=dtype)
+        else:
+            y = reference.softmax(x, log=log, temperature=temperature, out_dtype=dtype)
+        ctx.save_for_backward(y)
+        ctx.log, ctx.temperature, ctx.x_dtype = log, temperature, x.dtype
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        if backend.use_kernel(y):
+            dx = softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
+        else:
+            dx = reference.softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
+        return dx, None, None, None
+
+
+class _LogsumexpFunction(torch.autograd.Function):
+    """Eager-mode autograd for logsumexp (see ``_SoftmaxFunction``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        lse = logsumexp_forward(x) if backend.use_kernel(x) else reference.logsumexp(x)
+        ctx.save_for_backward(x, lse)
+        return lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, lse = ctx.saved_tensors
+        if backend.use_kernel(x):
+            return logsumexp_backward(grad, x, lse)
+        return reference.logsumexp_backward(grad, x, lse)
+
+
 # ---- entry points for the public functions --------------------------------------------------
 
-def _direct(x: torch.Tensor) -> bool:
-    """An eager call that needs no graph: skip the dispatcher (saves host time per call)."""
-    return (type(x) is torch.Tensor and not (x.requires_grad and torch.is_grad_enabled())
-            and not torch.compiler.is_compiling())
+def _path(x: torch.Tensor) -> int:
+    """0: eager, no graph needed (plain launchers); 1: eager with a gradient (autograd.Function);
+    2: anything else (tracing, compiling, tensor subclasses): the registered ops."""
+    if type(x) is not torch.Tensor or torch.compiler.is_compiling():
+        return 2
+    return 1 if x.requires_grad and torch.is_grad_enabled() else 0
 
 
 def softmax(x: torch.Tensor, log: bool, temperature: float, dtype: Optional[torch.dtype]) -> torch.Tensor:
     """softmax / log_softmax over the last dim of ``x`` (validated by the caller)."""
-    if _direct(x):
+    path = _path(x)
+    if path == 0:
         if backend.use_kernel(x):
             return softmax_forward(x, log=log, temperature=temperature, out_dtype=dtype)
         return reference.softmax(x, log=log, temperature=temperature, out_dtype=dtype)
+    if path == 1:
+        return _SoftmaxFunction.apply(x, log, temperature, dtype)
     return _softmax_op(x, log, temperature, dtype, "auto")
 
 
 def logsumexp(x: torch.Tensor) -> torch.Tensor:
     """logsumexp over the last dim of ``x`` (validated by the caller)."""
-    if _direct(x):
+    path = _path(x)
+    if path == 0:
         return logsumexp_forward(x) if backend.use_kernel(x) else reference.logsumexp(x)
+    if path == 1:
+        return _LogsumexpFunction.apply(x)
     return _logsumexp_op(x, "auto")

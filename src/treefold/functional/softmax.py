@@ -60,13 +60,25 @@ def _softmax(fn: str, x, dim, temperature, dtype, log: bool) -> torch.Tensor:
     return _ops.softmax(x.movedim(d, -1), log, t, dtype).movedim(-1, d).contiguous()
 
 
+def _plain_call(x, dim, temperature, dtype) -> bool:
+    """The common call (last dim, no temperature, no dtype, a supported tensor whose rows are not
+    too long) needs no further validation: checked here in a few attribute reads."""
+    return (dim.__class__ is int and dim == -1 and temperature.__class__ is float and temperature == 1.0
+            and dtype is None and isinstance(x, torch.Tensor) and x.dtype in _checks.FLOAT_DTYPES
+            and x.ndim > 0 and x.shape[-1] <= _ops.MAX_ROW)
+
+
 def softmax(x: torch.Tensor, dim: int = -1, *, temperature: float = 1.0,
             dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    if _plain_call(x, dim, temperature, dtype):
+        return _ops.softmax(x, False, 1.0, None)
     return _softmax("softmax", x, dim, temperature, dtype, log=False)
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1, *, temperature: float = 1.0,
                 dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    if _plain_call(x, dim, temperature, dtype):
+        return _ops.softmax(x, True, 1.0, None)
     return _softmax("log_softmax", x, dim, temperature, dtype, log=True)
 
 
@@ -89,6 +101,9 @@ def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Te
     +inf, as in torch. Rows of at most 2^24 elements. Differentiable (Triton backward kernel);
     works under ``torch.compile(fullgraph=True)`` through the ``treefold::logsumexp`` op.
     """
+    if (dim.__class__ is int and dim == -1 and keepdim is False and isinstance(x, torch.Tensor)
+            and x.dtype in _checks.FLOAT_DTYPES and x.ndim > 0 and x.shape[-1] <= _ops.MAX_ROW):
+        return _ops.logsumexp(x)
     fn = "logsumexp"
     _checks.tensor(fn, "x", x)
     d = _checks.dim(fn, dim, x.ndim)

@@ -266,19 +266,22 @@ def softmax_kernel(
     LSE_FORWARD: tl.constexpr = (OP == LOGSUMEXP) and (not BACKWARD)
     LSE_BACKWARD: tl.constexpr = (OP == LOGSUMEXP) and BACKWARD
     if PHASE == WHOLE_ROWS and IN_REGISTERS:
+        # The block is [ROWS_PER_PROGRAM, SEG_POW2, OUTER, INNER]: the row constants then broadcast
+        # onto it with expand_dims alone. (Reshaping them to one value per held segment first made
+        # the compiler compute the outputs in the constants' layout and move the whole tile through
+        # shared memory: 2000+ shared stores per program at N = 4096.)
         HELD: tl.constexpr = ROWS_PER_PROGRAM * SEG_POW2
-        held = tl.arange(0, HELD)
         rows_idx = pid * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
-        row_of = pid * ROWS_PER_PROGRAM + held // SEG_POW2
-        cols = ((held % SEG_POW2) * LANES)[:, None, None] + lane_cols
-        mask = (row_of < rows)[:, None, None] & (cols < n)
-        rows64 = row_of.to(tl.int64)[:, None, None]
+        cols = (tl.arange(0, SEG_POW2) * LANES)[None, :, None, None] + lane_cols[None, :, :, :]
+        mask = (rows_idx < rows)[:, None, None, None] & (cols < n)
+        rows64 = rows_idx.to(tl.int64)[:, None, None, None]
         a, b = _load_tiles(src_ptr + rows64 * stride_src + cols, grad_ptr + rows64 * stride_grad + cols,
                            mask, inv_temperature, False, OP, BACKWARD, HAS_TEMPERATURE, "")
         if LSE_BACKWARD:
             c0, c1 = _given_constants(row_ptr, grad_ptr, rows_idx, rows_idx < rows)
         else:
-            p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, HELD, INNER, GROUP, LOG2_GROUP,
+            p, q = _segment_partials(tl.reshape(a, [HELD, OUTER, INNER]), tl.reshape(b, [HELD, OUTER, INNER]),
+                                     OUTER, LOG2_OUTER, HELD, INNER, GROUP, LOG2_GROUP,
                                      LOG2_INNER_GROUPS, OP, BACKWARD)
             c0, c1 = _merge_partials(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]),
                                      tl.reshape(q, [ROWS_PER_PROGRAM, SEG_POW2]),
@@ -286,11 +289,8 @@ def softmax_kernel(
         if LSE_FORWARD:
             tl.store(dst_ptr + rows_idx, c0.to(dst_ptr.dtype.element_ty), mask=rows_idx < rows)
         else:
-            # Row constants repeated for each held segment: [ROWS_PER_PROGRAM] -> [HELD].
-            c0 = tl.reshape(tl.broadcast_to(c0[:, None], [ROWS_PER_PROGRAM, SEG_POW2]), [HELD])
-            c1 = tl.reshape(tl.broadcast_to(c1[:, None], [ROWS_PER_PROGRAM, SEG_POW2]), [HELD])
-            out = _outputs(a, b, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
-                           HAS_TEMPERATURE)
+            out = _outputs(a, b, c0[:, None, None, None], c1[:, None, None, None], inv_temperature, OP,
+                           BACKWARD, HAS_TEMPERATURE)
             tl.store(dst_ptr + rows64 * stride_dst + cols, out.to(dst_ptr.dtype.element_ty), mask=mask)
     else:
         # One row per program in the streaming phases; blocks of SEG_BLOCK segments.
