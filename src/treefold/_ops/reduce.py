@@ -1,44 +1,455 @@
-"""Launcher for sums in the treefold order over the last dimension of a 2-D tensor."""
+"""Sums, means, norms and extremes over rows: launch plans, torch.library ops, autograd.
+
+Everything here works on 2-D ``[rows, n]`` tensors whose last dimension is contiguous (the
+public functions in ``treefold.functional.reductions`` reshape to that; a whole tensor is one
+row). Sums follow the treefold order level by level (``treefold.kernels.reduce``): a level
+whose row has at most ``order.MAX_LANES`` segments, and whose segments fit in one program,
+finishes in that program (one launch for a row of up to 16384 float32 values, two for a whole
+tensor of up to 2^26 values); other levels write segment partials for the next. The launch
+choices below never change an operation or an operand, so they never change the bits.
+"""
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from .. import order
-from ..kernels.reduce import segment_sum_kernel
+from .. import backend, order
+from ..kernels import reduce as kernels
+from ..reference import reductions as reference
+from .launch import Launcher
 
-#: Elements one program of a level aims to cover (a launch choice; the bits do not depend on it).
-_ELEMENTS_PER_PROGRAM = 8192
+_segment_sum = Launcher(kernels.segment_sum_kernel)
+_segment_extreme = Launcher(kernels.segment_extreme_kernel)
+
+# ---- launch heuristics (launch choices only: the bits never depend on them) ------------------
+#: A level finishes in one program when next_pow2(S) * C is at most this many values.
+FINISH_ELEMENTS = 16384
+#: Short rows: rows per finishing program aim at this many elements per program.
+FINISH_PROGRAM_ELEMENTS = 4096
+#: Non-finishing levels: elements per program aimed at.
+LEVEL_PROGRAM_ELEMENTS = 4096
+#: Bytes per thread the warp count aims at (1 to 32 warps), counted in the wider of the input
+#: and the accumulator (float64 pairs: 16 bytes). 512: one warp per 4096-lane float32 segment,
+#: whose group tree then needs no shared memory; the H200 probe (benchmarks/results/
+#: h200-probe-group.txt) found one warp best for rows of 4096 and 8192.
+BYTES_PER_THREAD = 512
+#: Triton's interpreter pays milliseconds per program and per call, whatever its size: on the CPU
+#: programs take many more elements (bits unchanged).
+INTERPRETED_PROGRAM_ELEMENTS = 1 << 18
+#: Extremes: tiles of LANES elements per segment of the first level, and the widest tile.
+EXTREME_TILES = 32
+EXTREME_LANES = 1024
+#: Extremes: widest tile of the program that merges the partials of a row.
+EXTREME_MERGE_LANES = 4096
+#: Extremes: register bytes per lane and tile in flight the warp count is sized by (the running
+#: value and tile number besides the loads; one warp per 1024 lanes spilled on sm_90).
+EXTREME_BYTES_PER_LANE = 16
+#: The accurate sum adds inside 16-byte groups with TwoSum too (every add error-free).
+ACCURATE_EXACT_GROUPS = True
+
+SUM_KINDS = ("sum", "sum_accurate", "mean", "mean_accurate", "norm1", "norm2")
+INT_DTYPES = (torch.int32, torch.int64)
 
 
-def _segments_per_program(segment_len: int, num_segments: int) -> int:
-    spp = max(1, _ELEMENTS_PER_PROGRAM // segment_len)
-    return min(order.next_pow2(spp), order.next_pow2(num_segments))
+@dataclass(frozen=True)
+class SumTuning:
+    """Launch choices for the sums (``None``: the heuristic's choice); none changes the bits.
 
-
-def tree_sum_rows(x: torch.Tensor, square: bool = False) -> torch.Tensor:
-    """Sum of each row of ``x`` ([rows, n], last dim contiguous) in the treefold order, float32.
-
-    With ``square`` the elements are squared (in float32) before summing. Runs the Triton
-    kernel (compiled or interpreted); the caller decides that it should.
+    segments_per_program: segments one program of a non-finishing first level reduces.
+    rows_per_program: rows one finishing first-level program reduces (short rows).
+    num_warps: warps of the first level's programs.
+    evict_first: load the input with the evict-first cache policy.
+    finish_elements: largest next_pow2(S) * C (float32 values) finished in one program.
+    fuse_finish: finish in one program when the row fits (else one level per launch).
     """
-    rows, n = x.shape
-    if n == 0 or rows == 0:
-        return torch.zeros(rows, dtype=torch.float32, device=x.device)
-    if x.stride(-1) != 1 and n > 1:
-        raise ValueError(f"tree_sum_rows: x must have a contiguous last dimension, got strides {tuple(x.stride())}")
-    cur, cur_n, dtype = x, n, x.dtype
+    segments_per_program: Optional[int] = None
+    rows_per_program: Optional[int] = None
+    num_warps: Optional[int] = None
+    evict_first: Optional[bool] = None
+    finish_elements: Optional[int] = None
+    fuse_finish: bool = True
+
+
+@dataclass(frozen=True)
+class ExtremeTuning:
+    """Launch choices for max / min / argmax / argmin (``None``: heuristic). Every choice gives
+    the same pair (``kernels.reduce.pick`` is a total-order selection).
+
+    lanes: tile width of the first level. tiles: tiles per first-level segment.
+    num_warps: warps of the first level. loads_in_flight: 1, 2 or 4 tiles loaded at once.
+    """
+    lanes: Optional[int] = None
+    tiles: Optional[int] = None
+    num_warps: Optional[int] = None
+    loads_in_flight: Optional[int] = None
+
+
+_DEFAULT_SUM = SumTuning()
+_DEFAULT_EXTREME = ExtremeTuning()
+
+
+def _pow2(name: str, value: int, allowed=None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise ValueError(f"tuning: {name} must be a power of two >= 1, got {value!r}")
+    if allowed is not None and value not in allowed:
+        raise ValueError(f"tuning: {name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def _warps_for(block_bytes: int) -> int:
+    return max(1, min(32, order.next_pow2(block_bytes // (32 * BYTES_PER_THREAD))))
+
+
+# ---- sums -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SumLevel:
+    """One launch of ``segment_sum_kernel``."""
+    n: int
+    lanes: int
+    group: int
+    segments: int
+    segments_per_program: int
+    rows_per_program: int
+    programs_per_row: int
+    grid: int
+    finish: bool
+    even: bool
+    num_warps: int
+    evict_first: bool
+
+
+@functools.lru_cache(maxsize=256)
+def plan_sum(n: int, rows: int, dtype: torch.dtype, partial_bytes: int,
+             tuning: SumTuning = _DEFAULT_SUM, interpreted: bool = False) -> tuple:
+    """The launches of a sum over ``rows`` rows of ``n`` elements of ``dtype`` (n, rows >= 1).
+
+    ``partial_bytes``: bytes per partial read by the later levels (4 float32, 8 int64,
+    16 float64 pairs). ``interpreted``: plan for Triton's interpreter (larger programs).
+    """
+    levels = []
+    cur, cur_dtype, first = n, dtype, True
+    big = INTERPRETED_PROGRAM_ELEMENTS if interpreted else 0
+    finish_values = (tuning.finish_elements if tuning.finish_elements is not None
+                     else max(FINISH_ELEMENTS, big))
+    finish_program = max(FINISH_PROGRAM_ELEMENTS, big)
+    level_program = max(LEVEL_PROGRAM_ELEMENTS, big)
     while True:
-        lanes = order.lanes(cur_n)
-        group = order.group(cur_n, dtype)
-        segments = order.num_segments(cur_n)
-        spp = _segments_per_program(lanes, segments)
-        programs = order.cdiv(segments, spp)
-        out = torch.empty((rows, segments), dtype=torch.float32, device=x.device)
-        segment_sum_kernel[(rows * programs,)](
-            cur, out, cur_n, cur.stride(0), out.stride(0), segments, programs,
-            LANES=lanes, LOG2_LANES=order.log2(lanes), GROUP=group, LOG2_GROUP=order.log2(group),
-            SEGMENTS_PER_PROGRAM=spp, SQUARE=square,
+        lanes, segments = order.lanes(cur), order.num_segments(cur)
+        spp_all = order.next_pow2(segments)
+        fits = segments <= order.MAX_LANES and spp_all * lanes <= finish_values
+        finish = segments == 1 or (fits and tuning.fuse_finish)
+        if finish:
+            spp = spp_all
+            if first and tuning.rows_per_program is not None:
+                rpp = _pow2("rows_per_program", tuning.rows_per_program)
+            else:
+                rpp = max(1, min(order.next_pow2(rows), finish_program // (spp * lanes)))
+            programs_per_row = 1
+            even = cur == spp * lanes and rows % rpp == 0
+        else:
+            if first and tuning.segments_per_program is not None:
+                spp = _pow2("segments_per_program", tuning.segments_per_program)
+            else:
+                spp = max(1, level_program // lanes)
+            spp = min(spp, spp_all)
+            rpp = 1
+            programs_per_row = order.cdiv(segments, spp)
+            even = cur % lanes == 0 and segments % spp == 0
+        item = max(order.itemsize(cur_dtype), partial_bytes) if first else partial_bytes
+        if first and tuning.num_warps is not None:
+            warps = _pow2("num_warps", tuning.num_warps)
+        else:
+            warps = _warps_for(rpp * spp * lanes * item)
+        evict = bool(tuning.evict_first) if first and tuning.evict_first is not None else False
+        levels.append(SumLevel(
+            n=cur, lanes=lanes, group=order.group(cur, cur_dtype if first else None),
+            segments=segments, segments_per_program=spp, rows_per_program=rpp,
+            programs_per_row=programs_per_row, grid=order.cdiv(rows, rpp) * programs_per_row,
+            finish=finish, even=even, num_warps=warps, evict_first=evict))
+        if finish:
+            return tuple(levels)
+        cur, first = segments, False
+
+
+def _check_rows(fn: str, x: torch.Tensor) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"{fn}: x must be 2-D [rows, n], got shape {tuple(x.shape)}")
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        raise ValueError(f"{fn}: x must have a contiguous last dimension, got strides {tuple(x.stride())}")
+
+
+def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = False,
+                  accurate: bool = False, exact_groups: Optional[bool] = None, final: str = "none",
+                  out_dtype: Optional[torch.dtype] = None,
+                  tuning: SumTuning = _DEFAULT_SUM) -> torch.Tensor:
+    """Sum of each row of ``x`` ([rows, n], last dim contiguous) in the treefold order.
+
+    Runs the Triton kernel (compiled or interpreted); the caller decides that it should.
+
+    Args:
+        x: float (float32, bfloat16, float16) or integer (int32, int64) rows.
+        square / absolute: sum x*x (rounded in float32) or |x| instead of x.
+        accurate: float64 double-double pairs, rounded once to float32 (float inputs).
+        exact_groups: with ``accurate``, TwoSum inside the 16-byte groups too (default
+            ``ACCURATE_EXACT_GROUPS``); else plain float64 adds there.
+        final: "none", "mean" (divide by n in float64, round once) or "sqrt".
+        out_dtype: result dtype (default float32 for floats, int64 for integers).
+        tuning: launch choices (never the bits).
+
+    Returns a ``[rows]`` tensor.
+    """
+    _check_rows("tree_sum_rows", x)
+    if final not in ("none", "mean", "sqrt"):
+        raise ValueError(f"tree_sum_rows: final must be 'none', 'mean' or 'sqrt', got {final!r}")
+    rows, n = x.shape
+    integer = x.dtype in INT_DTYPES
+    if out_dtype is None:
+        out_dtype = torch.int64 if integer else torch.float32
+    if rows == 0 or n == 0:
+        fill = float("nan") if final == "mean" else 0
+        return torch.full((rows,), fill, dtype=out_dtype, device=x.device)
+    if integer:
+        acc, partial_bytes, partial_dtype = kernels.ACC_INT64.value, 8, torch.int64
+    elif accurate:
+        acc, partial_bytes, partial_dtype = kernels.ACC_DOUBLE_DOUBLE.value, 16, torch.float64
+    else:
+        acc, partial_bytes, partial_dtype = kernels.ACC_FP32.value, 4, torch.float32
+    double_double = acc == kernels.ACC_DOUBLE_DOUBLE.value
+    transform = (kernels.TRANSFORM_SQUARE if square else
+                 kernels.TRANSFORM_ABS if absolute else kernels.TRANSFORM_NONE).value
+    final_code = {"none": kernels.FINAL_NONE, "mean": kernels.FINAL_MEAN,
+                  "sqrt": kernels.FINAL_SQRT}[final].value
+    exact = ACCURATE_EXACT_GROUPS if exact_groups is None else bool(exact_groups)
+    cur, cur_lo, stride = x, x, x.stride(0)
+    for i, lv in enumerate(plan_sum(n, rows, x.dtype, partial_bytes, tuning, not x.is_cuda)):
+        if lv.finish:
+            out = torch.empty(rows, dtype=out_dtype, device=x.device)
+            out_lo, out_stride = out, 1
+        else:
+            out = torch.empty((rows, lv.segments), dtype=partial_dtype, device=x.device)
+            out_lo = torch.empty_like(out) if double_double else out
+            out_stride = lv.segments
+        _segment_sum(
+            (lv.grid,), cur, cur_lo, out, out_lo, lv.n, rows, stride, out_stride, lv.segments,
+            lv.programs_per_row, n,
+            LANES=lv.lanes, LOG2_LANES=order.log2(lv.lanes), GROUP=lv.group,
+            LOG2_GROUP=order.log2(lv.group), SEGMENTS_PER_PROGRAM=lv.segments_per_program,
+            LOG2_SEGMENTS_PER_PROGRAM=order.log2(lv.segments_per_program),
+            ROWS_PER_PROGRAM=lv.rows_per_program, ACCUMULATE=acc,
+            TRANSFORM=transform if i == 0 else kernels.TRANSFORM_NONE.value,
+            # constexprs a level does not use are pinned, so they do not multiply the compiles
+            PAIR_INPUT=i > 0 and double_double, EXACT_GROUPS=exact or not double_double,
+            FINISH=lv.finish, FINAL=final_code if lv.finish else kernels.FINAL_NONE.value,
+            INTERPRETED=backend.INTERPRETED, EVEN=lv.even,
+            EVICT_FIRST=lv.evict_first, num_warps=lv.num_warps, enable_fp_fusion=False,
         )
-        if segments == 1:
-            return out[:, 0]
-        cur, cur_n, square, dtype = out, segments, False, None
+        cur, cur_lo, stride = out, out_lo, out_stride
+    return cur
+
+
+# ---- extremes -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExtremeLevel:
+    """One launch of ``segment_extreme_kernel``."""
+    n: int
+    lanes: int
+    tiles: int
+    segments: int
+    rows_per_program: int
+    grid: int
+    finish: bool
+    num_warps: int
+    loads_in_flight: int
+
+
+@functools.lru_cache(maxsize=256)
+def plan_extreme(n: int, rows: int, tuning: ExtremeTuning = _DEFAULT_EXTREME,
+                 interpreted: bool = False) -> tuple:
+    """The launches of a max / min over ``rows`` rows of ``n`` elements (n, rows >= 1);
+    ``interpreted``: for Triton's interpreter (larger programs)."""
+    default_lanes = EXTREME_MERGE_LANES if interpreted else EXTREME_LANES
+    max_lanes = _pow2("lanes", tuning.lanes) if tuning.lanes is not None else default_lanes
+    default_tiles = INTERPRETED_PROGRAM_ELEMENTS // default_lanes if interpreted else EXTREME_TILES
+    tiles = tuning.tiles if tuning.tiles is not None else default_tiles
+    if isinstance(tiles, bool) or not isinstance(tiles, int) or tiles < 1:
+        raise ValueError(f"tuning: tiles must be an int >= 1, got {tiles!r}")
+    lif = (_pow2("loads_in_flight", tuning.loads_in_flight, (1, 2, 4))
+           if tuning.loads_in_flight is not None else 2)
+    if tuning.num_warps is not None:
+        _pow2("num_warps", tuning.num_warps)
+    lanes = min(order.next_pow2(n), max_lanes)
+    segments = order.cdiv(n, lanes * tiles)
+    if segments == 1:
+        # TILES is a compile-time loop bound: rounding it up to a power of two bounds the number
+        # of compiled variants (the extra tiles are masked).
+        tiles = order.next_pow2(order.cdiv(n, lanes))
+        per_program = INTERPRETED_PROGRAM_ELEMENTS if interpreted else FINISH_PROGRAM_ELEMENTS
+        rpp = max(1, min(order.next_pow2(rows), per_program // (lanes * tiles)))
+        warps = tuning.num_warps or _warps_for(rpp * lanes * EXTREME_BYTES_PER_LANE * lif)
+        return (ExtremeLevel(n, lanes, tiles, 1, rpp, order.cdiv(rows, rpp), True, warps, lif),)
+    warps = tuning.num_warps or _warps_for(lanes * EXTREME_BYTES_PER_LANE * lif)
+    first = ExtremeLevel(n, lanes, tiles, segments, 1, rows * segments, False, warps, lif)
+    merge_lanes = min(order.next_pow2(segments), EXTREME_MERGE_LANES)
+    second = ExtremeLevel(segments, merge_lanes, order.next_pow2(order.cdiv(segments, merge_lanes)), 1, 1,
+                          rows, True,
+                          _warps_for(merge_lanes * 12), 1)
+    return first, second
+
+
+def _worst(dtype: torch.dtype, is_max: bool):
+    if dtype.is_floating_point:
+        return float("-inf") if is_max else float("inf")
+    info = torch.iinfo(dtype)
+    return info.min if is_max else info.max
+
+
+def extreme_rows(x: torch.Tensor, is_max: bool, *, absolute: bool = False,
+                 tuning: ExtremeTuning = _DEFAULT_EXTREME) -> tuple[torch.Tensor, torch.Tensor]:
+    """(value, index) of the max (``is_max``) or min of each row of ``x`` ([rows, n], n >= 1).
+
+    NaN wins (the first NaN), ties go to the lowest index. Values keep x's dtype, indices are
+    int64. With ``absolute`` |x| is compared (and returned). Runs the Triton kernel.
+    """
+    _check_rows("extreme_rows", x)
+    rows, n = x.shape
+    if n == 0:
+        raise ValueError(f"extreme_rows: cannot reduce rows of length 0 (x has shape {tuple(x.shape)})")
+    values = torch.empty(rows, dtype=x.dtype, device=x.device)
+    indices = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if rows == 0:
+        return values, indices
+    partial_dtype = torch.float32 if x.dtype.is_floating_point else x.dtype
+    cur, cur_index, stride = x, x, x.stride(0)
+    for i, lv in enumerate(plan_extreme(n, rows, tuning, not x.is_cuda)):
+        if lv.finish:
+            out_v, out_i, out_stride = values, indices, 1
+        else:
+            out_v = torch.empty((rows, lv.segments), dtype=partial_dtype, device=x.device)
+            out_i = torch.empty((rows, lv.segments), dtype=torch.int64, device=x.device)
+            out_stride = lv.segments
+        _segment_extreme(
+            (lv.grid,), cur, cur_index, x, out_v, out_i, lv.n, rows, stride, x.stride(0), out_stride, lv.segments,
+            LANES=lv.lanes, LOG2_LANES=order.log2(lv.lanes), TILES=lv.tiles,
+            ROWS_PER_PROGRAM=lv.rows_per_program,
+            IS_MAX=is_max, ABSOLUTE=absolute,
+            WORST=0.0 if absolute and is_max else _worst(cur.dtype, is_max),
+            INDEXED_INPUT=i > 0, FINISH=lv.finish, LOADS_IN_FLIGHT=lv.loads_in_flight,
+            INTERPRETED=backend.INTERPRETED, num_warps=lv.num_warps,
+        )
+        cur, cur_index, stride = out_v, out_i, out_stride
+    return values, indices
+
+
+# ---- the registered ops: kernel or reference, by device ------------------------------------
+
+def _sum_rows_impl(x: torch.Tensor, kind: str, out_dtype: torch.dtype) -> torch.Tensor:
+    if not backend.use_kernel(x):
+        return reference.sum_rows(x, kind, out_dtype, exact_groups=ACCURATE_EXACT_GROUPS)
+    if kind in ("sum", "sum_accurate"):
+        return tree_sum_rows(x, accurate=kind == "sum_accurate", out_dtype=out_dtype)
+    if kind in ("mean", "mean_accurate"):
+        return tree_sum_rows(x, accurate=kind == "mean_accurate", final="mean", out_dtype=out_dtype)
+    if kind == "norm2":
+        return tree_sum_rows(x, square=True, final="sqrt", out_dtype=out_dtype)
+    if kind == "norm1":
+        return tree_sum_rows(x, absolute=True, out_dtype=out_dtype)
+    raise ValueError(f"sum_rows: unknown kind {kind!r}, expected one of {SUM_KINDS}")
+
+
+def _extreme_rows_impl(x: torch.Tensor, is_max: bool, absolute: bool):
+    if not backend.use_kernel(x):
+        return reference.extreme_rows(x, is_max, absolute)
+    return extreme_rows(x, is_max, absolute=absolute)
+
+
+@torch.library.custom_op("treefold::sum_rows", mutates_args=())
+def _sum_rows_op(x: torch.Tensor, kind: str, out_dtype: torch.dtype) -> torch.Tensor:
+    return _sum_rows_impl(x, kind, out_dtype)
+
+
+@_sum_rows_op.register_fake
+def _(x, kind, out_dtype):
+    return x.new_empty((x.shape[0],), dtype=out_dtype)
+
+
+@torch.library.custom_op("treefold::extreme_rows", mutates_args=())
+def _extreme_rows_op(x: torch.Tensor, is_max: bool, absolute: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _extreme_rows_impl(x, is_max, absolute)
+
+
+@_extreme_rows_op.register_fake
+def _(x, is_max, absolute):
+    return x.new_empty((x.shape[0],)), x.new_empty((x.shape[0],), dtype=torch.int64)
+
+
+def _sum_rows_setup(ctx, inputs, output):
+    x, kind, out_dtype = inputs
+    ctx.kind, ctx.shape, ctx.x_dtype = kind, x.shape, x.dtype
+    if kind in ("norm1", "norm2"):
+        ctx.save_for_backward(x, output)
+
+
+def _sum_rows_grad(ctx, grad):
+    # d sum / dx = 1, d mean / dx = 1/n, d ||x||_2 / dx = x / ||x|| (0 where the norm is 0, as
+    # torch does), d ||x||_1 / dx = sign(x).
+    g = grad.float()[:, None]
+    if ctx.kind in ("sum", "sum_accurate"):
+        dx = g.expand(ctx.shape)
+    elif ctx.kind in ("mean", "mean_accurate"):
+        dx = (g / ctx.shape[1]).expand(ctx.shape)
+    else:
+        x, out = ctx.saved_tensors
+        if ctx.kind == "norm2":
+            out = out.float()[:, None]
+            dx = x.float() * torch.where(out != 0, g / torch.where(out != 0, out, 1.0), 0.0)
+        else:
+            dx = torch.sign(x.float()) * g
+    return dx.to(ctx.x_dtype), None, None
+
+
+def _extreme_rows_setup(ctx, inputs, output):
+    x, is_max, absolute = inputs
+    ctx.absolute = absolute
+    ctx.save_for_backward(x, output[1])
+
+
+def _extreme_rows_grad(ctx, grad_values, grad_indices):
+    # The gradient reaches the chosen element only (the lowest index among equal values).
+    x, indices = ctx.saved_tensors
+    g = grad_values.to(x.dtype)[:, None]
+    if ctx.absolute:
+        g = g * torch.sign(x.gather(1, indices[:, None]))
+    dx = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    return dx.scatter_(1, indices[:, None], g), None, None
+
+
+_sum_rows_op.register_autograd(_sum_rows_grad, setup_context=_sum_rows_setup)
+_extreme_rows_op.register_autograd(_extreme_rows_grad, setup_context=_extreme_rows_setup)
+
+
+# ---- entry points for the public functions --------------------------------------------------
+
+def _direct(x: torch.Tensor) -> bool:
+    """An eager call that needs no graph: skip the dispatcher (saves host time per call)."""
+    return (type(x) is torch.Tensor and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch.compiler.is_compiling())
+
+
+def sum_rows(x: torch.Tensor, kind: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """``kind`` ("sum", "sum_accurate", "mean", "mean_accurate", "norm1", "norm2") of each row
+    of ``x`` ([rows, n], validated by the caller), as ``out_dtype``."""
+    if _direct(x):
+        return _sum_rows_impl(x, kind, out_dtype)
+    return _sum_rows_op(x, kind, out_dtype)
+
+
+def extremes(x: torch.Tensor, is_max: bool, absolute: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the max or min of each row of ``x`` ([rows, n >= 1], validated)."""
+    if _direct(x):
+        return _extreme_rows_impl(x, is_max, absolute)
+    return _extreme_rows_op(x, is_max, absolute)

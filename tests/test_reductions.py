@@ -1,0 +1,552 @@
+"""sum, mean, amax, amin, argmax, argmin, norm: the kernels against the references.
+
+Sums, means and norms must equal the NumPy references of the treefold order bit for bit (that is
+the promise; no tolerance is stated because none is allowed). ``accurate=True`` must return the
+float32 nearest the exact sum, judged by an exact rational sum and by ``math.fsum``. Max, min and
+their indices are exact: they must equal NumPy's / torch's choices (first NaN, lowest index).
+
+CPU tier: kernels through Triton's interpreter (TRITON_INTERPRET=1), small shapes. Without the
+interpreter the public functions run the references and the kernel-only tests skip.
+GPU tier (``gpu`` marker): the compiled kernels at the issue's sizes.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import treefold as tf
+from treefold import order
+from treefold._ops.reduce import ExtremeTuning, SumTuning, extreme_rows, tree_sum_rows
+from treefold.backend import use_kernel
+from treefold.reference import reductions as ref
+
+KERNEL = use_kernel(torch.empty(0))
+needs_kernel = pytest.mark.skipif(not KERNEL, reason="needs TRITON_INTERPRET=1 (or a GPU)")
+FLOATS = [torch.float32, torch.bfloat16, torch.float16]
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a tensor (NaN payloads and signed zeros included)."""
+    t = t.detach().cpu().contiguous()
+    return t.view(_INT_VIEW[t.element_size()]) if t.dtype.is_floating_point else t
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor):
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert tuple(got.shape) == tuple(want.shape), (got.shape, want.shape)
+    assert torch.equal(bits(got), bits(want)), (got, want)
+
+
+def data(rng, shape, dtype=torch.float32, scale=1.0):
+    """Random values, never zero: |x| in [0.25, 4) * scale with random signs."""
+    mag = rng.uniform(0.25, 4.0, size=shape) * scale
+    sign = np.where(rng.random(size=shape) < 0.5, -1.0, 1.0)
+    return torch.from_numpy((mag * sign).astype(np.float32)).to(dtype)
+
+
+def want_sum(x: torch.Tensor, dim, out_dtype=None) -> torch.Tensor:
+    """The order's NumPy reference, rounded once to the output dtype."""
+    out_dtype = out_dtype or x.dtype
+    if dim is None:
+        r = order.reference_sum(x.reshape(-1), dtype=x.dtype)
+    else:
+        r = order.reference_sum(x, dtype=x.dtype)
+    return torch.from_numpy(np.asarray(r, dtype=np.float32)).to(out_dtype)
+
+
+def poison_allocations(monkeypatch):
+    """Make every torch.empty / empty_like return NaN (floats) or a sentinel (integers), so a
+    result the kernels forget to write cannot pass by luck."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        return t.fill_(float("nan") if t.dtype.is_floating_point else -777)
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_like(*a, **k)))
+
+
+# ---- sums in the treefold order -------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [1, 2, 3, 31, 1000, 4096, 4097, 20011])
+def test_sum_bits_equal_the_order_reference(n, dtype, rng):
+    x = data(rng, (3, n), dtype, scale=37.0)
+    assert_same_bits(tf.sum(x, dim=-1), want_sum(x, -1))
+    assert_same_bits(tf.sum(x), want_sum(x, None))
+    # float32 output: the accumulator itself, unrounded
+    assert_same_bits(tf.sum(x, dim=1, dtype=torch.float32), want_sum(x, -1, torch.float32))
+
+
+def test_whole_tensor_of_three_levels_matches_reference(rng):
+    # 2^24 + 5 values: 4097 segment results, then 2, then 1 (the order's third level)
+    n = (1 << 24) + 5
+    x = torch.from_numpy(rng.uniform(0, 1, n).astype(np.float32))
+    assert order.levels(n) == [n, 4097, 2, 1]
+    assert_same_bits(tf.sum(x), want_sum(x, None))
+
+
+@needs_kernel
+@pytest.mark.parametrize("tuning", [
+    SumTuning(), SumTuning(fuse_finish=False), SumTuning(segments_per_program=1),
+    SumTuning(segments_per_program=4, num_warps=8), SumTuning(rows_per_program=1),
+    SumTuning(finish_elements=4096, evict_first=True),
+])
+@pytest.mark.parametrize("n", [31, 5000, 70001])
+def test_launch_choices_never_change_the_bits(tuning, n, rng):
+    x = data(rng, (5, n), torch.float32, scale=3.0)
+    want = torch.from_numpy(order.reference_sum(x.numpy()))
+    assert_same_bits(tree_sum_rows(x, tuning=tuning), want)
+    acc = tree_sum_rows(x, accurate=True, tuning=tuning)
+    assert_same_bits(acc, torch.from_numpy(ref.accurate_sum(x.numpy())))
+
+
+def test_batch_size_and_row_position_do_not_change_a_row(rng):
+    x = data(rng, (9, 3001), torch.bfloat16)
+    alone = tf.sum(x[4:5], dim=-1)
+    assert_same_bits(tf.sum(x, dim=-1)[4:5], alone)
+    assert_same_bits(tf.sum(x[2:7], dim=-1)[2:3], alone)
+
+
+def test_repeated_calls_give_one_value(rng):
+    x = data(rng, (70001,), torch.float32)
+    values = {bits(tf.sum(x)).item() for _ in range(5)}
+    assert len(values) == 1
+
+
+def test_evenly_strided_rows_are_read_in_place(rng, monkeypatch):
+    wide = data(rng, (6, 5000), torch.float32)
+    x = wide[:, 7:4103]  # rows 5000 apart, last dim contiguous
+    assert not x.is_contiguous()
+    copies = []
+    real = torch.Tensor.contiguous
+    monkeypatch.setattr(torch.Tensor, "contiguous", lambda self, *a, **k: copies.append(1) or real(self, *a, **k))
+    got = tf.sum(x, dim=-1)
+    monkeypatch.undo()
+    assert copies == []
+    assert_same_bits(got, want_sum(x.contiguous(), -1))
+
+
+def test_non_contiguous_tensors_reduce_their_logical_order(rng):
+    base = data(rng, (300, 70), torch.float32)
+    xt = base.t()  # not contiguous
+    assert_same_bits(tf.sum(xt), want_sum(xt.contiguous(), None))
+    assert_same_bits(tf.sum(xt, dim=-1), want_sum(xt.contiguous(), -1))
+    assert int(tf.argmax(xt)) == int(torch.argmax(xt.contiguous()))
+    assert_same_bits(tf.amin(xt, dim=-1), xt.amin(dim=-1))
+
+
+def test_leading_dims_are_batch(rng):
+    x = data(rng, (2, 3, 4, 777), torch.float16)
+    got = tf.sum(x, dim=-1, keepdim=True)
+    assert got.shape == (2, 3, 4, 1)
+    assert_same_bits(got[..., 0].reshape(-1), want_sum(x.reshape(-1, 777), -1))
+
+
+def test_shapes_and_keepdim():
+    x = torch.ones(2, 3, 5)
+    assert tf.sum(x).shape == () and tf.sum(x, keepdim=True).shape == (1, 1, 1)
+    assert tf.sum(x, dim=2).shape == (2, 3) and tf.sum(x, dim=-1, keepdim=True).shape == (2, 3, 1)
+    assert tf.argmax(x, keepdim=True).shape == (1, 1, 1) and tf.argmax(x, dim=-1).shape == (2, 3)
+    s = torch.tensor(2.5)
+    for fn in (tf.sum, tf.mean, tf.amax, tf.norm):
+        assert fn(s).shape == () and fn(s, dim=0).shape == () and fn(s, dim=-1, keepdim=True).shape == ()
+    assert float(tf.sum(s)) == 2.5 and int(tf.argmax(s)) == 0
+
+
+def test_signed_zeros_follow_the_reference():
+    x = torch.full((4096,), -0.0)
+    # -0.0: no padding, every add is -0 + -0. Compiled, and in the reference, the float32 tree
+    # keeps the sign; combine.tree_sum's tl.sum runs as NumPy's axis sum in the interpreter,
+    # which starts from +0.0, so there only the value is checked.
+    if x.is_cuda or not KERNEL:
+        assert_same_bits(tf.sum(x), want_sum(x, None))
+    assert float(tf.sum(x)) == 0.0 and bits(want_sum(x, None)).item() == bits(torch.tensor(-0.0)).item()
+    assert_same_bits(tf.sum(x, accurate=True), torch.tensor(-0.0))  # pairs keep it everywhere
+    y = torch.full((31,), -0.0)
+    assert_same_bits(tf.sum(y), want_sum(y, None))  # +0.0: padded with +0.0
+    assert_same_bits(tf.sum(y, accurate=True), torch.tensor(0.0))
+
+
+def test_every_output_is_written(rng, monkeypatch):
+    xs = [data(rng, (37, 31)), data(rng, (5, 9000)), data(rng, (3, 70001), torch.bfloat16)]
+    wants = [(want_sum(x, -1), ref.extreme_rows(x, True)) for x in xs]
+    poison_allocations(monkeypatch)
+    for x, (want, (v, i)) in zip(xs, wants):
+        assert_same_bits(tf.sum(x, dim=-1), want)
+        assert torch.equal(tf.argmax(x, dim=-1), i)
+        assert_same_bits(tf.amax(x, dim=-1), v)
+        assert not torch.isnan(tf.sum(x, dim=-1, accurate=True)).any()
+        assert not torch.isnan(tf.mean(x, dim=-1)).any()
+
+
+# ---- integer sums ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("n", [1, 33, 9000])
+def test_integer_sums_are_exact_int64(dtype, n, rng):
+    big = 2**31 - 1 if dtype == torch.int32 else 2**62
+    x = torch.from_numpy(rng.integers(-big, big, size=(3, n))).to(dtype)
+    got = tf.sum(x, dim=-1)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, x.sum(dim=-1, dtype=torch.int64))  # wraps like torch for int64
+    assert torch.equal(tf.sum(x), x.sum(dtype=torch.int64))
+    assert torch.equal(tf.sum(x, dim=-1, dtype=torch.int32), x.sum(dim=-1, dtype=torch.int64).to(torch.int32))
+    assert torch.equal(tf.amax(x, dim=-1), x.amax(dim=-1)) and torch.equal(tf.amin(x), x.amin())
+
+
+# ---- mean and norm --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [1, 3, 4097, 20011])
+def test_mean_and_norms_bits(n, dtype, rng):
+    x = data(rng, (3, n), dtype)
+    a = x.float().numpy()
+    mean = (order.reference_sum(a, dtype=dtype).astype(np.float64) / n).astype(np.float32)
+    assert_same_bits(tf.mean(x, dim=-1), torch.from_numpy(mean).to(dtype))
+    norm2 = np.sqrt(order.reference_sum(a * a, dtype=dtype))
+    assert_same_bits(tf.norm(x, dim=-1, dtype=torch.float32), torch.from_numpy(norm2))
+    assert_same_bits(tf.norm(x, dim=-1), torch.from_numpy(norm2).to(dtype))
+    norm1 = order.reference_sum(np.abs(a), dtype=dtype)
+    assert_same_bits(tf.norm(x, dim=-1, ord=1), torch.from_numpy(norm1).to(dtype))
+    assert_same_bits(tf.norm(x, dim=-1, ord=math.inf), x.abs().amax(dim=-1))
+    # against float64, with the bound of the order's depth (a property, not a definition)
+    exact = torch.linalg.vector_norm(x.double(), dim=-1)
+    assert torch.allclose(tf.norm(x, dim=-1, dtype=torch.float32).double(), exact, rtol=2e-6, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_norm_of_huge_values_overflows_without_scaling():
+    x = torch.tensor([3e19, 4e19])
+    assert math.isinf(float(tf.norm(x)))  # documented: no scaling
+    assert float(tf.norm(x, ord=math.inf)) == pytest.approx(4e19)
+
+
+# ---- the accurate sum -----------------------------------------------------------------------
+
+def _cases(rng):
+    n = 20011
+    yield "normal", rng.standard_normal(n).astype(np.float32)
+    yield "uniform", rng.uniform(0, 1, n).astype(np.float32)
+    # magnitudes over 2^-60 .. 2^60: the float32 sum loses most of them
+    yield "wide", (rng.standard_normal(n) * np.exp2(rng.integers(-60, 60, n))).astype(np.float32)
+    # heavy cancellation: pairs x, -x plus small noise; the exact sum is tiny
+    big = (rng.standard_normal(n // 2) * 1e6).astype(np.float32)
+    yield "cancel", rng.permutation(np.concatenate([big, -big, rng.standard_normal(11).astype(np.float32)]))
+    yield "tiny", (rng.standard_normal(4097) * 1e-42).astype(np.float32)  # subnormals
+    yield "ones", np.ones(4099, dtype=np.float32)
+
+
+@pytest.mark.parametrize("exact_groups", [True, False])
+def test_accurate_sum_is_the_nearest_float(exact_groups, rng):
+    for name, a in _cases(rng):
+        x = torch.from_numpy(a)
+        nearest = ref.correctly_rounded_sum(a)
+        assert ref.fsum_float32(a) == nearest, name  # the two yardsticks agree
+        if KERNEL:
+            got = tree_sum_rows(x.view(1, -1), accurate=True, exact_groups=exact_groups)[0]
+        else:
+            got = torch.tensor(ref.accurate_sum(a, exact_groups=exact_groups))
+        assert_same_bits(got, torch.tensor(nearest)), name
+        assert_same_bits(got, torch.from_numpy(ref.accurate_sum(a, exact_groups=exact_groups)))
+
+
+def test_accurate_sum_beats_float32_where_float32_fails(rng):
+    # 2^20 uniform [0, 1) values: float32 trees are a few ulps off; accurate is exact-rounded
+    a = rng.uniform(0, 1, 1 << 20).astype(np.float32)
+    x = torch.from_numpy(a)
+    nearest = ref.correctly_rounded_sum(a)
+    assert float(tf.sum(x, accurate=True)) == float(nearest)
+    assert_same_bits(tf.sum(x, accurate=True), torch.tensor(nearest))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_accurate_sum_rows_and_dtypes(rng):
+    for dtype in FLOATS:
+        x = data(rng, (4, 3001), dtype, scale=1e3)
+        got = tf.sum(x, dim=-1, accurate=True, dtype=torch.float32)
+        want = [ref.correctly_rounded_sum(x[i].float().numpy()) for i in range(4)]
+        assert_same_bits(got, torch.tensor(np.array(want)))
+        assert_same_bits(tf.sum(x, dim=-1, accurate=True), got.to(dtype))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_accurate_sum_handles_overflowing_partials_and_non_finite():
+    f32max = float(np.finfo(np.float32).max)
+    x = torch.tensor([f32max, -f32max, f32max, 1.0])  # lanes 0 and 2 meet first
+    assert float(tf.sum(x, accurate=True)) == f32max  # the exact sum rounds to f32max
+    assert math.isinf(float(tf.sum(x)))  # float32 partials overflow
+    assert math.isinf(float(tf.sum(torch.tensor([f32max, f32max]), accurate=True)))
+    assert float(tf.sum(torch.tensor([1.0, math.inf, 2.0]), accurate=True)) == math.inf
+    assert math.isnan(float(tf.sum(torch.tensor([math.inf, -math.inf]), accurate=True)))
+    assert math.isnan(float(tf.sum(torch.tensor([1.0, math.nan]), accurate=True)))
+
+
+def test_accurate_mean(rng):
+    a = rng.uniform(-1, 3, 5003).astype(np.float32)
+    x = torch.from_numpy(a)
+    exact = ref.exact_sum(a) / 5003
+    got = float(tf.mean(x, accurate=True))
+    assert got == float(ref.round_to_float32(exact)) or abs(got - float(exact)) <= 2 ** -24 * abs(float(exact))
+    assert_same_bits(tf.mean(x, accurate=True), torch.from_numpy(np.asarray(ref.accurate_mean(a))))
+
+
+def test_exact_sum_and_round_to_float32_yardsticks():
+    from fractions import Fraction
+    assert ref.exact_sum(np.array([1e30, 1.0, -1e30], dtype=np.float32)) == 1
+    # 2^24 + 1 is a float32 midpoint: ties to even (2^24), and a hair above rounds up
+    assert ref.round_to_float32(Fraction(2**24 + 1)) == np.float32(2**24)
+    assert ref.round_to_float32(Fraction(2**24 + 1) + Fraction(1, 2**40)) == np.float32(2**24 + 2)
+    assert ref.round_to_float32(Fraction(2**24 + 3)) == np.float32(2**24 + 4)
+    assert np.isinf(ref.round_to_float32(Fraction(2) ** 129))
+    assert ref.fsum_float32(np.array([2**24, 1, 2**-30], dtype=np.float32)) == np.float32(2**24 + 2)
+    with pytest.raises(ValueError, match="finite"):
+        ref.exact_sum(np.array([1.0, np.inf], dtype=np.float32))
+
+
+# ---- max, min and their indices -------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int32, torch.int64])
+@pytest.mark.parametrize("n", [1, 2, 31, 4097, 70001])
+def test_extremes_match_numpy(n, dtype, rng):
+    if dtype.is_floating_point:
+        x = data(rng, (3, n), dtype)
+    else:
+        x = torch.from_numpy(rng.integers(-1000, 1000, size=(3, n))).to(dtype)  # many ties
+    a = x.float().numpy() if dtype.is_floating_point else x.numpy()
+    for is_max, val_fn, idx_fn, np_fn in ((True, tf.amax, tf.argmax, np.argmax),
+                                          (False, tf.amin, tf.argmin, np.argmin)):
+        idx = torch.from_numpy(np_fn(a, axis=1))
+        assert torch.equal(idx_fn(x, dim=-1), idx)
+        assert_same_bits(val_fn(x, dim=-1), x[torch.arange(3), idx])
+        flat = int(np_fn(a.reshape(-1)))
+        assert int(idx_fn(x)) == flat
+        assert_same_bits(val_fn(x), x.reshape(-1)[flat])
+
+
+def test_all_negative_inputs_use_minus_infinity_as_identity(rng):
+    x = -data(rng, (4, 5000), torch.float32).abs() - 1
+    assert (tf.amax(x, dim=-1) < 0).all()
+    assert_same_bits(tf.amax(x, dim=-1), x.amax(dim=-1))
+    assert torch.equal(tf.argmax(x), x.argmax())
+    xi = torch.full((3, 100), torch.iinfo(torch.int64).min, dtype=torch.int64)
+    assert torch.equal(tf.amax(xi, dim=-1), xi[:, 0]) and (tf.argmax(xi, dim=-1) == 0).all()
+
+
+def test_ties_go_to_the_lowest_index():
+    for n in (8, 4097, 70001):
+        x = torch.zeros(n)
+        for pos in (n - 1, n // 2, 3):
+            x[pos] = 5.0
+            assert int(tf.argmax(x)) == min(p for p in (n - 1, n // 2, 3) if x[p] == 5.0)
+        assert int(tf.argmin(x)) == 0
+    x = torch.full((3, 9000), -math.inf)
+    assert (tf.argmax(x, dim=-1) == 0).all() and (tf.argmin(x, dim=-1) == 0).all()
+    z = torch.tensor([-0.0, 0.0, 0.0])
+    assert int(tf.argmax(z)) == 0 and bits(tf.amax(z)).item() == bits(torch.tensor(-0.0)).item()
+
+
+def test_nan_wins_and_the_first_nan_is_chosen():
+    for n in (5, 4097, 70001):
+        x = torch.arange(n, dtype=torch.float32)
+        x[n - 2] = math.nan
+        x[n // 3 + 1] = math.nan
+        for fn in (tf.argmax, tf.argmin):
+            assert int(fn(x)) == n // 3 + 1 == int(torch.argmax(x) if fn is tf.argmax else torch.argmin(x))
+        assert math.isnan(float(tf.amax(x))) and math.isnan(float(tf.amin(x)))
+        assert math.isnan(float(tf.sum(x))) and math.isnan(float(tf.norm(x, ord=math.inf)))
+    x = torch.tensor([1.0, math.inf, -5.0])
+    assert int(tf.argmax(x)) == 1 and float(tf.amax(x)) == math.inf and float(tf.sum(x)) == math.inf
+
+
+@needs_kernel
+@pytest.mark.parametrize("tuning", [ExtremeTuning(), ExtremeTuning(lanes=64, tiles=5, loads_in_flight=4),
+                                    ExtremeTuning(lanes=256, tiles=1, loads_in_flight=1)])
+def test_extreme_launch_choices_give_the_same_pair(tuning, rng):
+    x = data(rng, (3, 6001), torch.bfloat16)
+    x[1, 3000] = math.nan
+    x[2, 100:6000:577] = 9.0  # ties across segments
+    v, i = extreme_rows(x, True, tuning=tuning)
+    wv, wi = ref.extreme_rows(x, True)
+    assert torch.equal(i, wi) and torch.equal(bits(v), bits(wv))
+    v, i = extreme_rows(x, True, absolute=True, tuning=tuning)
+    wv, wi = ref.extreme_rows(x, True, absolute=True)
+    assert torch.equal(i, wi) and torch.equal(v.isnan(), wv.isnan())  # |NaN|'s payload is free
+    assert torch.equal(bits(v[~v.isnan()]), bits(wv[~wv.isnan()]))
+    v, i = extreme_rows(x, False, absolute=True, tuning=tuning)
+    wv, wi = ref.extreme_rows(x, False, absolute=True)
+    assert torch.equal(i, wi) and torch.equal(v.isnan(), wv.isnan())
+
+
+# ---- empty tensors --------------------------------------------------------------------------
+
+def test_empty_tensors():
+    e = torch.empty(0)
+    assert float(tf.sum(e)) == 0.0 and math.isnan(float(tf.mean(e))) and float(tf.norm(e)) == 0.0
+    assert tf.sum(torch.empty(0, dtype=torch.int32)).dtype == torch.int64
+    assert torch.equal(tf.sum(torch.empty(3, 0), dim=-1), torch.zeros(3))
+    assert torch.isnan(tf.mean(torch.empty(3, 0), dim=-1)).all()
+    assert tf.sum(torch.empty(0, 4), dim=-1).shape == (0,)
+    assert tf.argmax(torch.empty(0, 4), dim=-1).shape == (0,)
+    assert tf.amax(torch.empty(2, 0, 4), dim=-1).shape == (2, 0)
+    for fn in (tf.amax, tf.amin, tf.argmax, tf.argmin):
+        with pytest.raises(ValueError, match=f"{fn.__name__}: cannot reduce an empty tensor"):
+            fn(e)
+        with pytest.raises(ValueError, match=r"empty dimension \(dim=-1\)"):
+            fn(torch.empty(3, 0), dim=-1)
+    with pytest.raises(ValueError, match="norm: cannot reduce"):
+        tf.norm(e, ord=math.inf)
+
+
+# ---- validation -----------------------------------------------------------------------------
+
+def test_bad_arguments_raise_with_the_function_and_the_value():
+    x = torch.ones(3, 4)
+    cases = [
+        (lambda: tf.sum([1.0, 2.0]), TypeError, "sum: x must be a torch.Tensor, got list"),
+        (lambda: tf.sum(x.double()), TypeError, "sum: x has dtype float64"),
+        (lambda: tf.mean(x.int()), TypeError, "mean: x has dtype int32"),
+        (lambda: tf.norm(x.long()), TypeError, "norm: x has dtype int64"),
+        (lambda: tf.sum(x, dim=0), ValueError, r"sum: dim=0 is not supported; only the last dimension"),
+        (lambda: tf.amax(x, dim=-2), ValueError, r"amax: dim=-2 is not supported"),
+        (lambda: tf.sum(x, dim=2), ValueError, r"sum: dim=2 is out of range"),
+        (lambda: tf.sum(x, dim=(1,)), TypeError, "sum: dim must be an int, got tuple"),
+        (lambda: tf.argmax(x, dim=1.0), TypeError, "argmax: dim must be an int, got float"),
+        (lambda: tf.sum(x, keepdim=1), TypeError, "sum: keepdim must be a bool, got int"),
+        (lambda: tf.sum(x, accurate="yes"), TypeError, "sum: accurate must be a bool, got str"),
+        (lambda: tf.sum(x, dtype="float32"), TypeError, "sum: dtype must be a torch.dtype or None, got str"),
+        (lambda: tf.sum(x, dtype=torch.int64), TypeError, "sum: dtype=int64 is not supported"),
+        (lambda: tf.sum(x.int(), dtype=torch.float32), TypeError, "sum: dtype=float32 is not supported"),
+        (lambda: tf.mean(x, dtype=torch.float64), TypeError, "mean: dtype=float64 is not supported"),
+        (lambda: tf.argmax(x, dtype=torch.float32), TypeError, "argmax: dtype=float32 is not supported"),
+        (lambda: tf.amin(x, dtype=torch.int32), TypeError, "amin: dtype=int32 is not supported"),
+        (lambda: tf.norm(x, ord=3), ValueError, "norm: ord must be 1, 2 or math.inf, got 3"),
+        (lambda: tf.norm(x, ord="fro"), ValueError, "norm: ord must be 1, 2 or math.inf, got 'fro'"),
+        (lambda: tree_sum_rows(x.t()), ValueError, "tree_sum_rows: x must have a contiguous last dimension"),
+        (lambda: tree_sum_rows(x[0]), ValueError, r"tree_sum_rows: x must be 2-D \[rows, n\], got shape \(4,\)"),
+        (lambda: tree_sum_rows(x, final="max"), ValueError, "tree_sum_rows: final must be"),
+        (lambda: tree_sum_rows(x, tuning=SumTuning(num_warps=3)), ValueError,
+         "tuning: num_warps must be a power of two >= 1, got 3"),
+        (lambda: extreme_rows(x, True, tuning=ExtremeTuning(loads_in_flight=8)), ValueError,
+         r"tuning: loads_in_flight must be one of \(1, 2, 4\), got 8"),
+    ]
+    for call, exc, message in cases:
+        with pytest.raises(exc, match=message):
+            call()
+    assert tf.argmax(x, dtype=torch.int32).dtype == torch.int32
+
+
+# ---- autograd -------------------------------------------------------------------------------
+
+def test_gradients_match_torch(rng):
+    x = data(rng, (3, 500), torch.float32)
+    cases = [
+        (lambda t: tf.sum(t, dim=-1), lambda t: t.sum(dim=-1)),
+        (lambda t: tf.sum(t, accurate=True), lambda t: t.sum()),
+        (lambda t: tf.mean(t), lambda t: t.mean()),
+        (lambda t: tf.norm(t, dim=-1), lambda t: torch.linalg.vector_norm(t, dim=-1)),
+        (lambda t: tf.norm(t, ord=1), lambda t: torch.linalg.vector_norm(t, ord=1)),
+        (lambda t: tf.amax(t, dim=-1), lambda t: t.amax(dim=-1)),  # no ties in this data
+        (lambda t: tf.norm(t, dim=-1, ord=math.inf), lambda t: torch.linalg.vector_norm(t, ord=math.inf, dim=-1)),
+    ]
+    g = data(rng, (3,), torch.float32)
+    for ours, theirs in cases:
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = ours(a), theirs(b)
+        w = g if ya.dim() else g[0]
+        (ya * w).sum().backward()
+        (yb * w).sum().backward()
+        assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7)
+    z = torch.zeros(2, 8, requires_grad=True)
+    tf.norm(z, dim=-1).sum().backward()
+    assert torch.equal(z.grad, torch.zeros(2, 8))  # 0 at the origin, as torch
+
+
+# ---- GPU tier -------------------------------------------------------------------------------
+
+GPU_LENGTHS = [1, 2, 31, (1 << 24) + 1, 1 << 26]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", GPU_LENGTHS)
+def test_gpu_sum_bits_equal_cpu_reference_and_are_deterministic(n, dtype):
+    x = (torch.rand(n, generator=torch.Generator().manual_seed(n)) * 2 - 1).to(dtype)
+    want = torch.from_numpy(np.asarray(order.reference_sum(x), dtype=np.float32))
+    xc = x.cuda()
+    runs = {bits(tf.sum(xc, dtype=torch.float32)).item() for _ in range(20)}
+    assert runs == {bits(want).item()}
+    for tuning in (SumTuning(fuse_finish=False), SumTuning(segments_per_program=4, num_warps=8),
+                   SumTuning(finish_elements=65536), SumTuning(evict_first=True, num_warps=16)):
+        assert_same_bits(tree_sum_rows(xc.view(1, n), tuning=tuning)[0].cpu(), want)
+
+
+@pytest.mark.gpu
+def test_gpu_sum_above_2_31_elements_uses_64_bit_offsets():
+    n = (1 << 31) + 4099
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.rand(n, device="cuda", generator=g, dtype=torch.bfloat16)
+    x[n - 3] = 3.0  # beyond 2^31: must be seen
+    want = np.float32(ref.reference_sum_chunked(x))
+    runs = {bits(tf.sum(x, dtype=torch.float32)).item() for _ in range(20)}
+    assert runs == {bits(torch.tensor(want)).item()}
+    x[n - 5] = 7.0
+    assert int(tf.argmax(x)) == n - 5 and float(tf.amax(x)) == 7.0
+
+
+@pytest.mark.gpu
+def test_gpu_accurate_sum_of_2_26_uniform_floats_is_the_nearest_float():
+    x = torch.rand(1 << 26, generator=torch.Generator().manual_seed(26))
+    nearest = ref.correctly_rounded_sum(x.numpy())
+    xc = x.cuda()
+    for exact_groups in (True, False):
+        runs = {bits(tree_sum_rows(xc.view(1, -1), accurate=True, exact_groups=exact_groups)).item()
+                for _ in range(20)}
+        assert runs == {bits(torch.tensor(nearest)).item()}
+    assert_same_bits(tf.sum(xc, accurate=True).cpu(), torch.tensor(nearest))
+    # the default sum is not it, but within the order's bound
+    assert abs(float(tf.sum(xc)) - float(nearest)) <= order.pairwise_error_bound(x.numpy())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows_per_program", [None, 1, 2, 4])
+@pytest.mark.parametrize("num_warps", [None, 2, 8])
+def test_gpu_row_sums_bf16_bits(rows_per_program, num_warps):
+    x = (torch.randn(8192, 4096, generator=torch.Generator().manual_seed(1))).to(torch.bfloat16)
+    want = torch.from_numpy(order.reference_sum(x))
+    got = tree_sum_rows(x.cuda(), tuning=SumTuning(rows_per_program=rows_per_program, num_warps=num_warps))
+    assert_same_bits(got.cpu(), want)
+    assert_same_bits(tf.sum(x.cuda(), dim=-1).cpu(), want.to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_gpu_extremes_match_torch(dtype):
+    g = torch.Generator().manual_seed(3)
+    if dtype.is_floating_point:
+        x = (torch.randn(1 << 24, generator=g) - 10).to(dtype)  # all negative
+    else:
+        x = torch.randint(-50, 50, (1 << 24,), generator=g, dtype=dtype)  # many ties
+    xc = x.cuda()
+    assert int(tf.argmax(xc)) == int(np.argmax(x.float().numpy() if dtype.is_floating_point else x.numpy()))
+    assert int(tf.argmin(xc)) == int(np.argmin(x.float().numpy() if dtype.is_floating_point else x.numpy()))
+    rows = xc.view(4096, 4096)
+    assert torch.equal(tf.argmax(rows, dim=-1), rows.argmax(dim=-1))
+    assert torch.equal(tf.amin(rows, dim=-1), rows.amin(dim=-1))
+    if dtype.is_floating_point:
+        xc[12345678] = math.nan
+        xc[1234567] = math.nan
+        assert int(tf.argmax(xc)) == 1234567 == int(tf.argmin(xc))
+
+
+@pytest.mark.gpu
+def test_gpu_norms_and_means_bits():
+    x = torch.randn(64, 151936, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    a = x.float().numpy()
+    xc = x.cuda()
+    assert_same_bits(tf.norm(xc, dim=-1, dtype=torch.float32).cpu(),
+                     torch.from_numpy(np.sqrt(order.reference_sum(a * a, dtype=torch.bfloat16))))
+    mean = (order.reference_sum(a, dtype=torch.bfloat16).astype(np.float64) / a.shape[1]).astype(np.float32)
+    assert_same_bits(tf.mean(xc, dim=-1, dtype=torch.float32).cpu(), torch.from_numpy(mean))
