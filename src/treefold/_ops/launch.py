@@ -11,9 +11,9 @@ divisible by 16 and whether it fits in 32 bits; the type of any other value; the
 the constexpr values and launch options. A new key goes through Triton's own path once (which
 compiles or finds the kernel) and is then cached.
 
-Only compiled CUDA launches take the lean path. Under Triton's interpreter, with a launch hook
-installed (profilers use them), or with TREEFOLD_TRITON_LAUNCH=1 in the environment, every call
-goes through ``kernel[grid](...)``.
+Only compiled CUDA launches take the lean path; launch hooks (profilers install them) are called
+as Triton calls them. Under Triton's interpreter, or with TREEFOLD_TRITON_LAUNCH=1 in the
+environment, every call goes through ``kernel[grid](...)``.
 """
 from __future__ import annotations
 
@@ -22,9 +22,18 @@ import os
 
 import torch
 
+from triton import knobs as _knobs
+
 from ..backend import INTERPRETED
 
 _PLAIN = INTERPRETED or os.environ.get("TREEFOLD_TRITON_LAUNCH", "0") not in ("", "0")
+
+
+def _active(hook):
+    """The hook, or None when there is none to call (Triton 3.6 installs empty HookChains)."""
+    if hook is None or (isinstance(getattr(hook, "calls", None), list) and not hook.calls):
+        return None
+    return hook
 
 
 def _spec(value):
@@ -62,10 +71,6 @@ class Launcher:
     def __call__(self, grid, *args, **kwargs):
         if _PLAIN or not args or not isinstance(args[0], torch.Tensor) or not args[0].is_cuda:
             return self._triton_launch(grid, args, kwargs)
-        from triton import knobs
-
-        if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
-            return self._triton_launch(grid, args, kwargs)
         device = args[0].device.index
         key = (device, tuple(map(_spec, args)), tuple(kwargs.items()))
         entry = self._cache.get(key)
@@ -81,7 +86,9 @@ class Launcher:
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         stream = torch._C._cuda_getCurrentRawStream(device)
-        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
+        enter, leave = _active(_knobs.runtime.launch_enter_hook), _active(_knobs.runtime.launch_exit_hook)
+        metadata = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
+        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *full)
         return compiled
 
     def _triton_launch(self, grid, args, kwargs):
