@@ -1,2 +1,274 @@
-"""Public sampling functions: validation, docstrings, dispatch (kernel / interpreter / reference)."""
-__all__: list[str] = []
+"""Next-token sampling and the sampling filters, without sorting the vocabulary.
+
+``sample`` draws one token per row from ``softmax(logits / temperature)`` restricted by top-k,
+top-p and min-p; ``top_k`` returns the k largest values and their indices; ``top_k_mask``,
+``top_p_mask`` and ``min_p_mask`` return masked logits or renormalised probabilities for code
+that samples elsewhere. All of them order the tokens of a row by logit descending, then index
+ascending (ties go to the lowest index; -0.0 equals +0.0), and keep a prefix of that order.
+
+CUDA tensors run the Triton kernels (``treefold.kernels.sampling`` explains the method); CPU
+tensors run the same kernels interpreted under ``TRITON_INTERPRET=1``, otherwise the reference
+(``treefold.reference.sampling``), which gives the same tokens.
+
+Python scalars are checked here and raise TypeError / ValueError. Tensor arguments are never
+read back to the host (that would stall the GPU and break CUDA graphs): a row whose own
+parameter is out of range samples -1, as does a row without a finite logit.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .. import _checks
+from .._ops import sampling as _ops
+
+__all__ = ["sample", "top_k", "top_k_mask", "top_p_mask", "min_p_mask"]
+
+Number = Union[int, float]
+_FLOAT_PARAMS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_INT_PARAMS = (torch.int64, torch.int32)
+_INT64_MIN, _UINT64_END = -(1 << 63), 1 << 64
+
+
+def _dtype_name(d) -> str:
+    return str(d).replace("torch.", "")
+
+
+def _logits(fn: str, name: str, x) -> tuple[torch.Tensor, tuple]:
+    """x as [rows, n] (a view when the rows are evenly strided) and the batch shape."""
+    _checks.tensor(fn, name, x)
+    if x.ndim == 0:
+        raise ValueError(f"{fn}: {name} must have at least one dimension (the vocabulary), "
+                         f"got a 0-d tensor")
+    n = x.shape[-1]
+    if n == 0:
+        raise ValueError(f"{fn}: {name} has an empty last dimension (shape {tuple(x.shape)}); "
+                         f"there is no token to choose")
+    if n > _ops.MAX_ROW:
+        raise ValueError(f"{fn}: {name} has {n} entries in its last dimension; rows longer than "
+                         f"{_ops.MAX_ROW} (2^20) are not supported")
+    return _checks.as_rows(x), tuple(x.shape[:-1])
+
+
+def _same_device(fn: str, name: str, value: torch.Tensor, device) -> None:
+    if value.device != device:
+        raise ValueError(f"{fn}: {name} is on {value.device}, but logits is on {device}; move it "
+                         f"first (treefold never copies between devices)")
+
+
+def _per_row(fn: str, name: str, value: torch.Tensor, rows: int, batch: tuple, device,
+             dtypes, to: torch.dtype, allow_single: bool = True) -> torch.Tensor:
+    """A tensor parameter as a contiguous [rows] tensor of dtype ``to`` (one element broadcasts)."""
+    if value.dtype not in dtypes:
+        raise TypeError(f"{fn}: {name} has dtype {_dtype_name(value.dtype)}, expected one of "
+                        f"{', '.join(_dtype_name(d) for d in dtypes)}")
+    _same_device(fn, name, value, device)
+    if value.numel() == 1 and allow_single:
+        flat = value.reshape(1)
+        return flat.to(to).expand(rows).contiguous() if rows != 1 else flat.to(to).contiguous()
+    if value.numel() != rows or tuple(value.shape) not in (batch, (rows,)):
+        raise ValueError(f"{fn}: {name} has shape {tuple(value.shape)}, expected one element, "
+                         f"{batch} (the batch shape of logits) or ({rows},)")
+    return value.reshape(rows).to(to).contiguous()
+
+
+def _temperature(fn: str, value, rows, batch, device):
+    if isinstance(value, torch.Tensor):
+        return _per_row(fn, "temperature", value, rows, batch, device, _FLOAT_PARAMS, torch.float32)
+    return _checks.finite_float(fn, "temperature", value, low=0.0)
+
+
+def _k(fn: str, name: str, value, n: int, rows, batch, device):
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return _per_row(fn, name, value, rows, batch, device, _INT_PARAMS, torch.int64)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{fn}: {name} must be an int, a tensor or None, got {type(value).__name__}")
+    if not 1 <= value <= n:
+        raise ValueError(f"{fn}: {name}={value} is out of range for {n} tokens "
+                         f"(expected 1 <= {name} <= {n})")
+    return value
+
+
+def _p(fn: str, name: str, value, rows, batch, device, *, low_open: bool):
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return _per_row(fn, name, value, rows, batch, device, _FLOAT_PARAMS, torch.float32)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{fn}: {name} must be a number, a tensor or None, got {type(value).__name__}")
+    v = float(value)
+    lo_ok = v > 0.0 if low_open else v >= 0.0
+    if not (lo_ok and v <= 1.0):  # NaN fails too
+        raise ValueError(f"{fn}: {name}={value} is outside {'(0, 1]' if low_open else '[0, 1]'}")
+    return v
+
+
+def _random(fn: str, name: str, value, rows, batch, device):
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _INT_PARAMS:
+            raise TypeError(f"{fn}: {name} has dtype {_dtype_name(value.dtype)}, expected int64 "
+                            f"or int32")
+        _same_device(fn, name, value, device)
+        if value.numel() != 1 and (value.numel() != rows or tuple(value.shape) not in (batch, (rows,))):
+            raise ValueError(f"{fn}: {name} has shape {tuple(value.shape)}, expected one element, "
+                             f"{batch} (the batch shape of logits) or ({rows},)")
+        return value.reshape(-1).to(torch.int64).contiguous()
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{fn}: {name} must be an int or an integer tensor, got {type(value).__name__}")
+    if not _INT64_MIN <= value < _UINT64_END:
+        raise ValueError(f"{fn}: {name}={value} does not fit in 64 bits")
+    return value - _UINT64_END if value >= (1 << 63) else value  # the same 64 bits, as int64
+
+
+def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1.0,
+           top_k: Union[int, torch.Tensor, None] = None,
+           top_p: Union[Number, torch.Tensor, None] = None,
+           min_p: Union[Number, torch.Tensor, None] = None,
+           seed: Union[int, torch.Tensor, None] = None,
+           offset: Union[int, torch.Tensor] = 0) -> torch.Tensor:
+    """Draw one token per row of ``logits``; returns int64 token ids of shape ``logits.shape[:-1]``.
+
+    The distribution is ``softmax(logits / temperature)`` restricted to the tokens the filters
+    keep and renormalised. Filters apply in this order, each on the tokens the previous kept:
+    top-k keeps the k first tokens of the order (logit descending, index ascending); top-p keeps
+    the shortest prefix whose probability mass, renormalised over the top-k tokens, reaches p
+    (a token is kept when the mass strictly before it is below p); min-p keeps the tokens whose
+    probability is at least ``min_p`` times the top token's. The draw is exact: an exponential
+    race in which every kept token draws its own Exp(1) number, no sort and no prefix sum.
+
+    Args:
+        logits: float32, bfloat16 or float16, shape ``[..., n]`` (1 <= n <= 2^20). Non-finite
+            logits (NaN, +inf, -inf) are never drawn. Rows evenly strided with a contiguous
+            last dimension are read in place.
+        temperature: a finite number >= 0, or a float tensor with one value per row (or one
+            value). 0 is greedy: the first token of the order (argmax, ties to the lowest index).
+        top_k: an int in [1, n], a per-row integer tensor, or None.
+        top_p: a number in (0, 1], a per-row float tensor, or None (1 keeps every token).
+        min_p: a number in [0, 1], a per-row float tensor, or None (0 keeps every token).
+            p and min_p are used rounded to float32; masses are compared exactly (fixed point).
+        seed: an int, an integer tensor with one seed per row or a single seed, or None (draw
+            one seed per row from torch's default generator for ``logits.device``, advancing it,
+            with no host synchronisation). The numbers a row draws depend only on its (seed,
+            offset, token id) when seeds are given per row: a request then gets the same token
+            whatever batch it sits in and wherever it sits. One seed for the batch (an int or a
+            one-element tensor) gives row r its own stream r.
+        offset: the decode step (an int or an integer tensor, per row or one element), folded
+            into the counter of the random numbers: advance it to draw fresh numbers.
+
+    Returns int64 token ids. A row whose own tensor parameter is out of range (temperature
+    negative or not finite, k outside [1, n], p outside (0, 1], min_p outside [0, 1]) or that
+    holds no finite logit gives -1, on the GPU without any host synchronisation; the same call
+    is CUDA-graph safe when every parameter that changes between replays is a device tensor.
+
+    Raises TypeError / ValueError for wrong types, shapes, devices and out-of-range scalars.
+    """
+    fn = "sample"
+    x, batch = _logits(fn, "logits", logits)
+    rows, n = x.shape
+    dev = logits.device
+    t = _temperature(fn, temperature, rows, batch, dev)
+    k = _k(fn, "top_k", top_k, n, rows, batch, dev)
+    p = _p(fn, "top_p", top_p, rows, batch, dev, low_open=True)
+    mp = _p(fn, "min_p", min_p, rows, batch, dev, low_open=False)
+    if seed is None:
+        s = torch.randint(_INT64_MIN, (1 << 63) - 1, (rows,), dtype=torch.int64, device=dev)
+    else:
+        s = _random(fn, "seed", seed, rows, batch, dev)
+    o = _random(fn, "offset", offset, rows, batch, dev)
+    # scalar filters that keep every token are dropped (fewer launches)
+    if isinstance(k, int) and k == n:
+        k = None
+    if isinstance(p, float) and p == 1.0:
+        p = None
+    if isinstance(mp, float) and mp == 0.0:
+        mp = None
+    if rows == 0:
+        return torch.empty(batch, dtype=torch.int64, device=dev)
+    return _ops.sample(x, t, k, p, mp, s, o).reshape(batch)
+
+
+def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest entries of the last dimension, sorted descending, and their indices.
+
+    Ties go to the lowest index; -0.0 equals +0.0; NaN ranks above +inf (torch.sort's order, so
+    the result equals ``torch.sort(x, descending=True, stable=True)`` cut to k). No sort of the
+    row: a histogram of the row finds the few tokens near the k-th, and only those are ranked.
+
+    Args:
+        x: float32, bfloat16 or float16, shape ``[..., n]`` (1 <= n <= 2^20).
+        k: an int in [1, n]. Up to 4096 the Triton kernels serve it; beyond, a stable
+            ``torch.sort``.
+
+    Returns ``(values, indices)`` of shape ``[..., k]``: values in x's dtype, int64 indices.
+    """
+    fn = "top_k"
+    x2, batch = _logits(fn, "x", x)
+    rows, n = x2.shape
+    kk = _k(fn, "k", k, n, rows, batch, x.device)
+    if kk is None or isinstance(kk, torch.Tensor):
+        raise TypeError(f"{fn}: k must be an int, got {type(k).__name__}")
+    if rows == 0:
+        return (torch.empty(batch + (kk,), dtype=x.dtype, device=x.device),
+                torch.empty(batch + (kk,), dtype=torch.int64, device=x.device))
+    values, indices = _ops.top_k(x2, kk)
+    return values.reshape(batch + (kk,)), indices.reshape(batch + (kk,))
+
+
+_MASK_DOC = """
+    Args:
+        x: float32, bfloat16 or float16 logits, shape ``[..., n]`` (1 <= n <= 2^20).
+        {arg}
+        probs: return float32 probabilities, ``softmax(x)`` over the kept tokens (0 elsewhere),
+            instead of x with -inf outside the kept tokens.
+
+    The order and the rule are those of ``sample`` (which applies top-k, then top-p, then
+    min-p); non-finite logits are never kept. A row without a finite logit, or whose own tensor
+    parameter is out of range, keeps nothing: all -inf, or all NaN with ``probs``.
+"""
+
+
+def _mask(fn: str, x, probs, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
+    x2, batch = _logits(fn, "x", x)
+    rows, n = x2.shape
+    if not isinstance(probs, bool):
+        raise TypeError(f"{fn}: probs must be a bool, got {type(probs).__name__}")
+    dev = x.device
+    k = _k(fn, "k", top_k, n, rows, batch, dev)
+    p = _p(fn, "p", top_p, rows, batch, dev, low_open=True)
+    mp = _p(fn, "min_p", min_p, rows, batch, dev, low_open=False)
+    if rows == 0:
+        return torch.empty(x.shape, dtype=torch.float32 if probs else x.dtype, device=dev)
+    return _ops.sampling_filter(x2, k, p, mp, probs).reshape(x.shape)
+
+
+def top_k_mask(x: torch.Tensor, k: Union[int, torch.Tensor], *, probs: bool = False) -> torch.Tensor:
+    fn = "top_k_mask"
+    if k is None:
+        raise TypeError(f"{fn}: k must be an int or a tensor, got NoneType")
+    return _mask(fn, x, probs, top_k=k)
+
+
+def top_p_mask(x: torch.Tensor, p: Union[Number, torch.Tensor], *, probs: bool = False) -> torch.Tensor:
+    fn = "top_p_mask"
+    if p is None:
+        raise TypeError(f"{fn}: p must be a number or a tensor, got NoneType")
+    return _mask(fn, x, probs, top_p=p)
+
+
+def min_p_mask(x: torch.Tensor, min_p: Union[Number, torch.Tensor], *,
+               probs: bool = False) -> torch.Tensor:
+    fn = "min_p_mask"
+    if min_p is None:
+        raise TypeError(f"{fn}: min_p must be a number or a tensor, got NoneType")
+    return _mask(fn, x, probs, min_p=min_p)
+
+
+top_k_mask.__doc__ = ("Keep the k first tokens of each row (logit descending, index ascending).\n"
+                      + _MASK_DOC.format(arg="k: an int in [1, n], or an integer tensor per row."))
+top_p_mask.__doc__ = ("Keep the shortest prefix of each row whose probability reaches p.\n"
+                      + _MASK_DOC.format(arg="p: a number in (0, 1], or a float tensor per row."))
+min_p_mask.__doc__ = ("Keep the tokens whose probability is at least min_p times the largest.\n"
+                      + _MASK_DOC.format(arg="min_p: a number in [0, 1], or a float tensor per row."))

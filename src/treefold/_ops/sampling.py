@@ -1,0 +1,360 @@
+"""Sampling, top-k and the sampling filters: launch plans, launchers, torch.library ops.
+
+The launchers take validated, normalised arguments (``treefold.functional.sampling`` does the
+checking): logits as ``[rows, n]`` with a contiguous last dimension; every parameter either a
+Python scalar or a contiguous device tensor (``[rows]``, or one element for seed and offset);
+no Python value is ever read back from the device, so every launcher is CUDA-graph safe.
+
+Launch choices (programs per row, warps, list sizes) never change a result: partial results are
+exact (maxima, integer counts, fixed-point masses) or per segment of a width that depends on n
+alone, and the list of boundary tokens is sorted or searched, never read in arrival order.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from .. import backend, order
+from ..kernels import sampling as kernels
+from ..reference import sampling as reference
+from .launch import Launcher
+
+#: Longest row the kernels take.
+MAX_ROW = 1 << 20
+#: Histogram bins of the filtered path, and their width (bins per nat of log-probability); the
+#: sub-bins that split the boundary bins of a long boundary list.
+NUM_BINS = 256
+BINS_PER_NAT = 8.0
+FINE_BINS = 256
+#: ``resolve_kernel`` ranks boundary lists up to this long by pairwise comparisons (PAIR_CHUNK
+#: tokens at a time); a longer one is first cut down with the sub-bins, and what is still longer
+#: (a huge tie group) takes the bracket search.
+PAIRWISE_MAX = 128
+PAIR_CHUNK = 32
+#: ``top_k`` sorts lists up to this long; the largest k the kernels serve (larger k: a stable
+#: torch.sort).
+SORT_MAX = 1024
+TOP_K_KERNEL_MAX = SORT_MAX
+#: Bracket search: tokens per block and sub-intervals per pass.
+SEARCH_BLOCK = 1024
+SEARCH_SLOTS = 16
+#: Programs per SM aimed at by the row-parallel passes.
+PROGRAMS_PER_SM = 4
+#: Segment width: next_pow2(n) clamped to [MIN_WIDTH, MAX_WIDTH] (a function of n alone). At least
+#: one element per lane of a warp (no replicated elements), at most 8 per thread of 4 warps.
+MIN_WIDTH = 32
+MAX_WIDTH = 1024
+#: Warps of the one-program-per-row resolve pass.
+RESOLVE_WARPS = 8
+
+Scalar = Union[int, float]
+
+_RACE = Launcher(kernels.race_kernel)
+_RACE_COMBINE = Launcher(kernels.race_combine_kernel)
+_SEGMENT_MAX = Launcher(kernels.segment_max_kernel)
+_HISTOGRAM = Launcher(kernels.bin_histogram_kernel)
+_COMPACT = Launcher(kernels.compact_kernel)
+_RESOLVE = Launcher(kernels.resolve_kernel)
+_APPLY = Launcher(kernels.apply_filter_kernel)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a [rows, n] call is cut into programs (launch choices only)."""
+    width: int
+    log2_width: int
+    group: int
+    segments: int
+    seg_pow2: int
+    log2_seg_pow2: int
+    segments_per_program: int
+    programs_per_row: int
+    num_warps: int
+
+
+@functools.lru_cache(maxsize=64)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+@functools.lru_cache(maxsize=512)
+def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int] = None) -> Plan:
+    width = min(max(order.next_pow2(n), MIN_WIDTH), MAX_WIDTH)
+    segments = order.cdiv(n, width)
+    seg_pow2 = order.next_pow2(segments)
+    if programs_per_row is None:
+        programs_per_row = order.cdiv(PROGRAMS_PER_SM * _sm_count(device), max(rows, 1))
+    programs_per_row = max(1, min(segments, programs_per_row))
+    spp = order.cdiv(segments, programs_per_row)
+    group = min(order.group(n, torch.float32), width)
+    return Plan(width, order.log2(width), group, segments, seg_pow2, order.log2(seg_pow2), spp,
+                order.cdiv(segments, spp), max(1, min(4, width // 256)))
+
+
+def _param(value) -> tuple:
+    """(kernel argument, is a per-row tensor)."""
+    if isinstance(value, torch.Tensor):
+        return value, True
+    return (0 if value is None else value), False
+
+
+def _random(value) -> tuple:
+    """(kernel argument, stride, is a tensor) for seed and offset."""
+    if isinstance(value, torch.Tensor):
+        return value, (0 if value.numel() == 1 else 1), True
+    return int(value), 0, False
+
+
+def _common(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> dict:
+    t, t_row = _param(temperature)
+    k, k_row = _param(top_k)
+    p, p_row = _param(top_p)
+    mp, mp_row = _param(min_p)
+    s, s_stride, s_tensor = _random(seed)
+    o, o_stride, o_tensor = _random(offset)
+    filters = (top_k is not None) * 1 + (top_p is not None) * 2 + (min_p is not None) * 4
+    return dict(args=(t, k, p, mp, filters, s, s_stride, o, o_stride),
+                flags=dict(T_ROW=t_row, K_ROW=k_row, P_ROW=p_row, MINP_ROW=mp_row,
+                           SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor))
+
+
+def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, offset, *,
+              all_values: bool, outputs: dict, k_out: int, programs_per_row: Optional[int]):
+    """segment max -> histogram -> compaction -> resolve (the filtered path)."""
+    rows, n = x.shape
+    dev = x.device
+    g = plan(rows, n, dev, programs_per_row)
+    c = _common(x, temperature, top_k, top_p, min_p, seed, offset)
+    t, k, p, mp, filters, s, s_stride, o, o_stride = c["args"]
+    flags = c["flags"]
+    grid = (rows * g.programs_per_row,)
+    seg_max = torch.empty((rows, g.segments), dtype=torch.float32, device=dev)
+    seg_sum = torch.empty((rows, g.segments), dtype=torch.float32, device=dev)
+    hist = torch.empty((rows, NUM_BINS), dtype=torch.int32, device=dev)
+    fine = torch.empty((rows, FINE_BINS), dtype=torch.int32, device=dev)
+    counter = torch.empty(rows, dtype=torch.int32, device=dev)
+    plan_rows = torch.empty((rows, 4), dtype=torch.int32, device=dev)
+    boundary = torch.empty((rows, n), dtype=torch.int32, device=dev)
+    part_mass = torch.empty(grid[0], dtype=torch.int64, device=dev)
+    part_kept = torch.empty(grid[0], dtype=torch.int64, device=dev)
+    part_score = torch.empty(grid[0], dtype=torch.float32, device=dev)
+    part_index = torch.empty(grid[0], dtype=torch.int64, device=dev)
+    _SEGMENT_MAX(
+        grid, x, n, x.stride(0), seg_max, hist, fine, counter, g.segments, g.programs_per_row, t,
+        T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
+        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, num_warps=g.num_warps)
+    _HISTOGRAM(
+        grid, x, n, x.stride(0), seg_max, seg_sum, hist, g.segments, g.programs_per_row, t,
+        T_ROW=flags["T_ROW"], WIDTH=g.width, LOG2_WIDTH=g.log2_width, GROUP=g.group,
+        LOG2_GROUP=order.log2(g.group), SEGMENTS_PER_PROGRAM=g.segments_per_program,
+        SEG_POW2=g.seg_pow2, NUM_BINS=NUM_BINS,
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, num_warps=g.num_warps)
+    _COMPACT(
+        grid, x, n, x.stride(0), seg_max, seg_sum, hist, fine, counter, plan_rows, boundary, n,
+        part_mass, part_kept, part_score, part_index, g.segments, g.programs_per_row,
+        t, k, p, mp, filters, s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width,
+        SEGMENTS_PER_PROGRAM=g.segments_per_program, SEG_POW2=g.seg_pow2,
+        LOG2_SEG_POW2=g.log2_seg_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
+        FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
+        num_warps=g.num_warps)
+    spare = counter  # pointer arguments a mode does not use
+    _RESOLVE(
+        (rows,), x, n, x.stride(0), seg_max, seg_sum, fine, counter, plan_rows, boundary, n,
+        part_mass, part_kept, part_score, part_index, g.segments, g.programs_per_row,
+        t, k, p, mp, filters, s, s_stride, o, o_stride,
+        outputs.get("token", spare), outputs.get("lo", spare), outputs.get("hi", spare),
+        outputs.get("thr", spare), outputs.get("max", spare), outputs.get("mass", spare),
+        outputs.get("values", spare), outputs.get("indices", spare), k_out,
+        **flags, MODE=mode, SEG_POW2=g.seg_pow2, LOG2_SEG_POW2=g.log2_seg_pow2,
+        PARTS_POW2=order.next_pow2(g.programs_per_row), SORT_SMALL=PAIRWISE_MAX,
+        PAIR_CHUNK=min(PAIR_CHUNK, PAIRWISE_MAX), SORT_LARGE=SORT_MAX,
+        SEARCH_BLOCK=SEARCH_BLOCK, SLOTS=SEARCH_SLOTS, FINE_BINS=FINE_BINS,
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, num_warps=RESOLVE_WARPS)
+    return g
+
+
+def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None, seed=0,
+                offset=0, *, programs_per_row: Optional[int] = None) -> torch.Tensor:
+    """Token ids [rows] (int64) of logits [rows, n] with the Triton kernels."""
+    rows, n = x.shape
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if rows == 0:
+        return out
+    tensors = any(isinstance(v, torch.Tensor) for v in (top_k, top_p, min_p))
+    filtered = any(v is not None for v in (top_k, top_p, min_p))
+    greedy = not isinstance(temperature, torch.Tensor) and temperature == 0.0
+    if filtered and not (greedy and not tensors):
+        _pipeline(x, kernels.MODE_SAMPLE.value, temperature, top_k, top_p, min_p, seed, offset,
+                  all_values=False, outputs={"token": out}, k_out=0,
+                  programs_per_row=programs_per_row)
+        return out
+    # no filter, or greedy with scalar filters (they never remove the top token): one race
+    g = plan(rows, n, x.device, programs_per_row)
+    t, t_row = _param(temperature)
+    s, s_stride, s_tensor = _random(0 if greedy else seed)
+    o, o_stride, o_tensor = _random(0 if greedy else offset)
+    grid = rows * g.programs_per_row
+    part_score = torch.empty(grid, dtype=torch.float32, device=x.device)
+    part_index = torch.empty(grid, dtype=torch.int64, device=x.device)
+    _RACE(
+        (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
+        o_stride,
+        T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
+        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, num_warps=g.num_warps)
+    _RACE_COMBINE(
+        (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
+        PROGRAMS_POW2=order.next_pow2(g.programs_per_row), num_warps=1)
+    return out
+
+
+def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None):
+    """(values, indices) of the k largest of each row of x [rows, n], k <= TOP_K_KERNEL_MAX."""
+    rows, n = x.shape
+    values = torch.empty((rows, k), dtype=x.dtype, device=x.device)
+    indices = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+    if rows:
+        _pipeline(x, kernels.MODE_TOPK.value, 1.0, k, None, None, 0, 0, all_values=True,
+                  outputs={"values": values, "indices": indices}, k_out=k,
+                  programs_per_row=programs_per_row)
+    return values, indices
+
+
+def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool = False, *,
+                programs_per_row: Optional[int] = None) -> torch.Tensor:
+    """Masked logits or renormalised probabilities of x [rows, n] (filters as in sample)."""
+    rows, n = x.shape
+    out = torch.empty((rows, n), dtype=torch.float32 if probs else x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    dev = x.device
+    outputs = {"lo": torch.empty(rows, dtype=torch.int32, device=dev),
+               "hi": torch.empty(rows, dtype=torch.int32, device=dev),
+               "thr": torch.empty(rows, dtype=torch.int64, device=dev),
+               "max": torch.empty(rows, dtype=torch.float32, device=dev),
+               "mass": torch.empty(rows, dtype=torch.float32, device=dev)}
+    g = _pipeline(x, kernels.MODE_THRESHOLD.value, 1.0, top_k, top_p, min_p, 0, 0,
+                  all_values=False, outputs=outputs, k_out=0, programs_per_row=programs_per_row)
+    mp, mp_row = _param(min_p)
+    _APPLY(
+        (rows * g.programs_per_row,), x, n, x.stride(0), out, out.stride(0), outputs["lo"],
+        outputs["hi"], outputs["thr"], outputs["max"], outputs["mass"], mp, g.programs_per_row,
+        MINP_ROW=mp_row,
+        HAS_MINP=min_p is not None, PROBS=probs, WIDTH=g.width,
+        SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
+        BINS_PER_NAT=BINS_PER_NAT, num_warps=g.num_warps)
+    return out
+
+
+# ---- torch.library ops (for torch.compile; eager calls skip the dispatcher) -----------------
+
+def _unpack(value_tensor: Optional[torch.Tensor], value: Scalar, present: bool):
+    if not present:
+        return None
+    return value_tensor if value_tensor is not None else value
+
+
+@torch.library.custom_op("treefold::sample", mutates_args=())
+def _sample_op(logits: torch.Tensor, temperature: Optional[torch.Tensor], temperature_value: float,
+               top_k: Optional[torch.Tensor], top_k_value: int, has_top_k: bool,
+               top_p: Optional[torch.Tensor], top_p_value: float, has_top_p: bool,
+               min_p: Optional[torch.Tensor], min_p_value: float, has_min_p: bool,
+               seed: Optional[torch.Tensor], seed_value: int,
+               offset: Optional[torch.Tensor], offset_value: int) -> torch.Tensor:
+    args = (temperature if temperature is not None else temperature_value,
+            _unpack(top_k, top_k_value, has_top_k), _unpack(top_p, top_p_value, has_top_p),
+            _unpack(min_p, min_p_value, has_min_p),
+            seed if seed is not None else seed_value, offset if offset is not None else offset_value)
+    if backend.use_kernel(logits):
+        return sample_rows(logits, *args)
+    return reference.sample(logits, *args)
+
+
+@_sample_op.register_fake
+def _(logits, temperature, temperature_value, top_k, top_k_value, has_top_k, top_p, top_p_value,
+      has_top_p, min_p, min_p_value, has_min_p, seed, seed_value, offset, offset_value):
+    return logits.new_empty(logits.shape[:1], dtype=torch.int64)
+
+
+@torch.library.custom_op("treefold::top_k", mutates_args=())
+def _top_k_op(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if backend.use_kernel(x) and k <= TOP_K_KERNEL_MAX:
+        return top_k_rows(x, k)
+    return reference.top_k(x, k)
+
+
+@_top_k_op.register_fake
+def _(x, k):
+    return x.new_empty((x.shape[0], k)), x.new_empty((x.shape[0], k), dtype=torch.int64)
+
+
+@torch.library.custom_op("treefold::sampling_filter", mutates_args=())
+def _filter_op(x: torch.Tensor, top_k: Optional[torch.Tensor], top_k_value: int, has_top_k: bool,
+               top_p: Optional[torch.Tensor], top_p_value: float, has_top_p: bool,
+               min_p: Optional[torch.Tensor], min_p_value: float, has_min_p: bool,
+               probs: bool) -> torch.Tensor:
+    args = (_unpack(top_k, top_k_value, has_top_k), _unpack(top_p, top_p_value, has_top_p),
+            _unpack(min_p, min_p_value, has_min_p))
+    if backend.use_kernel(x):
+        return filter_rows(x, *args, probs=probs)
+    return reference.filter_mask(x, *args, probs=probs)
+
+
+@_filter_op.register_fake
+def _(x, top_k, top_k_value, has_top_k, top_p, top_p_value, has_top_p, min_p, min_p_value,
+      has_min_p, probs):
+    return x.new_empty(x.shape, dtype=torch.float32 if probs else x.dtype)
+
+
+# ---- entry points for the public functions --------------------------------------------------
+
+def _direct() -> bool:
+    """An eager call: skip the dispatcher (saves host time per call)."""
+    return not torch.compiler.is_compiling()
+
+
+def _split(v, kind):
+    """(tensor or None, scalar value, present) for an op argument."""
+    if isinstance(v, torch.Tensor):
+        return v, kind(0), True
+    return None, kind(0 if v is None else v), v is not None
+
+
+def sample(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> torch.Tensor:
+    """Token ids of x [rows, n] (validated, normalised by the caller)."""
+    if _direct():
+        if backend.use_kernel(x):
+            return sample_rows(x, temperature, top_k, top_p, min_p, seed, offset)
+        return reference.sample(x, temperature, top_k, top_p, min_p, seed, offset)
+    t, tv, _ = _split(temperature, float)
+    k, kv, hk = _split(top_k, int)
+    p, pv, hp = _split(top_p, float)
+    mp, mpv, hm = _split(min_p, float)
+    s, sv, _ = _split(seed, int)
+    o, ov, _ = _split(offset, int)
+    return _sample_op(x, t, tv, k, kv, hk, p, pv, hp, mp, mpv, hm, s, sv, o, ov)
+
+
+def top_k(x: torch.Tensor, k: int):
+    """(values, indices) of x [rows, n] (validated by the caller)."""
+    if _direct():
+        if backend.use_kernel(x) and k <= TOP_K_KERNEL_MAX:
+            return top_k_rows(x, k)
+        return reference.top_k(x, k)
+    return _top_k_op(x, k)
+
+
+def sampling_filter(x: torch.Tensor, top_k, top_p, min_p, probs: bool) -> torch.Tensor:
+    """Masked logits or probabilities of x [rows, n] (validated by the caller)."""
+    if _direct():
+        if backend.use_kernel(x):
+            return filter_rows(x, top_k, top_p, min_p, probs=probs)
+        return reference.filter_mask(x, top_k, top_p, min_p, probs=probs)
+    k, kv, hk = _split(top_k, int)
+    p, pv, hp = _split(top_p, float)
+    mp, mpv, hm = _split(min_p, float)
+    return _filter_op(x, k, kv, hk, p, pv, hp, mp, mpv, hm, probs)

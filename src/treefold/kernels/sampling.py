@@ -1,0 +1,1149 @@
+"""Next-token sampling, top-k and nucleus filters without sorting the vocabulary.
+
+Everything is a reduction over the vocabulary of one row. The token order used by every filter is
+the *composite order*: logit descending, then token index ascending (ties go to the lowest index;
+-0.0 equals +0.0). A filter keeps a prefix of that order, so the filters compose into one prefix:
+
+- top-k keeps the first k tokens;
+- top-p keeps the shortest prefix whose probability mass reaches p (a token is kept when the mass
+  strictly before it is < p * M, M being the mass of the top-k set, or of the whole row);
+- min-p keeps the tokens with exp(y - y_max) >= min_p (a prefix too; renormalising does not
+  change the ratio to the top token).
+
+The sample is an exponential race over the kept tokens: token i scores y_i - log(E_i), with
+y = logit / temperature and E_i ~ Exp(1) drawn by Philox from (seed, stream, offset, i) alone;
+the highest score wins (lowest index on a tie). The winner is distributed exactly as the
+renormalised filtered distribution, no prefix sum or sort of the vocabulary is needed, and a row
+draws the same numbers whatever batch it sits in.
+
+Finding the prefix boundary without a sort (the filtered path: four launches, five for the masks):
+
+1. ``segment_max_kernel``: the maximum of y over each segment of the row (segments of W(n)
+   elements; W depends on n only). One read of the logits, the only one that reaches HBM.
+2. ``bin_histogram_kernel``: with the row maximum m, every token falls in a bin
+   floor((m - y) * BINS_PER_NAT) (the last bin collects everything further away). A histogram
+   of the bins (integer atomics: exact in any order) and the sum of exp(y - m) per segment.
+3. ``compact_kernel``: from the histogram, bounds on the probability mass of every bin prefix
+   locate the bins that can hold the prefix boundary (``_plan``). Tokens in bins before them are
+   kept for sure: their mass is summed (fixed point, exact in any order) and, when sampling,
+   they enter the race here. Tokens in the boundary bins are written to a list; when the list
+   is long, a histogram of 256 sub-bins of the boundary bins is counted too.
+4. ``resolve_kernel``: one program per row. A long list is first cut down with the sub-bins
+   (``_refine``: the same bounds, much narrower bins). The remaining tokens are ranked in the
+   composite order (all pairwise comparisons, or a sort for top_k), which gives the exact
+   cumulative counts and masses, hence every filter's decision; the race among the kept ones is
+   merged with the partial winners of step 3. A list still long after that (a huge tie group)
+   is resolved by a bracket search with 15 thresholds per pass.
+5. ``apply_filter_kernel`` (the mask functions only): writes masked logits or probabilities.
+
+Greedy decoding and sampling without filters take ``race_kernel`` + ``race_combine_kernel``.
+
+Masses are summed in fixed point (w * 2^40 in int64, w = exp(y - m) <= 1), so sums taken in any
+order, by any number of programs, give the same integers: results never depend on the batch
+size or the launch configuration.
+"""
+import triton
+import triton.language as tl
+
+from .combine import tree_sum
+
+#: Fixed-point scale of probability masses (w in (0, 1] times 2^40; 2^20 tokens sum below 2^63).
+FIXED_ONE = tl.constexpr(1099511627776.0)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+#: Largest 1 / temperature used: keeps y = x / t finite-friendly for tiny temperatures.
+MAX_INV_TEMPERATURE = tl.constexpr(1e30)
+INT64_MIN = tl.constexpr(-9223372036854775808)
+INT64_MAX = tl.constexpr(9223372036854775807)
+#: Larger than any key the bracket search meets (keys are int32 values or minus an index).
+SEARCH_BIG = tl.constexpr(4611686018427387904)
+#: Slack, in bins, on the bin edges when bounding masses (covers float rounding of the bin).
+BIN_EDGE_SLACK = tl.constexpr(0.01)
+#: Slack on the mass bounds, relative to the row's total mass (bins; the narrower sub-bins).
+MASS_SLACK = tl.constexpr(1e-3)
+FINE_MASS_SLACK = tl.constexpr(1e-4)
+
+MODE_SAMPLE = tl.constexpr(0)
+MODE_THRESHOLD = tl.constexpr(1)
+MODE_TOPK = tl.constexpr(2)
+
+
+# ------------------------------------------------------------------------------------------
+# Keys, scaling, bins
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _ordered_key(x):
+    """float32 -> int32 whose signed order is the float order; -0.0 maps to +0.0 and every NaN
+    to the largest key (above +inf), as torch.sort orders them."""
+    x = tl.where(x == 0.0, 0.0, x)
+    bits = x.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return tl.where(x != x, 0x7FFFFFFF, key)
+
+
+@triton.jit
+def _key_value(key):
+    """Inverse of ``_ordered_key`` (NaN comes back as the canonical quiet NaN)."""
+    bits = key ^ ((key >> 31) & 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _composite(key, index):
+    """int64 whose order is the composite order: key descending, then index ascending."""
+    # (key << 32) + (2^32 - 1 - index), written so that every literal is an int64.
+    return ((key.to(tl.int64) << 32) - index.to(tl.int64) - 1) + 4294967296
+
+
+@triton.jit
+def _split_composite(c):
+    hi = c >> 32
+    low = c - (hi << 32)
+    return hi.to(tl.int32), 4294967296 - (low + 1)
+
+
+@triton.jit
+def _bin_of(x, y, m, finite, NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
+            ALL_VALUES: tl.constexpr):
+    """floor((m - y) * BINS_PER_NAT), clamped to [0, NUM_BINS - 1]. Non-increasing in x, so a set
+    of bins starting at 0 is a prefix of the composite order. With ALL_VALUES, NaN and +inf go
+    to bin 0 and -inf to the last bin (top_k orders every value)."""
+    d = (m - tl.where(finite, y, m)) * BINS_PER_NAT  # (no overflow on the lanes masked out)
+    d = tl.minimum(tl.maximum(d, 0.0), NUM_BINS - 1.0)
+    b = tl.where(finite, d, 0.0).to(tl.int32)
+    if ALL_VALUES:
+        b = tl.where(finite, b, tl.where(x == float("-inf"), NUM_BINS - 1, 0))
+    return b
+
+
+@triton.jit
+def _tile_sum(v, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr, GROUP: tl.constexpr,
+              LOG2_GROUP: tl.constexpr):
+    """Tree sum of a [WIDTH] float32 tile in the treefold order (the same bits in every launch)."""
+    return tl.sum(tree_sum(tl.reshape(v, [1, WIDTH]), 1, WIDTH, LOG2_WIDTH, GROUP, LOG2_GROUP),
+                  axis=0)
+
+
+# ------------------------------------------------------------------------------------------
+# Random numbers: Philox4x32-10 on (token // 4, stream, offset), key = seed
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _philox_bits(seed, groups, stream, offset):
+    c0 = groups.to(tl.uint32)
+    zero = c0 * 0
+    c1 = zero + stream.to(tl.uint32)
+    c2 = zero + offset.to(tl.uint32)
+    c3 = zero + (offset >> 32).to(tl.uint32)
+    return tl.philox(seed, c0, c1, c2, c3)
+
+
+@triton.jit
+def _race_noise(r):
+    """-log(E) for E ~ Exp(1) from 32 random bits: a Gumbel variable, finite by construction.
+
+    u = (2j + 1) / 2^24 with j the top 23 bits lies strictly inside (0, 1). E = -log(u) must keep
+    its relative accuracy when u is close to 1 (E tiny, the rare tokens that win easily), where a
+    fast log loses it; there log(u) = 2 atanh(s), s = (u - 1) / (u + 1), |s| <= 1/3, summed to
+    8 terms (error below 2^-26).
+    """
+    u = ((r >> 9).to(tl.int32).to(tl.float32) * 2.0 + 1.0) * 5.9604644775390625e-08
+    s = tl.div_rn(u - 1.0, u + 1.0)
+    s2 = s * s
+    series = 1.0 + s2 * (0.3333333333333333 + s2 * (0.2 + s2 * (0.14285714285714285 + s2 * (
+        0.1111111111111111 + s2 * (0.09090909090909091 + s2 * (0.07692307692307693
+                                                                 + s2 * 0.06666666666666667))))))
+    log_u = tl.where(u >= 0.5, 2.0 * s * series, tl.log(u))
+    return -tl.log(-log_u)
+
+
+@triton.jit
+def _noise_at(tokens, seed, stream, offset):
+    """Race noise of arbitrary tokens (int64): token t uses output t % 4 of Philox block t // 4."""
+    r0, r1, r2, r3 = _philox_bits(seed, tokens >> 2, stream, offset)
+    lane = tokens & 3
+    r = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
+    return _race_noise(r)
+
+
+@triton.jit
+def _noise_tile(first_group, seed, stream, offset, GROUPS: tl.constexpr):
+    """Race noise of the 4 * GROUPS consecutive tokens from 4 * first_group: one Philox block
+    per four tokens, the same numbers ``_noise_at`` gives."""
+    groups = first_group + tl.arange(0, GROUPS)
+    r0, r1, r2, r3 = _philox_bits(seed, groups, stream, offset)
+    r = tl.join(tl.join(r0, r1), tl.join(r2, r3))  # [g, a, b] = r_{2b + a}
+    r = tl.reshape(tl.permute(r, (0, 2, 1)), (GROUPS * 4,))  # token 4g + j gets r_j
+    return _race_noise(r)
+
+
+# ------------------------------------------------------------------------------------------
+# Per-row parameters
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _row_temperature(temperature, row, T_ROW: tl.constexpr):
+    """(1 / t, noise scale, valid). t = 0 is greedy (no noise); t < 0, NaN or inf is invalid."""
+    if T_ROW:
+        t = tl.load(temperature + row).to(tl.float32)
+    else:
+        t = tl.full([], temperature, tl.float32)
+    ok = (t >= 0.0) & (t < float("inf"))
+    greedy = t == 0.0
+    inv_t = tl.where(greedy | (ok == 0), 1.0, tl.minimum(tl.div_rn(1.0, tl.maximum(t, 1.5e-38)),
+                                                      MAX_INV_TEMPERATURE))
+    noise_scale = tl.where(greedy, 0.0, 1.0)
+    return inv_t, noise_scale, ok
+
+
+@triton.jit
+def _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
+                 MINP_ROW: tl.constexpr):
+    """(k, p, min_p, valid) of a row. ``filters`` has bit 1 for top-k, 2 for top-p, 4 for min-p;
+    an absent filter reads as k = n, p = 1, min_p = 0, which keep every token.
+    Valid ranges: 1 <= k <= n, 0 < p <= 1, 0 <= min_p <= 1."""
+    nn = tl.full([], n, tl.int64)
+    if K_ROW:
+        k = tl.load(top_k + row).to(tl.int64)
+    else:
+        k = tl.full([], top_k, tl.int64)
+    if P_ROW:
+        p = tl.load(top_p + row).to(tl.float32)
+    else:
+        p = tl.full([], top_p, tl.float32)
+    if MINP_ROW:
+        mp = tl.load(min_p + row).to(tl.float32)
+    else:
+        mp = tl.full([], min_p, tl.float32)
+    k = tl.where((filters & 1) != 0, k, nn)
+    p = tl.where((filters & 2) != 0, p, 1.0)
+    mp = tl.where((filters & 4) != 0, mp, 0.0)
+    ok = (k >= 1) & (k <= nn) & (p > 0.0) & (p <= 1.0) & (mp >= 0.0) & (mp <= 1.0)
+    return k, p, mp, ok
+
+
+@triton.jit
+def _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR: tl.constexpr,
+                OFFSET_TENSOR: tl.constexpr):
+    """(seed, stream, offset) of a row. A per-row seed (stride 1) names the row's stream alone,
+    so a request draws the same numbers in any batch; one seed for the whole batch (an int, or a
+    tensor of one element: stride 0) gives row r the stream r."""
+    if SEED_TENSOR:
+        s = tl.load(seed + row * seed_stride).to(tl.int64)
+        stream = tl.where(seed_stride == 0, row, 0).to(tl.int64)
+    else:
+        s = tl.full([], seed, tl.int64)
+        stream = tl.full([], row, tl.int64)
+    if OFFSET_TENSOR:
+        o = tl.load(offset + row * offset_stride).to(tl.int64)
+    else:
+        o = tl.full([], offset, tl.int64)
+    return s, stream, o
+
+
+@triton.jit
+def _row_max(seg_max_ptr, row, num_segments, SEG_POW2: tl.constexpr):
+    s = tl.arange(0, SEG_POW2)
+    v = tl.load(seg_max_ptr + row * num_segments + s, mask=s < num_segments, other=float("-inf"))
+    return tl.max(v, axis=0)
+
+
+@triton.jit
+def _row_total(seg_sum_ptr, row, num_segments, SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr):
+    s = tl.arange(0, SEG_POW2)
+    v = tl.load(seg_sum_ptr + row * num_segments + s, mask=s < num_segments, other=0.0)
+    return _tile_sum(v, SEG_POW2, LOG2_SEG_POW2, 1, 0)
+
+
+@triton.jit
+def _choose_bins(cum, lb, ub, NB: tl.constexpr, kk, total, p, topk_on, topp_on, minp_on, m_hi):
+    """The bins [lo, hi] that can hold the kept prefix's boundary, given for every bin j the count
+    of tokens through it (``cum``) and bounds [lb, ub] on their mass; ``m_hi`` is the last bin
+    that can hold a token min-p keeps. Tokens in bins < lo are kept (if min-p keeps them),
+    tokens in bins > hi are not."""
+    b = tl.arange(0, NB)
+    k_bin = tl.minimum(tl.sum((cum < kk).to(tl.int32), axis=0), NB - 1)
+    # mass of the top-k set: at least that of the bins before k_bin, at most that through it
+    m_k_lo = tl.sum(tl.where(b == k_bin - 1, lb, 0.0), axis=0)
+    m_k_hi = tl.sum(tl.where(b == k_bin, ub, 0.0), axis=0)
+    t_lo = p * tl.where(topk_on, m_k_lo, total)
+    t_hi = p * tl.where(topk_on, m_k_hi, total)
+    p_lo = tl.minimum(tl.sum((ub < t_lo).to(tl.int32), axis=0), NB - 1)
+    p_hi = tl.minimum(tl.sum((lb < t_hi).to(tl.int32), axis=0), NB - 1)
+    p_lo = tl.where(topk_on, tl.minimum(p_lo, k_bin), p_lo)
+    p_hi = tl.where(topk_on, tl.minimum(p_hi, k_bin), p_hi)
+    both = topk_on & topp_on
+    # with both filters the top-k boundary bin is needed too: top-p uses the top-k set's mass
+    lo = tl.where(both, p_lo, tl.where(topk_on, k_bin, tl.where(topp_on, p_lo, NB)))
+    hi = tl.where(both, k_bin, tl.where(topk_on, k_bin, tl.where(topp_on, p_hi, NB - 1)))
+    cut_above = minp_on & (m_hi < lo)
+    lo = tl.where(cut_above, m_hi + 1, lo)
+    hi = tl.where(cut_above, m_hi, hi)
+    hi = tl.where(minp_on & (cut_above == 0) & (both == 0), tl.minimum(hi, m_hi), hi)
+    return lo, hi, k_bin
+
+
+@triton.jit
+def _plan(hist_ptr, row, total, k, p, min_p, MODE: tl.constexpr, NUM_BINS: tl.constexpr,
+          BINS_PER_NAT: tl.constexpr):
+    """Bins [lo, hi] that can hold the boundary of the kept prefix, from the bin counts alone.
+
+    A token in bin j has (m - y) in [j, j + 1) / BINS_PER_NAT, so its w = exp(y - m) lies in
+    [exp(-(j + 1) / R), exp(-j / R)] (R = BINS_PER_NAT, widened by BIN_EDGE_SLACK bins); the last
+    bin holds w in [0, exp(-(NUM_BINS - 1) / R)]. The mass of bins 0..j is then bounded below by
+    max(sum of lower bounds, total - sum of upper bounds of the later bins) and above likewise.
+
+    Returns (lo, hi, count before lo, tokens in [lo, hi], valid tokens, top-k on, top-p on,
+    min-p on). Tokens in bins < lo are kept (if min-p keeps them), tokens in bins > hi are not.
+    """
+    b = tl.arange(0, NUM_BINS)
+    cnt = tl.load(hist_ptr + row * NUM_BINS + b)
+    cum = tl.cumsum(cnt, 0)
+    n_valid = tl.sum(cnt, axis=0)
+    bf = b.to(tl.float32)
+    lo_w = tl.where(b < NUM_BINS - 1, tl.exp(-(bf + 1.0 + BIN_EDGE_SLACK) / BINS_PER_NAT), 0.0)
+    hi_w = tl.minimum(tl.exp(-(bf - BIN_EDGE_SLACK) / BINS_PER_NAT), 1.0)
+    cf = cnt.to(tl.float32)
+    lb_direct = tl.cumsum(cf * lo_w, 0)
+    ub_direct = tl.cumsum(cf * hi_w, 0)
+    tail_lo = tl.sum(cf * lo_w, axis=0) - lb_direct
+    tail_hi = tl.sum(cf * hi_w, axis=0) - ub_direct
+    slack = MASS_SLACK * total
+    lb = tl.maximum(lb_direct, total - tail_hi) - slack
+    ub = tl.minimum(ub_direct, total - tail_lo) + slack
+    kk = tl.minimum(k, n_valid.to(tl.int64))
+    # an absent filter arrives as k = n, p = 1, min_p = 0 (``_row_filters``): never on
+    topk_on = k < n_valid
+    topp_on = p < 1.0
+    minp_on = min_p > 0.0
+    m_hi = tl.minimum(tl.floor(-tl.log(tl.maximum(min_p, 1.5e-38)) * BINS_PER_NAT + BIN_EDGE_SLACK),
+                      NUM_BINS - 1.0).to(tl.int32)
+    lo, hi, k_bin = _choose_bins(cum.to(tl.int64), lb, ub, NUM_BINS, kk, total, p, topk_on, topp_on,
+                                 minp_on, m_hi)
+    if MODE == MODE_TOPK:
+        lo = tl.full([], 0, tl.int32)
+        hi = k_bin
+    count_above = tl.sum(tl.where(b < lo, cnt, 0), axis=0)
+    through_hi = tl.sum(tl.where(b <= hi, cnt, 0), axis=0)
+    n_range = tl.maximum(through_hi - count_above, 0)
+    return lo, hi, count_above, n_range, n_valid, topk_on, topp_on, minp_on
+
+
+@triton.jit
+def _fine_bin(y, m, lo, hi, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
+    """Sub-bin of a token of bins lo..hi: FINE_BINS equal parts of [lo, hi + 1) in units of
+    (m - y) * BINS_PER_NAT. Non-increasing in y, like ``_bin_of``."""
+    # the maximum sits between the multiply and the subtraction so that no kernel contracts them
+    # into an FMA: the compaction and the resolve pass must put every token in the same sub-bin
+    d = tl.maximum((m - y) * BINS_PER_NAT, 0.0)
+    f = (d - lo.to(tl.float32)) * (FINE_BINS / (hi - lo + 1).to(tl.float32))
+    return tl.minimum(tl.maximum(f, 0.0), FINE_BINS - 1.0).to(tl.int32)
+
+
+@triton.jit
+def _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, min_p, topk_on,
+               topp_on, minp_on, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
+    """``_plan`` inside bins lo..hi, over their FINE_BINS sub-bins, starting from the exact count
+    and fixed-point mass of the tokens before lo. Sub-bins are narrow, so the direct bounds on
+    their masses are tight. Returns the sub-bins [lo, hi] that can hold the boundary."""
+    f = tl.arange(0, FINE_BINS)
+    cnt = tl.load(fine_ptr + row * FINE_BINS + f)
+    cum = count_above.to(tl.int64) + tl.cumsum(cnt, 0).to(tl.int64)
+    width = (hi - lo + 1).to(tl.float32) / FINE_BINS
+    edge = lo.to(tl.float32) + f.to(tl.float32) * width
+    lo_w = tl.exp(-(edge + width + BIN_EDGE_SLACK) / BINS_PER_NAT)
+    hi_w = tl.minimum(tl.exp(-(edge - BIN_EDGE_SLACK) / BINS_PER_NAT), 1.0)
+    cf = cnt.to(tl.float32)
+    base = mass_above.to(tl.float32) * (1.0 / FIXED_ONE)
+    slack = FINE_MASS_SLACK * total
+    lb = base + tl.cumsum(cf * lo_w, 0) - slack
+    ub = base + tl.cumsum(cf * hi_w, 0) + slack
+    d_minp = -tl.log(tl.maximum(min_p, 1.5e-38)) * BINS_PER_NAT + BIN_EDGE_SLACK
+    m_hi = tl.minimum(tl.maximum(tl.floor((d_minp - lo.to(tl.float32)) / width), -1.0),
+                      FINE_BINS - 1.0).to(tl.int32)
+    flo, fhi, k_bin = _choose_bins(cum, lb, ub, FINE_BINS, kk, total, p, topk_on, topp_on, minp_on,
+                                   m_hi)
+    return flo, fhi
+
+
+# ------------------------------------------------------------------------------------------
+# Kernels: greedy and unfiltered sampling
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
+                temperature, seed, seed_stride, offset, offset_stride,
+                T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
+                NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr):
+    """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
+
+    Bytes: reads the row's logits once; writes 8 bytes per program.
+
+    Args:
+        x_ptr: logits [rows, n] (float32, bfloat16 or float16), last dimension contiguous.
+        n: tokens per row.
+        stride_x: elements between rows.
+        part_score_ptr, part_index_ptr: float32 / int64 partial winners [rows, programs_per_row].
+        programs_per_row: programs sharing a row.
+        temperature: float, or float32 pointer [rows] with T_ROW.
+        seed, offset: int64 values, or int64 pointers with SEED_TENSOR / OFFSET_TENSOR.
+        seed_stride, offset_stride: 1 for per-row tensors, 0 for a tensor of one element.
+        T_ROW: temperature is a float32 tensor [rows].
+        SEED_TENSOR, OFFSET_TENSOR: seed / offset are tensors.
+        NOISE: add the race noise (False: greedy argmax).
+        WIDTH: tokens per segment (a power of two >= 32; depends on n only).
+        SEGMENTS_PER_PROGRAM: consecutive segments one program reads.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // programs_per_row
+    prog = pid % programs_per_row
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
+    best_score = tl.full([], float("-inf"), tl.float32)
+    best_index = tl.full([], n, tl.int64)
+    lanes = tl.arange(0, WIDTH)
+    for j in range(SEGMENTS_PER_PROGRAM):
+        start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
+        cols = start + lanes
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0).to(tl.float32)
+        valid = (cols < n) & (tl.abs(x) < float("inf"))
+        y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+        if NOISE:
+            y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+        score = tl.where(valid, y, float("-inf"))
+        top = tl.max(score, axis=0)
+        at = tl.min(tl.where(valid & (score == top), cols, n), axis=0)
+        take = (top > best_score) | ((top == best_score) & (at < best_index))
+        best_score = tl.where(take, top, best_score)
+        best_index = tl.where(take, at, best_index)
+    tl.store(part_score_ptr + pid, best_score)
+    tl.store(part_index_ptr + pid, best_index)
+
+
+@triton.jit
+def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_row, temperature,
+                        T_ROW: tl.constexpr, PROGRAMS_POW2: tl.constexpr):
+    """Winner of a row's partial races; -1 for a row without a finite logit or with an invalid
+    temperature. Grid rows.
+
+    Bytes: reads 12 bytes per partial; writes one int64 per row.
+
+    Args:
+        part_score_ptr, part_index_ptr: partial winners [rows, programs_per_row].
+        out_ptr: int64 token ids [rows].
+        programs_per_row: partials per row.
+        temperature, T_ROW: as in ``race_kernel`` (only its validity is used).
+        PROGRAMS_POW2: next power of two of programs_per_row.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    q = tl.arange(0, PROGRAMS_POW2)
+    live = q < programs_per_row
+    score = tl.load(part_score_ptr + row * programs_per_row + q, mask=live, other=float("-inf"))
+    index = tl.load(part_index_ptr + row * programs_per_row + q, mask=live, other=INT64_MAX)
+    top = tl.max(score, axis=0)
+    at = tl.min(tl.where(live & (score == top), index, INT64_MAX), axis=0)
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    tl.store(out_ptr + row, tl.where(t_ok & (top > float("-inf")), at, -1))
+
+
+# ------------------------------------------------------------------------------------------
+# Kernels: the filtered path
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def segment_max_kernel(x_ptr, n, stride_x, seg_max_ptr, hist_ptr, fine_ptr, counter_ptr,
+                       num_segments, programs_per_row, temperature,
+                       T_ROW: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                       NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr):
+    """Maximum of y = x / t over the finite tokens of each segment; the first program of a row
+    also clears the row's histograms and list counter. Grid rows * programs_per_row.
+
+    Bytes: reads the logits once (the pass that brings them into L2); writes 4 bytes per segment.
+
+    Args:
+        x_ptr, n, stride_x: logits as in ``race_kernel``.
+        seg_max_ptr: float32 [rows, num_segments] out.
+        hist_ptr: int32 [rows, NUM_BINS], cleared here.
+        fine_ptr: int32 [rows, FINE_BINS], cleared here.
+        counter_ptr: int32 [rows], cleared here.
+        num_segments: cdiv(n, WIDTH).
+        programs_per_row: programs sharing a row.
+        temperature, T_ROW: as in ``race_kernel``.
+        WIDTH, SEGMENTS_PER_PROGRAM: as in ``race_kernel``.
+        NUM_BINS, FINE_BINS: bins of the histogram and sub-bins of the boundary bins.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // programs_per_row
+    prog = pid % programs_per_row
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    if prog == 0:
+        tl.store(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), tl.zeros([NUM_BINS], tl.int32))
+        tl.store(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS),
+                 tl.zeros([FINE_BINS], tl.int32))
+        tl.store(counter_ptr + row, 0)
+    lanes = tl.arange(0, WIDTH)
+    for j in range(SEGMENTS_PER_PROGRAM):
+        seg = prog * SEGMENTS_PER_PROGRAM + j
+        cols = seg * WIDTH + lanes
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0).to(tl.float32)
+        finite = (cols < n) & (tl.abs(x) < float("inf"))
+        y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+        m = tl.max(tl.where(finite, y, float("-inf")), axis=0)
+        tl.store(seg_max_ptr + row * num_segments + seg, m, mask=seg < num_segments)
+
+
+@triton.jit
+def bin_histogram_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, hist_ptr, num_segments,
+                         programs_per_row, temperature,
+                         T_ROW: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr,
+                         GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
+                         SEGMENTS_PER_PROGRAM: tl.constexpr, SEG_POW2: tl.constexpr,
+                         NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
+                         ALL_VALUES: tl.constexpr):
+    """Bin histogram of the row (integer atomics) and the sum of exp(y - m) per segment.
+    Grid rows * programs_per_row.
+
+    Bytes: reads the logits once (from L2) and the segment maxima; writes 4 bytes per segment
+    and at most NUM_BINS atomic adds per program.
+
+    Args:
+        x_ptr, n, stride_x: logits as in ``race_kernel``.
+        seg_max_ptr: float32 [rows, num_segments] from ``segment_max_kernel``.
+        seg_sum_ptr: float32 [rows, num_segments] out.
+        hist_ptr: int32 [rows, NUM_BINS], accumulated.
+        num_segments, programs_per_row, temperature, T_ROW, WIDTH, SEGMENTS_PER_PROGRAM: as above.
+        LOG2_WIDTH: log2(WIDTH).
+        GROUP, LOG2_GROUP: lane groups of the segment sums' tree (``treefold.order.group``).
+        SEG_POW2: next power of two of num_segments.
+        NUM_BINS, BINS_PER_NAT: the bins (see ``_bin_of``).
+        ALL_VALUES: count non-finite logits too (top_k orders every value).
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // programs_per_row
+    prog = pid % programs_per_row
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    m = _row_max(seg_max_ptr, row, num_segments, SEG_POW2)
+    counts = tl.zeros([NUM_BINS], tl.int32)
+    lanes = tl.arange(0, WIDTH)
+    for j in range(SEGMENTS_PER_PROGRAM):
+        seg = prog * SEGMENTS_PER_PROGRAM + j
+        cols = seg * WIDTH + lanes
+        in_row = cols < n
+        x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
+        finite = in_row & (tl.abs(x) < float("inf"))
+        valid = in_row if ALL_VALUES else finite
+        y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+        counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES),
+                               NUM_BINS, mask=valid)
+        w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
+        tl.store(seg_sum_ptr + row * num_segments + seg, _tile_sum(w, WIDTH, LOG2_WIDTH, GROUP, LOG2_GROUP),
+                 mask=seg < num_segments)
+    tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0)
+
+
+@triton.jit
+def compact_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, hist_ptr, fine_ptr, counter_ptr,
+                   plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr,
+                   part_index_ptr, num_segments, programs_per_row,
+                   temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
+                   T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
+                   MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
+                   MODE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                   SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
+                   BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
+                   ALL_VALUES: tl.constexpr):
+    """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling, the partial race;
+    boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
+    more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row.
+
+    Bytes: reads the logits once (from L2), the segment results and the histogram; writes 4
+    bytes per listed token and 24 bytes per program.
+
+    Args:
+        x_ptr, n, stride_x, seg_max_ptr, hist_ptr, num_segments, programs_per_row: as above.
+        seg_sum_ptr: float32 [rows, num_segments] from ``bin_histogram_kernel``.
+        fine_ptr: int32 [rows, FINE_BINS] sub-bin histogram of the listed tokens (atomic).
+        counter_ptr: int32 [rows] list lengths (atomic; the list order is irrelevant).
+        plan_ptr: int32 [rows, 4] out: lo, hi, tokens before lo, valid tokens (``_plan``).
+        list_ptr: int32 [rows, list_stride] token indices out.
+        list_stride: list capacity per row (>= n).
+        part_mass_ptr: int64 [rows, programs_per_row] fixed-point mass of the sure-kept bins.
+        part_kept_ptr: int64 [rows, programs_per_row] the same, counting min-p survivors only.
+        part_score_ptr, part_index_ptr: partial race winners [rows, programs_per_row].
+        temperature, top_k, top_p, min_p: scalars, or per-row pointers [rows] (flags *_ROW).
+        seed, seed_stride, offset, offset_stride, SEED_TENSOR, OFFSET_TENSOR: as in
+            ``race_kernel``.
+        filters: which filters the call uses: 1 top-k, 2 top-p, 4 min-p (a runtime value: one
+            compiled kernel serves every combination).
+        MODE: MODE_SAMPLE, MODE_THRESHOLD or MODE_TOPK.
+        WIDTH, SEGMENTS_PER_PROGRAM, SEG_POW2: as above; LOG2_SEG_POW2 = log2(SEG_POW2).
+        NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
+        FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
+            will be longer than FINE_ABOVE tokens.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // programs_per_row
+    prog = pid % programs_per_row
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters,
+                                  K_ROW, P_ROW, MINP_ROW)
+    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
+    m = _row_max(seg_max_ptr, row, num_segments, SEG_POW2)
+    total = _row_total(seg_sum_ptr, row, num_segments, SEG_POW2, LOG2_SEG_POW2)
+    lo, hi, count_above, n_range, n_valid, topk_on, topp_on, minp_on = _plan(
+        hist_ptr, row, total, k, p, mp, MODE, NUM_BINS, BINS_PER_NAT)
+    if prog == 0:
+        f = tl.arange(0, 4)
+        tl.store(plan_ptr + row * 4 + f, tl.where(f == 0, lo, tl.where(f == 1, hi, tl.where(
+            f == 2, count_above, n_valid))))
+    best_score = tl.full([], float("-inf"), tl.float32)
+    best_index = tl.full([], n, tl.int64)
+    mass = tl.full([], 0, tl.int64)
+    kept = tl.full([], 0, tl.int64)
+    fine = tl.zeros([FINE_BINS], tl.int32)
+    lanes = tl.arange(0, WIDTH)
+    if t_ok & f_ok & (n_valid > 0):
+        for j in range(SEGMENTS_PER_PROGRAM):
+            start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
+            cols = start + lanes
+            in_row = cols < n
+            x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
+            finite = in_row & (tl.abs(x) < float("inf"))
+            valid = in_row if ALL_VALUES else finite
+            y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+            b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
+            above = valid & (b < lo)
+            listed = valid & (b >= lo) & (b <= hi)
+            w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
+            w_fixed = tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+            survives = (minp_on == 0) | (w >= mp)
+            mass += tl.sum(tl.where(above, w_fixed, 0), axis=0)
+            kept += tl.sum(tl.where(above & survives, w_fixed, 0), axis=0)
+            if MODE == MODE_SAMPLE:
+                racing = above & survives
+                if tl.max(racing.to(tl.int32), axis=0) > 0:
+                    g = _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+                    score = tl.where(racing, y + noise_scale * g, float("-inf"))
+                    top = tl.max(score, axis=0)
+                    at = tl.min(tl.where(racing & (score == top), cols, n), axis=0)
+                    take = (top > best_score) | ((top == best_score) & (at < best_index))
+                    best_score = tl.where(take, top, best_score)
+                    best_index = tl.where(take, at, best_index)
+            listed_i = listed.to(tl.int32)
+            c = tl.sum(listed_i, axis=0)
+            if c > 0:
+                base = tl.atomic_add(counter_ptr + row, c)
+                pos = base + tl.cumsum(listed_i, 0) - 1
+                tl.store(list_ptr + row * list_stride + pos, cols.to(tl.int32), mask=listed)
+                if n_range > FINE_ABOVE:
+                    fine += tl.histogram(_fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT),
+                                         FINE_BINS, mask=listed)
+        if n_range > FINE_ABOVE:
+            tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0)
+    tl.store(part_mass_ptr + pid, mass)
+    tl.store(part_kept_ptr + pid, kept)
+    tl.store(part_score_ptr + pid, best_score)
+    tl.store(part_index_ptr + pid, best_index)
+
+
+# ------------------------------------------------------------------------------------------
+# Resolving the boundary among the listed tokens
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _finish(keep, comp, idx, x, y, w_fixed, rank, row, kk, best_score, best_index, kept_above,
+            kept_low, lo, hi, m, seed, stream, offset, noise_scale,
+            token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr, values_ptr, indices_ptr,
+            k_out, MODE: tl.constexpr):
+    """Outputs of a row from its listed tokens, their keep flags and composite-order ranks.
+    kept_low: the lowest composite key of the kept tokens taken out of the list before."""
+    if MODE == MODE_SAMPLE:
+        g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
+        score = tl.where(keep, y + g, float("-inf"))
+        top = tl.max(score, axis=0)
+        at = tl.min(tl.where(keep & (score == top), idx, INT64_MAX), axis=0)
+        take = (top > best_score) | ((top == best_score) & (at < best_index))
+        top = tl.where(take, top, best_score)
+        at = tl.where(take, at, best_index)
+        tl.store(token_ptr + row, tl.where(top > float("-inf"), at, -1))
+    elif MODE == MODE_THRESHOLD:
+        total_kept = kept_above + tl.sum(tl.where(keep, w_fixed, 0), axis=0)
+        tl.store(lo_ptr + row, lo)
+        tl.store(hi_ptr + row, hi)
+        tl.store(thr_ptr + row, tl.minimum(tl.min(tl.where(keep, comp, INT64_MAX), axis=0), kept_low))
+        tl.store(max_ptr + row, m)
+        tl.store(mass_ptr + row, total_kept.to(tl.float32) * (1.0 / FIXED_ONE))
+    else:
+        tl.store(values_ptr + row * k_out + rank, x.to(values_ptr.dtype.element_ty), mask=keep)
+        tl.store(indices_ptr + row * k_out + rank, idx, mask=keep)
+
+
+@triton.jit
+def _list_block(x_ptr, row, stride_x, list_ptr, list_stride, start, count, m, inv_t,
+                SIZE: tl.constexpr, ALL_VALUES: tl.constexpr):
+    """Listed tokens start .. start + SIZE: (live, index, x, key, y, w, fixed-point w)."""
+    j = start + tl.arange(0, SIZE)
+    live = j < count
+    idx = tl.load(list_ptr + row * list_stride + j, mask=live, other=0).to(tl.int64)
+    x = tl.load(x_ptr + row * stride_x + idx, mask=live, other=0.0).to(tl.float32)
+    finite = live & (tl.abs(x) < float("inf"))
+    y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+    w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
+    return live, idx, x, _ordered_key(x), y, w, tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+
+
+@triton.jit
+def _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above, mass_above,
+                   kept_above, kept_low, best_score, best_index, m, total, inv_t, noise_scale, kk, p,
+                   mp,
+                   topk_on, topp_on, minp_on, seed, stream, offset, lo, hi,
+                   token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr, values_ptr, indices_ptr,
+                   k_out, MODE: tl.constexpr, SIZE: tl.constexpr, SORT: tl.constexpr,
+                   CHUNK: tl.constexpr, ALL_VALUES: tl.constexpr):
+    """The boundary among at most SIZE listed tokens: the rank of each in the composite order and
+    the fixed-point mass before it give every filter's decision exactly. Ranks come from all
+    pairwise comparisons, CHUNK tokens at a time (cheap for short lists), or with SORT from a
+    sort and a prefix sum."""
+    live, idx, x, key, y, w, w_fixed = _list_block(x_ptr, row, stride_x, list_ptr, list_stride, 0,
+                                                   n_list, m, inv_t, SIZE, ALL_VALUES)
+    comp = tl.where(live, _composite(key, idx), INT64_MIN)
+    if SORT:
+        comp = tl.sort(comp, descending=True)
+        key, idx = _split_composite(comp)
+        x = _key_value(key)
+        rank = tl.arange(0, SIZE)
+        live = rank < n_list
+        y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+        finite = live & (tl.abs(x) < float("inf"))
+        w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
+        w_fixed = tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+        mass_before = tl.cumsum(w_fixed, 0) - w_fixed
+    else:
+        rank = tl.zeros([SIZE], tl.int32)
+        mass_before = tl.zeros([SIZE], tl.int64)
+        for c in tl.static_range(SIZE // CHUNK):
+            c_live, c_idx, c_x, c_key, c_y, c_w, c_fixed = _list_block(
+                x_ptr, row, stride_x, list_ptr, list_stride, c * CHUNK, n_list, m, inv_t, CHUNK,
+                ALL_VALUES)
+            c_comp = tl.where(c_live, _composite(c_key, c_idx), INT64_MIN)
+            ahead = c_comp[None, :] > comp[:, None]  # [j, i]: chunk token i comes before token j
+            rank += tl.sum(ahead.to(tl.int32), axis=1)
+            mass_before += tl.sum(tl.where(ahead, c_fixed[None, :], 0), axis=1)
+    pos = count_above + rank
+    keep = live & ((topk_on == 0) | (pos < kk))
+    m_k = tl.where(topk_on, mass_above + tl.sum(tl.where(live & (pos < kk), w_fixed, 0), axis=0),
+                   (total * FIXED_ONE).to(tl.int64))
+    target = (p.to(tl.float64) * m_k.to(tl.float64)).to(tl.int64)
+    keep = keep & ((topp_on == 0) | (mass_above + mass_before < target))
+    keep = keep & ((minp_on == 0) | (w >= mp))
+    _finish(keep, comp, idx, x, y, w_fixed, rank, row, kk, best_score, best_index, kept_above,
+            kept_low, lo, hi, m, seed, stream, offset, noise_scale, token_ptr, lo_ptr, hi_ptr,
+            thr_ptr, max_ptr,
+            mass_ptr, values_ptr, indices_ptr, k_out, MODE)
+
+
+@triton.jit
+def _search_keys(x_ptr, row, stride_x, list_ptr, list_stride, start, n_list, m, inv_t, tie_key,
+                 USE_MASS: tl.constexpr, TIES: tl.constexpr, BLOCK: tl.constexpr,
+                 ALL_VALUES: tl.constexpr):
+    """Search keys and weights of a block of listed tokens. TIES=False: key = the logit's ordered
+    key, all tokens take part. TIES=True: only tokens whose key is tie_key take part, with key =
+    -index (so that, here too, a larger key comes first in the composite order)."""
+    live, idx, x, key, y, w, w_fixed = _list_block(x_ptr, row, stride_x, list_ptr, list_stride,
+                                                   start, n_list, m, inv_t, BLOCK, ALL_VALUES)
+    weight = w_fixed if USE_MASS else live.to(tl.int64)
+    if TIES:
+        part = live & (key == tie_key)
+        skey = -idx
+    else:
+        part = live
+        skey = key.to(tl.int64)
+    return part, skey, tl.where(part, weight, 0)
+
+
+@triton.jit
+def _search_largest(x_ptr, row, stride_x, list_ptr, list_stride, n_list, m, inv_t, base, target,
+                    tie_key, USE_MASS: tl.constexpr, TIES: tl.constexpr, BLOCK: tl.constexpr,
+                    SLOTS: tl.constexpr, ALL_VALUES: tl.constexpr):
+    """Largest key c of a taking-part token with base + sum(weight of keys >= c) >= target, by a
+    bracket search: each pass evaluates SLOTS - 1 evenly spaced thresholds inside [lo, hi) and
+    shrinks the bracket to the tokens' own keys in the one sub-interval that holds the answer.
+    Needs base + total weight >= target > base. Integer weights: exact in any order."""
+    kmin = tl.full([], SEARCH_BIG, tl.int64)
+    kmax = tl.full([], -SEARCH_BIG, tl.int64)
+    start = tl.full([], 0, tl.int32)
+    while start < n_list:  # a loop bound read from memory
+        part, skey, weight = _search_keys(x_ptr, row, stride_x, list_ptr, list_stride, start, n_list,
+                                          m, inv_t, tie_key, USE_MASS, TIES, BLOCK, ALL_VALUES)
+        kmin = tl.minimum(kmin, tl.min(tl.where(part, skey, SEARCH_BIG), axis=0))
+        kmax = tl.maximum(kmax, tl.max(tl.where(part, skey, -SEARCH_BIG), axis=0))
+        start += BLOCK
+    lo = kmin
+    hi = kmax + 1
+    slot = tl.arange(0, SLOTS)
+    while hi - lo > 1:
+        # thresholds lo + span * (q + 1) / SLOTS; the last one is hi itself
+        cuts = lo + ((hi - lo) * (slot + 1).to(tl.int64)) // SLOTS
+        reach = tl.zeros([SLOTS], tl.int64)
+        smin = tl.zeros([SLOTS], tl.int64) + SEARCH_BIG
+        smax = tl.zeros([SLOTS], tl.int64) - SEARCH_BIG
+        start = tl.full([], 0, tl.int32)
+        while start < n_list:  # a loop bound read from memory
+            part, skey, weight = _search_keys(x_ptr, row, stride_x, list_ptr, list_stride, start,
+                                              n_list, m, inv_t, tie_key, USE_MASS, TIES, BLOCK,
+                                              ALL_VALUES)
+            ge = part[None, :] & (skey[None, :] >= cuts[:, None])
+            reach += tl.sum(tl.where(ge, weight[None, :], 0), axis=1)
+            inside = part & (skey >= lo) & (skey < hi)
+            sub = tl.sum(ge.to(tl.int32), axis=0)
+            hit = inside[None, :] & (sub[None, :] == slot[:, None])
+            smin = tl.minimum(smin, tl.min(tl.where(hit, skey[None, :], SEARCH_BIG), axis=1))
+            smax = tl.maximum(smax, tl.max(tl.where(hit, skey[None, :], -SEARCH_BIG), axis=1))
+            start += BLOCK
+        # reach is non-increasing along the slots; the answer lies in sub-interval q*
+        q_star = tl.sum((base + reach >= target).to(tl.int32), axis=0)
+        lo = tl.sum(tl.where(slot == q_star, smin, 0), axis=0)
+        hi = tl.sum(tl.where(slot == q_star, smax, 0), axis=0) + 1
+    return lo
+
+
+@triton.jit
+def _threshold(x_ptr, row, stride_x, list_ptr, list_stride, n_list, m, inv_t, base, target,
+               USE_MASS: tl.constexpr, BLOCK: tl.constexpr, SLOTS: tl.constexpr,
+               ALL_VALUES: tl.constexpr):
+    """Composite key of the first listed token (composite order) at which base + the cumulative
+    count (or mass) reaches target: the listed tokens kept are those with a key >= it."""
+    total = base
+    start = tl.full([], 0, tl.int32)
+    while start < n_list:  # a loop bound read from memory
+        part, skey, weight = _search_keys(x_ptr, row, stride_x, list_ptr, list_stride, start, n_list,
+                                          m, inv_t, 0, USE_MASS, False, BLOCK, ALL_VALUES)
+        total += tl.sum(weight, axis=0)
+        start += BLOCK
+    # never reached: keep every listed token; reached before the list: keep none of them
+    result = tl.where(total < target, INT64_MIN, INT64_MAX).to(tl.int64)
+    if (total >= target) & (target > base):
+        v = _search_largest(x_ptr, row, stride_x, list_ptr, list_stride, n_list, m, inv_t, base,
+                            target, 0, USE_MASS, False, BLOCK, SLOTS, ALL_VALUES)
+        above_v = base
+        start = tl.full([], 0, tl.int32)
+        while start < n_list:  # a loop bound read from memory
+            part, skey, weight = _search_keys(x_ptr, row, stride_x, list_ptr, list_stride, start,
+                                              n_list, m, inv_t, 0, USE_MASS, False, BLOCK, ALL_VALUES)
+            above_v += tl.sum(tl.where(skey > v, weight, 0), axis=0)
+            start += BLOCK
+        neg_index = _search_largest(x_ptr, row, stride_x, list_ptr, list_stride, n_list, m, inv_t,
+                                    above_v, target, v.to(tl.int32), USE_MASS, True, BLOCK, SLOTS,
+                                    ALL_VALUES)
+        result = _composite(v.to(tl.int32), -neg_index)
+    return result
+
+
+@triton.jit
+def _gather_top_k(x_ptr, row, stride_x, list_ptr, list_stride, n_list, kk, m, inv_t,
+                  BLOCK: tl.constexpr, SLOTS: tl.constexpr, ALL_VALUES: tl.constexpr):
+    """top_k with a list too long to sort (a huge tie group): the k-th token by ``_threshold``,
+    then the k kept tokens moved to the front of the list (in place: the write position never
+    passes the read position). Returns k."""
+    thr = _threshold(x_ptr, row, stride_x, list_ptr, list_stride, n_list, m, inv_t,
+                     tl.full([], 0, tl.int64), kk, False, BLOCK, SLOTS, ALL_VALUES)
+    written = tl.full([], 0, tl.int32)
+    start = tl.full([], 0, tl.int32)
+    while start < n_list:  # a loop bound read from memory
+        live, idx, x, key, y, w, w_fixed = _list_block(x_ptr, row, stride_x, list_ptr, list_stride,
+                                                       start, n_list, m, inv_t, BLOCK, ALL_VALUES)
+        keep = live & (_composite(key, idx) >= thr)
+        keep_i = keep.to(tl.int32)
+        pos = written + tl.cumsum(keep_i, 0) - 1
+        tl.debug_barrier()
+        tl.store(list_ptr + row * list_stride + pos, idx.to(tl.int32), mask=keep)
+        written += tl.sum(keep_i, axis=0)
+        start += BLOCK
+    tl.debug_barrier()
+    return written
+
+
+@triton.jit
+def _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above, mass_above,
+                    kept_above, kept_low, best_score, best_index, m, total, inv_t, noise_scale, kk, p,
+                    mp, topk_on, topp_on, minp_on, seed, stream, offset, lo, hi,
+                    token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
+                    MODE: tl.constexpr, BLOCK: tl.constexpr, SLOTS: tl.constexpr,
+                    ALL_VALUES: tl.constexpr):
+    """The same decisions as ``_resolve_short`` for longer lists (sampling and thresholds): the
+    top-k and top-p boundaries are found by ``_threshold``, then one more pass finishes."""
+    thr_k = tl.full([], INT64_MIN, tl.int64)
+    if topk_on:
+        thr_k = _threshold(x_ptr, row, stride_x, list_ptr, list_stride, n_list, m, inv_t,
+                           count_above.to(tl.int64), kk, False, BLOCK, SLOTS, ALL_VALUES)
+    thr = thr_k
+    if topp_on:
+        m_k = (total * FIXED_ONE).to(tl.int64)
+        if topk_on:
+            m_k = mass_above
+            start = tl.full([], 0, tl.int32)
+            while start < n_list:  # a loop bound read from memory
+                live, idx, x, key, y, w, w_fixed = _list_block(x_ptr, row, stride_x, list_ptr,
+                                                               list_stride, start, n_list, m, inv_t,
+                                                               BLOCK, ALL_VALUES)
+                m_k += tl.sum(tl.where(_composite(key, idx) >= thr_k, w_fixed, 0), axis=0)
+                start += BLOCK
+        target = (p.to(tl.float64) * m_k.to(tl.float64)).to(tl.int64)
+        thr_p = _threshold(x_ptr, row, stride_x, list_ptr, list_stride, n_list, m, inv_t,
+                           mass_above, target, True, BLOCK, SLOTS, ALL_VALUES)
+        thr = tl.maximum(thr_k, thr_p)
+    top = best_score
+    at = best_index
+    total_kept = kept_above
+    low = kept_low
+    start = tl.full([], 0, tl.int32)
+    while start < n_list:  # a loop bound read from memory
+        live, idx, x, key, y, w, w_fixed = _list_block(x_ptr, row, stride_x, list_ptr,
+                                                       list_stride, start, n_list, m, inv_t,
+                                                       BLOCK, ALL_VALUES)
+        comp = _composite(key, idx)
+        keep = live & (comp >= thr) & ((minp_on == 0) | (w >= mp))
+        if MODE == MODE_SAMPLE:
+            g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
+            score = tl.where(keep, y + g, float("-inf"))
+            t = tl.max(score, axis=0)
+            a = tl.min(tl.where(keep & (score == t), idx, INT64_MAX), axis=0)
+            take = (t > top) | ((t == top) & (a < at))
+            top = tl.where(take, t, top)
+            at = tl.where(take, a, at)
+        else:
+            total_kept += tl.sum(tl.where(keep, w_fixed, 0), axis=0)
+            low = tl.minimum(low, tl.min(tl.where(keep, comp, INT64_MAX), axis=0))
+        start += BLOCK
+    if MODE == MODE_SAMPLE:
+        tl.store(token_ptr + row, tl.where(top > float("-inf"), at, -1))
+    else:
+        tl.store(lo_ptr + row, lo)
+        tl.store(hi_ptr + row, hi)
+        tl.store(thr_ptr + row, low)
+        tl.store(max_ptr + row, m)
+        tl.store(mass_ptr + row, total_kept.to(tl.float32) * (1.0 / FIXED_ONE))
+
+
+@triton.jit
+def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_ptr, lo, hi, count_above,
+            mass_above, kept_above, best_score, best_index, m, total, inv_t, noise_scale, kk, p, mp,
+            topk_on, topp_on, minp_on, seed, stream, offset, MODE: tl.constexpr,
+            BLOCK: tl.constexpr, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
+            ALL_VALUES: tl.constexpr):
+    """Shorten a long list with the sub-bin histogram: listed tokens in sub-bins before the
+    boundary's are kept for sure (their exact mass and count join the sure-kept totals and, when
+    sampling, they race here), those after it are dropped, and those in the boundary sub-bins are
+    moved to the front of the list (in place: the write position never passes the read position).
+
+    Returns (list length, count, mass and min-p mass of the sure-kept tokens, race winner so far,
+    lowest composite key of the sure-kept tokens min-p keeps)."""
+    flo, fhi = _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, mp, topk_on,
+                          topp_on, minp_on, FINE_BINS, BINS_PER_NAT)
+    written = tl.full([], 0, tl.int32)
+    low = tl.full([], INT64_MAX, tl.int64)
+    start = tl.full([], 0, tl.int32)
+    while start < n_list:  # a loop bound read from memory
+        live, idx, x, key, y, w, w_fixed = _list_block(x_ptr, row, stride_x, list_ptr, list_stride,
+                                                       start, n_list, m, inv_t, BLOCK, ALL_VALUES)
+        f = _fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT)
+        sure = live & (f < flo)
+        inside = live & (f >= flo) & (f <= fhi)
+        survives = sure & ((minp_on == 0) | (w >= mp))
+        count_above += tl.sum(sure.to(tl.int32), axis=0)
+        mass_above += tl.sum(tl.where(sure, w_fixed, 0), axis=0)
+        kept_above += tl.sum(tl.where(survives, w_fixed, 0), axis=0)
+        if MODE == MODE_SAMPLE:
+            g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
+            score = tl.where(survives, y + g, float("-inf"))
+            t = tl.max(score, axis=0)
+            a = tl.min(tl.where(survives & (score == t), idx, INT64_MAX), axis=0)
+            take = (t > best_score) | ((t == best_score) & (a < best_index))
+            best_score = tl.where(take, t, best_score)
+            best_index = tl.where(take, a, best_index)
+        else:
+            low = tl.minimum(low, tl.min(tl.where(survives, _composite(key, idx), INT64_MAX), axis=0))
+        inside_i = inside.to(tl.int32)
+        pos = written + tl.cumsum(inside_i, 0) - 1
+        tl.debug_barrier()
+        tl.store(list_ptr + row * list_stride + pos, idx.to(tl.int32), mask=inside)
+        written += tl.sum(inside_i, axis=0)
+        start += BLOCK
+    tl.debug_barrier()
+    return written, count_above, mass_above, kept_above, best_score, best_index, low
+
+
+@triton.jit
+def resolve_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, fine_ptr, counter_ptr, plan_ptr,
+                   list_ptr,
+                   list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr, part_index_ptr,
+                   num_segments, compact_programs,
+                   temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
+                   token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr, values_ptr, indices_ptr,
+                   k_out,
+                   T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
+                   MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
+                   MODE: tl.constexpr, SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr,
+                   PARTS_POW2: tl.constexpr, SORT_SMALL: tl.constexpr, PAIR_CHUNK: tl.constexpr,
+                   SORT_LARGE: tl.constexpr,
+                   SEARCH_BLOCK: tl.constexpr, SLOTS: tl.constexpr, FINE_BINS: tl.constexpr,
+                   BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr):
+    """One program per row: the exact prefix boundary among the listed tokens, then the row's
+    outputs. A list longer than SORT_SMALL is first shortened with the sub-bin histogram
+    (``_refine``; not for MODE_TOPK, whose lists are sorted). Grid rows.
+
+    Bytes: reads the listed indices and their logits (a sort of at most SORT_LARGE of them, or
+    a few passes over a longer list) and the per-program partials; writes one token (sampling),
+    five numbers (thresholds) or k values and indices (top-k) per row.
+
+    Args:
+        x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, fine_ptr, counter_ptr, plan_ptr, list_ptr,
+        list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr, part_index_ptr, num_segments:
+            as in ``compact_kernel`` (plan_ptr, fine_ptr and the lists as it left them).
+        compact_programs: programs per row of ``compact_kernel`` (partials per row).
+        temperature .. offset and their flags: as in ``compact_kernel``.
+        token_ptr: int64 [rows] sampled tokens (MODE_SAMPLE; -1: no finite logit or an invalid
+            parameter).
+        lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr: int32, int32, int64, float32, float32 [rows]
+            (MODE_THRESHOLD): sure-kept bins < lo, boundary bins lo..hi where a token is kept if
+            its composite key >= thr, the maximum, and the kept mass relative to exp(max).
+        values_ptr, indices_ptr: [rows, k_out] top-k values (logits dtype) and int64 indices.
+        k_out: k of ``top_k`` (MODE_TOPK).
+        MODE, SEG_POW2, LOG2_SEG_POW2, ALL_VALUES: as above.
+        PARTS_POW2: next power of two of compact_programs.
+        SORT_SMALL: lists up to this long are ranked by pairwise comparisons, PAIR_CHUNK tokens at
+            a time; longer ones take the bracket search.
+        SORT_LARGE: MODE_TOPK sorts lists up to this long; a longer one (a huge tie group) is cut
+            to its k tokens by the bracket search first (k_out <= SORT_LARGE).
+        SEARCH_BLOCK: tokens per block of the bracket search.
+        SLOTS: sub-intervals per pass of the bracket search.
+        FINE_BINS, BINS_PER_NAT: the bins, as in ``compact_kernel``.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    kk_raw, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters,
+                                       K_ROW, P_ROW, MINP_ROW)
+    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
+    m = _row_max(seg_max_ptr, row, num_segments, SEG_POW2)
+    total = _row_total(seg_sum_ptr, row, num_segments, SEG_POW2, LOG2_SEG_POW2)
+    lo = tl.load(plan_ptr + row * 4)
+    hi = tl.load(plan_ptr + row * 4 + 1)
+    count_above = tl.load(plan_ptr + row * 4 + 2)
+    n_valid = tl.load(plan_ptr + row * 4 + 3)
+    # as in ``_plan``: an absent filter arrives as k = n, p = 1, min_p = 0
+    topk_on = kk_raw < n_valid
+    topp_on = p < 1.0
+    minp_on = mp > 0.0
+    kk = tl.minimum(kk_raw, n_valid.to(tl.int64))
+    q = tl.arange(0, PARTS_POW2)
+    live = q < compact_programs
+    parts = row * compact_programs + q
+    mass_above = tl.sum(tl.load(part_mass_ptr + parts, mask=live, other=0), axis=0)
+    kept_above = tl.sum(tl.load(part_kept_ptr + parts, mask=live, other=0), axis=0)
+    scores = tl.load(part_score_ptr + parts, mask=live, other=float("-inf"))
+    indices = tl.load(part_index_ptr + parts, mask=live, other=INT64_MAX)
+    best_score = tl.max(scores, axis=0)
+    best_index = tl.min(tl.where(live & (scores == best_score), indices, INT64_MAX), axis=0)
+    n_list = tl.load(counter_ptr + row)
+    kept_low = tl.full([], INT64_MAX, tl.int64)
+    if t_ok & f_ok & (n_valid > 0):
+        if MODE == MODE_TOPK:
+            if n_list > SORT_LARGE:
+                n_list = _gather_top_k(x_ptr, row, stride_x, list_ptr, list_stride, n_list, kk, m,
+                                       inv_t, SEARCH_BLOCK, SLOTS, ALL_VALUES)
+            if n_list <= SORT_SMALL:
+                _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
+                               mass_above, kept_above, kept_low, best_score, best_index, m, total,
+                               inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
+                               o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
+                               values_ptr, indices_ptr, k_out, MODE, SORT_SMALL, False, PAIR_CHUNK,
+                               ALL_VALUES)
+            else:
+                _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
+                               mass_above, kept_above, kept_low, best_score, best_index, m, total,
+                               inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
+                               o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
+                               values_ptr, indices_ptr, k_out, MODE, SORT_LARGE, True, 1, ALL_VALUES)
+        else:
+            if n_list > SORT_SMALL:
+                n_list, count_above, mass_above, kept_above, best_score, best_index, kept_low = \
+                    _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_ptr, lo, hi,
+                            count_above, mass_above, kept_above, best_score, best_index, m, total,
+                            inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream, o,
+                            MODE, SEARCH_BLOCK, FINE_BINS, BINS_PER_NAT, ALL_VALUES)
+            if n_list <= SORT_SMALL:
+                _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
+                               mass_above, kept_above, kept_low, best_score, best_index, m, total,
+                               inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
+                               o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
+                               values_ptr, indices_ptr, k_out, MODE, SORT_SMALL, False, PAIR_CHUNK,
+                               ALL_VALUES)
+            else:
+                _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
+                                mass_above, kept_above, kept_low, best_score, best_index, m, total,
+                                inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
+                                o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
+                                MODE, SEARCH_BLOCK, SLOTS, ALL_VALUES)
+    else:
+        if MODE == MODE_SAMPLE:
+            tl.store(token_ptr + row, -1)
+        elif MODE == MODE_THRESHOLD:
+            # nothing kept: no bin is before lo, every bin is after hi
+            tl.store(lo_ptr + row, 0)
+            tl.store(hi_ptr + row, -1)
+            tl.store(thr_ptr + row, INT64_MAX)
+            tl.store(max_ptr + row, m)
+            tl.store(mass_ptr + row, 0.0)
+
+
+@triton.jit
+def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr, thr_ptr, max_ptr,
+                        mass_ptr, min_p, programs_per_row,
+                        MINP_ROW: tl.constexpr, HAS_MINP: tl.constexpr, PROBS: tl.constexpr,
+                        WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                        NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
+    """Masked logits (-inf where filtered out) or renormalised probabilities (0 where filtered
+    out; NaN for a row without a finite logit). Grid rows * programs_per_row.
+
+    Bytes: reads the logits once and writes the output once (plus 24 bytes per row).
+
+    Args:
+        x_ptr, n, stride_x: logits as in ``race_kernel``.
+        out_ptr, stride_out: output [rows, n] (logits dtype, or float32 with PROBS).
+        lo_ptr .. mass_ptr: the MODE_THRESHOLD outputs of ``resolve_kernel``.
+        min_p, MINP_ROW, HAS_MINP: as in ``compact_kernel``.
+        programs_per_row, WIDTH, SEGMENTS_PER_PROGRAM, NUM_BINS, BINS_PER_NAT: as above.
+        PROBS: write probabilities instead of masked logits.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // programs_per_row
+    prog = pid % programs_per_row
+    lo = tl.load(lo_ptr + row)
+    hi = tl.load(hi_ptr + row)
+    thr = tl.load(thr_ptr + row)
+    m = tl.load(max_ptr + row)
+    mass = tl.load(mass_ptr + row)
+    if HAS_MINP:
+        if MINP_ROW:
+            mp = tl.load(min_p + row).to(tl.float32)
+        else:
+            mp = tl.full([], min_p, tl.float32)
+    else:
+        mp = tl.full([], 0.0, tl.float32)
+    lanes = tl.arange(0, WIDTH)
+    for j in range(SEGMENTS_PER_PROGRAM):
+        cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
+        in_row = cols < n
+        x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
+        finite = in_row & (tl.abs(x) < float("inf"))
+        y = tl.minimum(tl.maximum(x, -FLT_MAX), FLT_MAX)
+        b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, False)
+        w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
+        keep = finite & ((b < lo) | ((b <= hi) & (_composite(_ordered_key(x), cols) >= thr)))
+        keep = keep & (w >= tl.where(mp > 0.0, mp, float("-inf")))
+        if PROBS:
+            out = tl.where(keep, w / tl.where(mass > 0.0, mass, 1.0), 0.0)
+            out = tl.where(mass > 0.0, out, float("nan"))
+        else:
+            out = tl.where(keep, x, float("-inf"))  # x is exact in float32: the cast restores it
+        tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=in_row)

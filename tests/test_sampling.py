@@ -1,0 +1,618 @@
+"""Sampling: greedy, temperature, top-k, top-p, min-p; seeds and batch invariance; the filters;
+top_k. The CPU tier runs the interpreted kernels (TRITON_INTERPRET=1) or the reference.
+
+Exactness is shown two ways: the kernels return the same tokens as the NumPy reference (same
+Philox numbers, same float32 race), and the reference passes chi-square tests against the
+float64 filtered distribution over many draws; the kernels pass them too, with fewer draws on
+the CPU (the interpreter is slow) and many on the GPU.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import triton
+import triton.language as tl
+
+import treefold
+from treefold import backend
+from treefold._ops import sampling as ops
+from treefold.kernels import sampling as kernels
+from treefold.reference import sampling as ref
+
+from conftest import CUDA
+
+KERNEL = CUDA or backend.INTERPRETED
+#: Upper tail of the standard normal for the chi-square critical values (alpha ~ 1e-6): the
+#: draws are seeded, so a pass is reproducible and a failure means a real discrepancy.
+Z_CRITICAL = 4.75
+
+
+def chi2_critical(dof: int, z: float = Z_CRITICAL) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile (no scipy needed)."""
+    a = 2.0 / (9.0 * dof)
+    return dof * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+def chi_square(tokens: torch.Tensor, probs: np.ndarray):
+    """(statistic, dof) of draws against probs; categories expecting < 5 are pooled."""
+    draws = tokens.numel()
+    counts = np.bincount(tokens.cpu().numpy(), minlength=probs.size).astype(np.float64)
+    expected = probs * draws
+    big = expected >= 5
+    obs = list(counts[big]) + [counts[~big].sum()]
+    exp = list(expected[big]) + [expected[~big].sum()]
+    if exp[-1] < 5:  # fold a tiny pooled bin into the smallest category
+        j = int(np.argmin(exp[:-1]))
+        obs[j] += obs.pop()
+        exp[j] += exp.pop()
+    obs, exp = np.array(obs), np.array(exp)
+    return float(((obs - exp) ** 2 / exp).sum()), len(exp) - 1
+
+
+def logits_row(n: int, seed: int, scale: float = 1.5) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g) * scale
+
+
+# --------------------------------------------------------------------------------------------
+# Random numbers
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def noise_kernel(out_at, out_tile, seed, stream, offset, N: tl.constexpr):
+    tokens = tl.arange(0, N).to(tl.int64) * 7 + 3
+    tl.store(out_at + tl.arange(0, N), kernels._noise_at(tokens, seed, stream, offset))
+    tl.store(out_tile + tl.arange(0, N), kernels._noise_tile(5, seed, stream, offset, N // 4))
+
+
+@pytest.mark.skipif(not KERNEL, reason="needs TRITON_INTERPRET=1 or a GPU")
+def test_kernel_noise_equals_reference_bits(device):
+    n = 64
+    out_at = torch.full((n,), float("nan"), device=device)
+    out_tile = torch.full((n,), float("nan"), device=device)
+    seed, stream, offset = -123456789012345, 7, (5 << 32) + 11
+    noise_kernel[(1,)](out_at, out_tile, seed, stream, offset, N=n)
+    want_at = ref.race_noise(np.arange(n) * 7 + 3, seed, stream, offset)
+    want_tile = ref.race_noise(np.arange(n) + 20, seed, stream, offset)
+    if CUDA:  # the GPU's log differs in the last bits
+        np.testing.assert_allclose(out_at.cpu().numpy(), want_at, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out_tile.cpu().numpy(), want_tile, rtol=1e-5, atol=1e-5)
+    else:
+        assert out_at.numpy().tobytes() == want_at.tobytes()
+        assert out_tile.numpy().tobytes() == want_tile.tobytes()
+
+
+def test_philox_known_answer():
+    # Random123's known-answer vectors for Philox4x32-10
+    r = ref.philox4x32(0, 0, 0, 0, 0)
+    assert [int(v) for v in r] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    key = np.uint64(0x299F31D0A4093822).view(np.int64)  # key words (0xA4093822, 0x299F31D0)
+    r = ref.philox4x32(key, 0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344)
+    assert [int(v) for v in r] == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+
+
+def test_race_noise_is_gumbel():
+    g = ref.race_noise(np.arange(400_000), seed=99, stream=0, offset=0).astype(np.float64)
+    assert np.isfinite(g).all()
+    e = np.exp(-g)  # E = exp(-g) ~ Exp(1)
+    # chi-square of E against Exp(1) on 50 equiprobable bins
+    edges = -np.log1p(-np.arange(1, 50) / 50.0)
+    counts = np.bincount(np.searchsorted(edges, e), minlength=50)
+    stat = ((counts - e.size / 50) ** 2 / (e.size / 50)).sum()
+    assert stat < chi2_critical(49)
+    assert abs(e.mean() - 1.0) < 5 * 1.0 / math.sqrt(e.size)
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy
+# --------------------------------------------------------------------------------------------
+
+def test_greedy_ties_go_to_lowest_index(device):
+    x = torch.tensor([[1.0, 3.0, 3.0, -2.0, 3.0],
+                      [float("nan"), 0.5, float("inf"), 0.5, -0.0],
+                      [-0.0, 0.0, -1.0, -5.0, -0.0]], device=device)
+    want = torch.tensor([1, 1, 0], device=device)
+    assert torch.equal(treefold.sample(x, temperature=0.0), want)
+    assert torch.equal(treefold.sample(x, temperature=0.0, top_k=2, top_p=0.3), want)
+    t = torch.tensor([0.0, 0.0, 0.0], device=device)
+    assert torch.equal(treefold.sample(x, temperature=t, top_k=2, seed=1), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_matches_argmax(device, dtype):
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(5, 300, generator=g) * 4).to(dtype).to(device)
+    assert torch.equal(treefold.sample(x, temperature=0), x.float().argmax(-1))
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels == reference, token for token
+# --------------------------------------------------------------------------------------------
+
+CONFIGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_k=5),
+    dict(temperature=1.3, top_p=0.8),
+    dict(temperature=1.0, min_p=0.1),
+    dict(temperature=0.9, top_k=9, top_p=0.85, min_p=0.02),
+]
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_equal_reference(device, config, dtype):
+    rows, n = 6, 41
+    g = torch.Generator().manual_seed(len(str(config)))
+    x = (torch.randn(rows, n, generator=g) * 2).to(dtype)
+    x[0, 7] = float("nan")
+    x[1, 3] = float("-inf")
+    x[2, 11] = float("inf")
+    seeds = torch.arange(rows, dtype=torch.int64) * 1000003 - 5
+    got = treefold.sample(x.to(device), seed=seeds.to(device), offset=17, **config).cpu()
+    want = ref.sample(x, seed=seeds, offset=17, **config)
+    probs = ref.filtered_probs(x, **{k: v for k, v in config.items()})
+    assert (probs[torch.arange(rows), got] > 0).all(), "a filtered-out token was drawn"
+    if CUDA:  # exp/log differ in the last bits on the GPU: a race between near-equal scores may flip
+        assert (got == want).float().mean() >= 0.8
+    else:
+        assert torch.equal(got, want)
+
+
+# --------------------------------------------------------------------------------------------
+# Exact distribution: chi-square against the float64 filtered distribution
+# --------------------------------------------------------------------------------------------
+
+STAT_LOGITS = torch.tensor([2.0, 1.8, 1.6, 1.5, 1.2, 1.0, 0.6, 0.1, -0.5, -1.0, -2.0, 0.9])
+STAT_CONFIGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.8, top_k=6),
+    dict(temperature=1.2, top_p=0.7),
+    dict(temperature=1.0, top_k=8, top_p=0.8, min_p=0.3),
+]
+
+
+@pytest.mark.parametrize("config", STAT_CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_reference_chi_square(config):
+    draws = 20_000
+    x = STAT_LOGITS.expand(draws, -1)
+    tokens = ref.sample(x, seed=torch.arange(draws), offset=3, **config)
+    probs = ref.filtered_probs(STAT_LOGITS[None], **config)[0].numpy()
+    assert (probs[tokens.numpy()] > 0).all()
+    stat, dof = chi_square(tokens, probs)
+    assert stat < chi2_critical(dof), (stat, dof, probs)
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+@pytest.mark.parametrize("config", [STAT_CONFIGS[0], STAT_CONFIGS[3]],
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_kernel_chi_square(device, config):
+    # many rows with different seeds in one call (the interpreter runs programs one by one)
+    draws = 20_000 if CUDA else (240 if len(config) == 1 else 60)
+    x = STAT_LOGITS.to(device).expand(draws, -1)
+    tokens = treefold.sample(x, seed=torch.arange(draws, device=device) + 77, **config)
+    probs = ref.filtered_probs(STAT_LOGITS[None], **config)[0].numpy()
+    assert (probs[tokens.cpu().numpy()] > 0).all()
+    stat, dof = chi_square(tokens, probs)
+    assert stat < chi2_critical(dof), (stat, dof)
+
+
+def test_composition_order_top_k_then_top_p_then_min_p(device):
+    x = torch.log(torch.tensor([[0.3, 0.25, 0.2, 0.15, 0.1]], dtype=torch.float64)).float()
+    # top-k 3 renormalises to 0.4, 0.333, 0.267: top-p 0.6 keeps two tokens (on the full
+    # distribution it would keep three: 0.3 + 0.25 < 0.6)
+    kept = ref.filtered_probs(x, top_k=3, top_p=0.6)[0] > 0
+    assert kept.tolist() == [True, True, False, False, False]
+    # then min-p 0.9: 0.25 / 0.3 < 0.9
+    kept = ref.filtered_probs(x, top_k=3, top_p=0.6, min_p=0.9)[0] > 0
+    assert kept.tolist() == [True, False, False, False, False]
+    xs = x.to(device)
+    masked = treefold.top_p_mask(treefold.top_k_mask(xs, 3), 0.6)
+    assert torch.isfinite(masked[0]).cpu().tolist() == [True, True, False, False, False]
+    draws = 16 if backend.INTERPRETED else 2000
+    tokens = treefold.sample(xs.expand(draws, -1), top_k=3, top_p=0.6,
+                             seed=torch.arange(draws, device=device))
+    assert set(tokens.cpu().tolist()) == {0, 1}
+    tokens = treefold.sample(xs.expand(8, -1), top_k=3, top_p=0.6, min_p=0.9,
+                             seed=torch.arange(8, device=device))
+    assert set(tokens.cpu().tolist()) == {0}
+
+
+# --------------------------------------------------------------------------------------------
+# Seeds, offsets, batch invariance, determinism
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config", [dict(), dict(top_k=4, top_p=0.9)], ids=["race", "filtered"])
+def test_batch_invariance(device, config):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 64, generator=g).to(device) * 2
+    seeds = torch.tensor([3, 1, 4, 1, 5, 9, 2], device=device)
+    offsets = torch.tensor([0, 1, 2, 3, 4, 5, 6], device=device)
+    batch = treefold.sample(x, seed=seeds, offset=offsets, **config)
+    perm = torch.tensor([4, 0, 6, 2, 1, 5, 3], device=device)
+    shuffled = treefold.sample(x[perm], seed=seeds[perm], offset=offsets[perm], **config)
+    assert torch.equal(shuffled, batch[perm])
+    for r in (0, 5):
+        alone = treefold.sample(x[r:r + 1], seed=seeds[r:r + 1], offset=offsets[r:r + 1], **config)
+        assert alone.item() == batch[r].item()
+    if KERNEL and device == "cpu":  # launch choices never change a token
+        args = (1.0, config.get("top_k"), config.get("top_p"), None, seeds, offsets)
+        one = ops.sample_rows(x, *args, programs_per_row=1)
+        two = ops.sample_rows(x, *args, programs_per_row=2)
+        assert torch.equal(one, batch) and torch.equal(two, batch)
+
+
+def test_seeds_offsets_and_default_generator(device):
+    x = torch.zeros(1, 50, device=device).expand(16, -1)  # uniform over 50 tokens
+    a = treefold.sample(x, seed=11, offset=0)
+    assert torch.equal(a, treefold.sample(x, seed=11, offset=0))
+    assert len(set(a.tolist())) > 8, "one seed for the batch still gives every row its own stream"
+    b = treefold.sample(x, seed=11, offset=1)
+    assert not torch.equal(a, b)
+    assert torch.equal(a, treefold.sample(x, seed=torch.tensor([11], device=device), offset=0))
+    torch.manual_seed(1234)
+    c = treefold.sample(x)
+    d = treefold.sample(x)
+    torch.manual_seed(1234)
+    assert torch.equal(c, treefold.sample(x)) and not torch.equal(c, d)
+    big = treefold.sample(x[:2], seed=(1 << 64) - 1, offset=(1 << 40) + 3)
+    assert torch.equal(big, treefold.sample(x[:2], seed=-1, offset=(1 << 40) + 3))
+
+
+def test_same_call_same_bits(device):
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 90, generator=g).to(device)
+    for config in (dict(), dict(top_p=0.6, min_p=0.05)):
+        a = treefold.sample(x, seed=5, **config)
+        assert torch.equal(a, treefold.sample(x, seed=5, **config))
+    m1 = treefold.top_p_mask(x, 0.6, probs=True)
+    assert m1.cpu().numpy().tobytes() == treefold.top_p_mask(x, 0.6, probs=True).cpu().numpy().tobytes()
+
+
+# --------------------------------------------------------------------------------------------
+# Documented results for bad rows; errors for bad arguments
+# --------------------------------------------------------------------------------------------
+
+def test_bad_rows_sample_minus_one(device):
+    n = 20
+    x = torch.randn(9, n).to(device)
+    x[7] = float("-inf")
+    x[8] = float("nan")
+    t = torch.tensor([1.0, -1.0, float("nan"), float("inf"), 1.0, 1.0, 1.0, 1.0, 0.0], device=device)
+    k = torch.tensor([3, 3, 3, 3, 0, n + 1, 3, 3, 3], device=device)
+    p = torch.tensor([0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.0, 0.9, 0.9], device=device)
+    mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.5], device=device)
+    out = treefold.sample(x, temperature=t, top_k=k, top_p=p, min_p=mp, seed=1).cpu()
+    assert out[0] >= 0 and out[1:].tolist() == [-1] * 8
+    assert treefold.sample(x[7:], seed=1).tolist() == [-1, -1]
+    assert treefold.sample(x[7:], temperature=0).tolist() == [-1, -1]
+    assert treefold.sample(x[7:], top_k=2, seed=1).tolist() == [-1, -1]
+    bad_t = torch.tensor([-0.5], device=device)
+    assert treefold.sample(x[:1], temperature=bad_t, seed=0).tolist() == [-1]
+
+
+def test_non_finite_logits_are_never_drawn(device):
+    x = torch.zeros(40, 6)
+    x[:, 0] = float("nan")
+    x[:, 1] = float("inf")
+    x[:, 2] = float("-inf")
+    x = x.to(device)
+    for config in (dict(), dict(top_k=2), dict(top_p=0.9)):
+        tokens = treefold.sample(x[:8], seed=torch.arange(8, device=device), **config)
+        assert set(tokens.tolist()) <= {3, 4, 5}
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(temperature=-1.0), ValueError, "sample: temperature must be >= 0.0, got -1.0"),
+    (dict(temperature=float("inf")), ValueError, "sample: temperature must be finite, got inf"),
+    (dict(temperature="hot"), TypeError, "sample: temperature must be a number, got str"),
+    (dict(top_k=0), ValueError, r"sample: top_k=0 is out of range for 10 tokens"),
+    (dict(top_k=11), ValueError, r"sample: top_k=11 is out of range for 10 tokens"),
+    (dict(top_k=2.0), TypeError, "sample: top_k must be an int, a tensor or None, got float"),
+    (dict(top_p=0.0), ValueError, r"sample: top_p=0.0 is outside \(0, 1\]"),
+    (dict(top_p=1.5), ValueError, r"sample: top_p=1.5 is outside \(0, 1\]"),
+    (dict(top_p=float("nan")), ValueError, r"sample: top_p=nan is outside \(0, 1\]"),
+    (dict(min_p=-0.1), ValueError, r"sample: min_p=-0.1 is outside \[0, 1\]"),
+    (dict(seed=1 << 64), ValueError, "sample: seed=18446744073709551616 does not fit in 64 bits"),
+    (dict(seed=1.5), TypeError, "sample: seed must be an int or an integer tensor, got float"),
+    (dict(offset=True), TypeError, "sample: offset must be an int or an integer tensor, got bool"),
+    (dict(top_p=torch.ones(3, dtype=torch.int64)), TypeError,
+     "sample: top_p has dtype int64, expected one of float32, float64, bfloat16, float16"),
+    (dict(top_k=torch.ones(3, dtype=torch.int64)), ValueError,
+     r"sample: top_k has shape \(3,\), expected one element, \(2,\)"),
+    (dict(seed=torch.ones(2)), TypeError, "sample: seed has dtype float32, expected int64 or int32"),
+])
+def test_sample_argument_errors(kwargs, exc, message):
+    x = torch.randn(2, 10)
+    with pytest.raises(exc, match=message):
+        treefold.sample(x, **kwargs)
+
+
+def test_logits_errors():
+    with pytest.raises(TypeError, match="sample: logits must be a torch.Tensor, got list"):
+        treefold.sample([1.0, 2.0])
+    with pytest.raises(TypeError, match="sample: logits has dtype int64"):
+        treefold.sample(torch.ones(2, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="sample: logits must have at least one dimension"):
+        treefold.sample(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"sample: logits has an empty last dimension \(shape \(2, 0\)\)"):
+        treefold.sample(torch.ones(2, 0))
+    with pytest.raises(ValueError, match="rows longer than 1048576"):
+        treefold.sample(torch.zeros(1, (1 << 20) + 1))
+    with pytest.raises(ValueError, match=r"top_k: k=4 is out of range for 3 tokens"):
+        treefold.top_k(torch.ones(2, 3), 4)
+    with pytest.raises(TypeError, match="top_k: k must be an int, got Tensor"):
+        treefold.top_k(torch.ones(2, 3), torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"top_p_mask: p=2 is outside \(0, 1\]"):
+        treefold.top_p_mask(torch.ones(2, 3), 2)
+    with pytest.raises(TypeError, match="min_p_mask: probs must be a bool, got int"):
+        treefold.min_p_mask(torch.ones(2, 3), 0.1, probs=1)
+    with pytest.raises(TypeError, match="top_k_mask: k must be an int or a tensor, got NoneType"):
+        treefold.top_k_mask(torch.ones(2, 3), None)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device for a second device")
+def test_parameter_on_another_device():
+    x = torch.randn(2, 10, device="cuda")
+    with pytest.raises(ValueError, match="sample: temperature is on cpu, but logits is on cuda:0"):
+        treefold.sample(x, temperature=torch.ones(2))
+
+
+def test_shapes_empty_batch_and_strided_rows(device):
+    assert treefold.sample(torch.randn(0, 5, device=device)).shape == (0,)
+    assert treefold.sample(torch.randn(2, 0, 5, device=device)).shape == (2, 0)
+    one = treefold.sample(torch.randn(7, device=device), seed=3)
+    assert one.shape == () and 0 <= one.item() < 7
+    g = torch.Generator().manual_seed(2)
+    wide = torch.randn(4, 30, generator=g).to(device)
+    x = wide[:, :19]  # rows strided by 30: read in place
+    seeds = torch.arange(4, device=device)
+    assert torch.equal(treefold.sample(x, seed=seeds, top_p=0.8),
+                       treefold.sample(x.contiguous(), seed=seeds, top_p=0.8))
+    x3 = wide.reshape(2, 2, 30)
+    assert treefold.sample(x3, seed=1, top_k=3).shape == (2, 2)
+    v, i = treefold.top_k(torch.randn(0, 9, device=device), 4)
+    assert v.shape == (0, 4) and i.shape == (0, 4)
+    assert treefold.top_p_mask(torch.randn(0, 9, device=device), 0.5).shape == (0, 9)
+
+
+# --------------------------------------------------------------------------------------------
+# top_k
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_k_equals_stable_sort(device, dtype):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(-4, 5, (5, 70), generator=g).to(dtype)  # many ties
+    x[1, 5] = float("nan")
+    x[1, 9] = float("inf")
+    x[2, :] = float("-inf")
+    x[3, 10] = -0.0
+    x[4] = torch.randn(70, generator=g).to(dtype)
+    xs = x.to(device)
+    for k in (1, 6, 40, 70):
+        values, indices = treefold.top_k(xs, k)
+        want_v, want_i = ref.top_k(x, k)
+        assert torch.equal(indices.cpu(), want_i), k
+        assert torch.equal(values.cpu().view(torch.int16 if dtype == torch.bfloat16 else torch.int32)
+                           [~torch.isnan(values.cpu())],
+                           want_v.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)
+                           [~torch.isnan(want_v)])
+        assert values.dtype == dtype and indices.dtype == torch.int64
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_long_boundary_lists_take_the_sort_and_the_search(device, monkeypatch):
+    """Short pairwise, sort and bracket-search tiers give the same answers (tiny tiers here)."""
+    monkeypatch.setattr(ops, "PAIRWISE_MAX", 4)
+    monkeypatch.setattr(ops, "PAIR_CHUNK", 2)
+    monkeypatch.setattr(ops, "SORT_MAX", 16)
+    monkeypatch.setattr(ops, "SEARCH_BLOCK", 8)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(-2, 3, (3, 40), generator=g).float()  # ties everywhere: the index search
+    x[2] = 0.5  # one value: every bin is one tie group
+    xs = x.to(device)
+    for k in (3, 10, 16):
+        values, indices = ops.top_k_rows(xs, k)
+        want_v, want_i = ref.top_k(x, k)
+        assert torch.equal(indices.cpu(), want_i) and torch.equal(values.cpu(), want_v), k
+    seeds = torch.tensor([5, 6, 7])
+    for config in (dict(top_k=7), dict(top_p=0.55), dict(top_k=30, top_p=0.7, min_p=0.2)):
+        got = ops.sample_rows(xs, 1.0, config.get("top_k"), config.get("top_p"),
+                              config.get("min_p"), seeds.to(device), 2)
+        want = ref.sample(x, 1.0, config.get("top_k"), config.get("top_p"), config.get("min_p"),
+                          seeds, 2)
+        assert torch.equal(got.cpu(), want), config
+        masked = ops.filter_rows(xs, config.get("top_k"), config.get("top_p"), config.get("min_p"))
+        want_mask = ref.filter_mask(x, config.get("top_k"), config.get("top_p"), config.get("min_p"))
+        assert torch.equal(torch.isfinite(masked.cpu()), torch.isfinite(want_mask)), config
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_flat_rows_shorten_long_lists_with_sub_bins(device, monkeypatch):
+    """A flat row puts hundreds of tokens in the boundary bins: the sub-bin histogram cuts the
+    list down before the ranking (a tiny pairwise tier here forces that path)."""
+    monkeypatch.setattr(ops, "PAIRWISE_MAX", 8)
+    monkeypatch.setattr(ops, "PAIR_CHUNK", 4)
+    monkeypatch.setattr(ops, "SEARCH_BLOCK", 64)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 300, generator=g) * 0.4
+    xs = x.to(device)
+    seeds = torch.tensor([5, 6, 7])
+    for config in (dict(top_p=0.9), dict(top_k=150, top_p=0.8), dict(top_k=200, min_p=0.5)):
+        args = (config.get("top_k"), config.get("top_p"), config.get("min_p"))
+        got = ops.sample_rows(xs, 1.0, *args, seeds.to(device), 2)
+        assert torch.equal(got.cpu(), ref.sample(x, 1.0, *args, seeds, 2)), config
+        probs = ops.filter_rows(xs, *args, probs=True).cpu()
+        want = ref.filter_mask(x, *args, probs=True)
+        assert torch.equal(probs > 0, want > 0), config
+        torch.testing.assert_close(probs, want, rtol=2e-6, atol=1e-8)
+
+
+def test_top_k_beyond_the_kernel_limit_uses_a_stable_sort(device, monkeypatch):
+    monkeypatch.setattr(ops, "TOP_K_KERNEL_MAX", 2)
+    x = torch.tensor([[1.0, 2.0, 2.0, 0.0]], device=device)
+    values, indices = treefold.top_k(x, 3)
+    assert indices.tolist() == [[1, 2, 0]] and values.tolist() == [[2.0, 2.0, 1.0]]
+
+
+# --------------------------------------------------------------------------------------------
+# The mask functions
+# --------------------------------------------------------------------------------------------
+
+MASKS = [("top_k_mask", 7, dict(top_k=7)), ("top_p_mask", 0.75, dict(top_p=0.75)),
+         ("min_p_mask", 0.08, dict(min_p=0.08))]
+
+
+@pytest.mark.parametrize("name, arg, config", MASKS, ids=[m[0] for m in MASKS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masks_equal_reference(device, name, arg, config, dtype):
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(4, 33, generator=g) * 2).to(dtype)
+    x[0, 3] = float("nan")
+    x[3] = float("-inf")
+    fn = getattr(treefold, name)
+    masked = fn(x.to(device), arg).cpu()
+    want = ref.filter_mask(x, **config)
+    assert masked.dtype == dtype
+    assert torch.equal(torch.isfinite(masked), torch.isfinite(want))
+    assert torch.equal(masked[torch.isfinite(masked)], x[torch.isfinite(want)])
+    probs = fn(x.to(device), arg, probs=True).cpu()
+    want_p = ref.filter_mask(x, probs=True, **config)
+    assert probs.dtype == torch.float32
+    # float32 probabilities: exp and the division round, relative error a few ulps
+    torch.testing.assert_close(probs[:3], want_p[:3], rtol=2e-6, atol=1e-7)
+    assert torch.isnan(probs[3]).all()
+    torch.testing.assert_close(probs[:3].sum(-1), torch.ones(3), rtol=1e-5, atol=0)
+
+
+def test_masks_take_per_row_parameters(device):
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 25, generator=g).to(device)
+    ks = torch.tensor([1, 5, 25], device=device)
+    kept = torch.isfinite(treefold.top_k_mask(x, ks)).sum(-1)
+    assert kept.tolist() == [1, 5, 25]
+    ps = torch.tensor([0.3, 0.9, 1.0], device=device)
+    want = torch.stack([torch.isfinite(ref.filter_mask(x[r:r + 1].cpu(), top_p=float(ps[r])))[0]
+                        for r in range(3)])
+    assert torch.equal(torch.isfinite(treefold.top_p_mask(x, ps)).cpu(), want)
+    bad = treefold.top_k_mask(x, torch.tensor([0, 5, 26], device=device))
+    assert torch.isinf(bad[0]).all() and torch.isinf(bad[2]).all()
+
+
+def test_torch_compile_fullgraph(device):
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(4, 30, generator=g).to(device)
+    seeds = torch.arange(4, device=device)
+    fn = torch.compile(lambda x, s: (treefold.sample(x, seed=s, top_k=5, top_p=0.9),
+                                     treefold.top_k(x, 3)[1]), fullgraph=True)
+    tokens, indices = fn(x, seeds)
+    assert torch.equal(tokens, treefold.sample(x, seed=seeds, top_k=5, top_p=0.9))
+    assert torch.equal(indices, treefold.top_k(x, 3)[1])
+
+
+# --------------------------------------------------------------------------------------------
+# GPU tier
+# --------------------------------------------------------------------------------------------
+
+VOCAB = 151936
+
+
+def qwen_like_logits(rows: int, seed: int, scale: float = 3.0) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(rows, VOCAB, device="cuda", generator=g) * scale
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [dict(), dict(top_k=50), dict(top_p=0.9),
+                                    dict(top_k=50, top_p=0.9), dict(min_p=0.05)],
+                         ids=["plain", "topk", "topp", "topk-topp", "minp"])
+def test_gpu_chi_square_vocab_151936(config):
+    row = qwen_like_logits(1, 0)
+    probs = ref.filtered_probs(row.cpu(), **config)[0].numpy()
+    order = np.argsort(-probs, kind="stable")
+    # coarse bins over the tokens ranked by probability, each expecting >= 5 % of the draws
+    bins = np.zeros(VOCAB, dtype=np.int64)
+    acc, b = 0.0, 0
+    for t in order:
+        bins[t] = b
+        acc += probs[t]
+        if acc >= 0.05 * (b + 1) and probs[t] > 0:
+            b += 1
+    bin_probs = np.bincount(bins, weights=probs, minlength=b + 1)
+    draws = []
+    for call in range(20):
+        x = row.expand(1000, -1)
+        draws.append(treefold.sample(x, seed=torch.arange(1000, device="cuda") + 1000 * call,
+                                     offset=call, **config))
+    tokens = torch.cat(draws).cpu().numpy()
+    assert (probs[tokens] > 0).all(), "a filtered-out token was drawn"
+    stat, dof = chi_square(torch.from_numpy(bins[tokens]), bin_probs)
+    assert stat < chi2_critical(dof), (stat, dof)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", [dict(), dict(temperature=0), dict(top_k=50, top_p=0.9),
+                                    dict(min_p=0.05, top_p=0.95)], ids=["plain", "greedy",
+                                                                        "topk-topp", "minp-topp"])
+def test_gpu_batch_invariance_64(dtype, config):
+    x = qwen_like_logits(64, 1).to(dtype)
+    seeds = torch.randint(0, 1 << 62, (64,), device="cuda")
+    offsets = torch.randint(0, 1000, (64,), device="cuda")
+    batch = treefold.sample(x, seed=seeds, offset=offsets, **config)
+    for r in range(0, 64, 9):
+        alone = treefold.sample(x[r:r + 1], seed=seeds[r:r + 1], offset=offsets[r:r + 1], **config)
+        assert alone.item() == batch[r].item()
+    for ppr in (1, 3, 40):
+        args = (config.get("temperature", 1.0), config.get("top_k"), config.get("top_p"),
+                config.get("min_p"), seeds, offsets)
+        assert torch.equal(ops.sample_rows(x, *args, programs_per_row=ppr), batch)
+    assert torch.equal(treefold.sample(x, seed=seeds, offset=offsets, **config), batch)
+    want = ref.sample(x.cpu(), seed=seeds.cpu(), offset=offsets.cpu(), **config)
+    assert (batch.cpu() == want).float().mean() >= 0.95
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 50, 1000, 2000])
+def test_gpu_top_k_equals_stable_sort(k):
+    x = qwen_like_logits(16, 2)
+    x[3] = torch.round(x[3])  # heavy ties
+    x[4] = 0.0  # one tie group: the bracket search
+    values, indices = treefold.top_k(x, k)
+    want_v, want_i = torch.sort(x, dim=-1, descending=True, stable=True)
+    assert torch.equal(indices, want_i[:, :k]) and torch.equal(values, want_v[:, :k])
+
+
+@pytest.mark.gpu
+def test_gpu_masks_and_flat_rows():
+    x = qwen_like_logits(8, 3)
+    x[5] = x[5] / 3  # flat: long boundary lists
+    for name, arg, config in MASKS:
+        got = getattr(treefold, name)(x, arg, probs=True)
+        want = ref.filter_mask(x.cpu(), probs=True, **config)
+        assert ((got.cpu() > 0) != (want > 0)).sum() <= 2
+        torch.testing.assert_close(got.sum(-1).cpu(), torch.ones(8), rtol=1e-4, atol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replays_with_fresh_offsets():
+    x = qwen_like_logits(4, 4)
+    seeds = torch.tensor([1, 2, 3, 4], device="cuda")
+    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    out = torch.empty(4, dtype=torch.int64, device="cuda")
+    for _ in range(2):  # compile and warm up outside the graph
+        out.copy_(treefold.sample(x, seed=seeds, offset=offset, top_k=50, top_p=0.9))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(treefold.sample(x, seed=seeds, offset=offset, top_k=50, top_p=0.9))
+    seen = []
+    for step in range(6):
+        offset.fill_(step)
+        graph.replay()
+        want = treefold.sample(x, seed=seeds, offset=step, top_k=50, top_p=0.9)
+        assert torch.equal(out, want)
+        seen.append(out.clone())
+    assert len({tuple(t.tolist()) for t in seen}) > 1
