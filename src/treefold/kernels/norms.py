@@ -18,26 +18,7 @@ uses for segment results. No atomics: the same bits on every run.
 import triton
 import triton.language as tl
 
-from .combine import tree_sum
-
-
-@triton.jit
-def round_to(x, dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
-    """Round float32 ``x`` to ``dtype`` to nearest, ties to even.
-
-    The compiled cast does this in one instruction. Triton's interpreter truncates float32 to
-    bfloat16 instead, so with ``SOFT_BF16`` (set when interpreted) the rounding is done on the
-    bits first: add 0x7FFF plus the lowest kept bit, clear the 16 dropped bits (NaN kept as is),
-    after which the truncating cast is exact.
-    """
-    if SOFT_BF16 and dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + (0x7FFF + ((bits >> 16) & 1))
-        rounded = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
-        rounded = tl.where(x != x, x, rounded)
-        return rounded.to(dtype)
-    else:
-        return x.to(dtype)
+from .combine import round_to, tree_sum
 
 
 @triton.jit

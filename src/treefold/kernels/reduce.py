@@ -31,7 +31,7 @@ later levels read and write fewer than 1/4000 of N. With FINISH a level writes o
 import triton
 import triton.language as tl
 
-from .combine import tree_sum
+from .combine import round_to, tree_sum
 
 ACC_FP32: tl.constexpr = tl.constexpr(0)
 ACC_DOUBLE_DOUBLE: tl.constexpr = tl.constexpr(1)
@@ -218,24 +218,6 @@ def tree_pick(v, i, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.cons
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
-def round_to_output(x, dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
-    """Convert a result to the output dtype, rounding to nearest even.
-
-    The compiled float32 -> bfloat16 cast rounds to nearest even; Triton's interpreter truncates,
-    so with ``SOFT_BF16`` (set when interpreted) the rounding is done on the bits first (add
-    0x7FFF plus the lowest kept bit, NaN kept as is), after which truncation is exact.
-    """
-    if SOFT_BF16 and dtype == tl.bfloat16 and x.dtype == tl.float32:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + (0x7FFF + ((bits >> 16) & 1))
-        rounded = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
-        rounded = tl.where(x != x, x, rounded)
-        return rounded.to(dtype)
-    else:
-        return x.to(dtype)
-
-
-@triton.jit
 def _load(ptrs, mask, EVEN: tl.constexpr, EVICT_FIRST: tl.constexpr):
     # EVEN: every element of the block is in bounds, so no mask is computed at all. Padding
     # is +0.0, as in the reference.
@@ -366,7 +348,7 @@ def segment_sum_kernel(
                 result = tl.sqrt_rn(total)
             else:
                 result = total
-        tl.store(out_ptr + out_rows, round_to_output(result, out_ptr.dtype.element_ty, INTERPRETED),
+        tl.store(out_ptr + out_rows, round_to(result, out_ptr.dtype.element_ty, INTERPRETED),
                  mask=out_rows < rows)
     else:
         out_offsets = row * row_stride_out + segment
