@@ -26,7 +26,7 @@ setup: $(VENV)/.ready
 
 run: setup
 	$(PY) -m treefold demo
-	@if [ -n "$(HAVE_GPU)" ]; then $(PY) -m treefold bench --out out/bench; fi
+	@if [ -n "$(HAVE_GPU)" ]; then $(PY) -m treefold bench --out out/bench --budget 540; fi
 
 test: setup
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2 tests
