@@ -34,28 +34,6 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 LENGTHS = [1, 33, 4095, 5120]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_rounds_bf16_to_nearest_even():
-    """Triton 3.6's interpreter truncates float32 -> bfloat16 casts; the GPU (cvt.rn) and torch
-    round to nearest even. Make the interpreter round like the hardware it stands in for, so that
-    bf16 outputs can be compared bit for bit."""
-    if not INTERPRETED:
-        yield
-        return
-    from triton.runtime import interpreter
-    truncating = interpreter._convert_float
-
-    def convert(data, input_dtype, output_dtype, rounding_mode):
-        if input_dtype.primitive_bitwidth == 32 and output_dtype.is_bf16():
-            values = torch.from_numpy(np.ascontiguousarray(data).view(np.float32).copy())
-            return values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(data.shape)
-        return truncating(data, input_dtype, output_dtype, rounding_mode)
-
-    interpreter._convert_float = convert
-    yield
-    interpreter._convert_float = truncating
-
-
 def _data(shape, dtype=torch.float32, scale=3.0, seed=0):
     """Random normal data, never exactly zero, rounded to ``dtype``."""
     g = torch.Generator().manual_seed(seed)

@@ -48,7 +48,12 @@ Bytes each launch must move (rows x N elements, b_in / b_out bytes per element):
 import triton
 import triton.language as tl
 
-from .combine import tree_max_sum, tree_sum
+from ..backend import INTERPRETED
+from .combine import round_to, tree_max_sum, tree_sum
+
+#: Triton's interpreter truncates float32 -> bfloat16; outputs round on the bits there
+#: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
+SOFT_BF16 = tl.constexpr(INTERPRETED)
 
 #: Which function: the OP constexpr.
 SOFTMAX = tl.constexpr(0)
@@ -287,11 +292,11 @@ def softmax_kernel(
                                      tl.reshape(q, [ROWS_PER_PROGRAM, SEG_POW2]),
                                      ROWS_PER_PROGRAM, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
         if LSE_FORWARD:
-            tl.store(dst_ptr + rows_idx, c0.to(dst_ptr.dtype.element_ty), mask=rows_idx < rows)
+            tl.store(dst_ptr + rows_idx, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16), mask=rows_idx < rows)
         else:
             out = _outputs(a, b, c0[:, None, None, None], c1[:, None, None, None], inv_temperature, OP,
                            BACKWARD, HAS_TEMPERATURE)
-            tl.store(dst_ptr + rows64 * stride_dst + cols, out.to(dst_ptr.dtype.element_ty), mask=mask)
+            tl.store(dst_ptr + rows64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
     else:
         # One row per program in the streaming phases; blocks of SEG_BLOCK segments.
         if PHASE == WHOLE_ROWS:
@@ -356,7 +361,7 @@ def softmax_kernel(
                 c0, c1 = _merge_partials(tl.reshape(p_all, [1, SEG_POW2]), tl.reshape(q_all, [1, SEG_POW2]),
                                          1, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
             if LSE_FORWARD:
-                tl.store(dst_ptr + one_row, c0.to(dst_ptr.dtype.element_ty))
+                tl.store(dst_ptr + one_row, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16))
             else:
                 dst_row = dst_ptr + row64 * stride_dst
                 for block in range(block_count):
@@ -366,4 +371,4 @@ def softmax_kernel(
                                        OP, BACKWARD, HAS_TEMPERATURE, SECOND_READ_POLICY)
                     out = _outputs(a, b, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
                                    HAS_TEMPERATURE)
-                    tl.store(dst_row + cols, out.to(dst_ptr.dtype.element_ty), mask=mask)
+                    tl.store(dst_row + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
