@@ -653,7 +653,7 @@ def test_bad_arguments_name_themselves():
         treefold.rms_norm(x, out_dtype=torch.int32)
     with pytest.raises(ValueError, match=r"rms_norm: x must have at least one dimension"):
         treefold.rms_norm(torch.tensor(1.0))
-    with pytest.raises(ValueError, match=r"rms_norm: weight is on meta, but x is on cpu"):
+    with pytest.raises(ValueError, match=r"rms_norm: weight is on meta; treefold runs on cuda and cpu tensors"):
         treefold.rms_norm(x, torch.ones(8, device="meta"))
     with pytest.raises(ValueError, match=r"rms_norm: rows of 65537 elements are longer than 65536"):
         treefold.rms_norm(torch.ones(1, 65537))
@@ -805,3 +805,30 @@ def test_gpu_torch_compile_inductor_matches_eager():
     params = (x, w, w2, b2)
     for g, g_c in zip(torch.autograd.grad(outs[0], params, dz), torch.autograd.grad(outs_c[0], params, dz)):
         assert_bits(g_c, g)
+
+
+def test_modules_reject_bad_arguments_by_name():
+    from treefold.nn import LayerNorm, RMSNorm
+    with pytest.raises(ValueError, match=r"RMSNorm: normalized_shape must be one or more positive ints, got \(-1,\)"):
+        RMSNorm(-1)
+    with pytest.raises(TypeError, match="LayerNorm: normalized_shape must be an int or a sequence of ints, got str"):
+        LayerNorm("8")
+    with pytest.raises(ValueError, match="RMSNorm: casting must be 'llama', 'gemma' or 'none', got 'bad'"):
+        RMSNorm(8, casting="bad")
+    with pytest.raises(TypeError, match="RMSNorm: x must be a torch.Tensor, got list"):
+        RMSNorm(8)([1.0])
+    with pytest.raises(ValueError, match=r"RMSNorm: expected residual with trailing shape \(2, 4\), got \(5,\)"):
+        RMSNorm((2, 4))(torch.randn(3, 2, 4), torch.randn(5))
+    with pytest.raises(ValueError, match=r"RMSNorm: residual has shape \(1, 2, 4\), expected x's shape \(3, 2, 4\)"):
+        RMSNorm((2, 4))(torch.randn(3, 2, 4), torch.randn(1, 2, 4))
+
+
+def test_numpy_scalars_are_accepted_like_python_numbers():
+    import numpy as np
+    x = torch.randn(3, 8)
+    assert torch.equal(treefold.rms_norm(x, None, np.float32(1e-6)), treefold.rms_norm(x, None, 1e-6))
+
+
+def test_tensors_on_other_devices_are_refused_by_name():
+    with pytest.raises(ValueError, match="rms_norm: x is on meta; treefold runs on cuda and cpu tensors"):
+        treefold.rms_norm(torch.randn(3, 8, device="meta"))

@@ -321,7 +321,7 @@ def test_non_finite_logits_are_never_drawn(device):
     (dict(top_p=torch.ones(3, dtype=torch.int64)), TypeError,
      "sample: top_p has dtype int64, expected one of float32, float64, bfloat16, float16"),
     (dict(top_k=torch.ones(3, dtype=torch.int64)), ValueError,
-     r"sample: top_k has shape \(3,\), expected one element, \(2,\)"),
+     r"sample: top_k has shape \(3,\), expected one element or \(2,\) \(one per row of logits\)"),
     (dict(seed=torch.ones(2)), TypeError, "sample: seed has dtype float32, expected int64 or int32"),
 ])
 def test_sample_argument_errors(kwargs, exc, message):

@@ -8,6 +8,8 @@ device).
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import Iterable
 
 import torch
@@ -26,6 +28,8 @@ def tensor(fn: str, name: str, value, dtypes=FLOAT_DTYPES) -> torch.Tensor:
     if dtypes is not None and value.dtype not in dtypes:
         raise TypeError(f"{fn}: {name} has dtype {str(value.dtype).replace('torch.', '')}, "
                         f"expected one of {_dtype_names(dtypes)}")
+    if value.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: {name} is on {value.device}; treefold runs on cuda and cpu tensors")
     return value
 
 
@@ -38,8 +42,9 @@ def same_device(fn: str, name: str, value: torch.Tensor, ref_name: str, ref: tor
 
 def dim(fn: str, value: int, ndim: int, name: str = "dim") -> int:
     """Normalise a dimension index (negative allowed) for a tensor of ``ndim`` dimensions."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{fn}: {name} must be an int, got {type(value).__name__}")
+    value = operator.index(value)
     lo, hi = -max(ndim, 1), max(ndim, 1) - 1
     if not lo <= value <= hi:
         raise ValueError(f"{fn}: {name}={value} is out of range for a tensor with {ndim} dimension(s) "
@@ -49,7 +54,7 @@ def dim(fn: str, value: int, ndim: int, name: str = "dim") -> int:
 
 def finite_float(fn: str, name: str, value, *, low=None, high=None, low_open=False) -> float:
     """A finite Python number inside [low, high] (or (low, high] with ``low_open``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{fn}: {name} must be a number, got {type(value).__name__}")
     v = float(value)
     if not math.isfinite(v):

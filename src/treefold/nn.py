@@ -19,10 +19,29 @@ __all__ = ["RMSNorm", "LayerNorm"]
 _Shape = Union[int, Sequence[int], torch.Size]
 
 
-def _as_shape(normalized_shape: _Shape) -> tuple[int, ...]:
+def _as_shape(module: str, normalized_shape: _Shape) -> tuple[int, ...]:
+    """normalized_shape as a tuple of positive ints, or a ValueError/TypeError naming the module."""
+    if isinstance(normalized_shape, (bool, str, bytes)):
+        raise TypeError(f"{module}: normalized_shape must be an int or a sequence of ints, "
+                        f"got {type(normalized_shape).__name__}")
     if isinstance(normalized_shape, int):
-        return (normalized_shape,)
-    return tuple(normalized_shape)
+        normalized_shape = (normalized_shape,)
+    try:
+        shape = tuple(normalized_shape)
+    except TypeError:
+        raise TypeError(f"{module}: normalized_shape must be an int or a sequence of ints, "
+                        f"got {type(normalized_shape).__name__}") from None
+    if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
+        raise ValueError(f"{module}: normalized_shape must be one or more positive ints, got {normalized_shape!r}")
+    return shape
+
+
+def _check_input(module: str, name: str, value, shape: tuple[int, ...]) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{module}: {name} must be a torch.Tensor, got {type(value).__name__}")
+    k = len(shape)
+    if value.ndim < k or tuple(value.shape[-k:]) != shape:
+        raise ValueError(f"{module}: expected {name} with trailing shape {shape}, got {tuple(value.shape)}")
 
 
 class RMSNorm(nn.Module):
@@ -47,7 +66,9 @@ class RMSNorm(nn.Module):
     def __init__(self, normalized_shape: _Shape, eps: Optional[float] = 1e-6, elementwise_affine: bool = True,
                  *, casting: str = "llama", offset: float = 0.0, device=None, dtype=None):
         super().__init__()
-        self.normalized_shape = _as_shape(normalized_shape)
+        self.normalized_shape = _as_shape("RMSNorm", normalized_shape)
+        if casting not in ("llama", "gemma", "none"):
+            raise ValueError(f"RMSNorm: casting must be 'llama', 'gemma' or 'none', got {casting!r}")
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         self.casting = casting
@@ -64,8 +85,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
         k = len(self.normalized_shape)
-        if tuple(x.shape[-k:]) != self.normalized_shape:
-            raise ValueError(f"RMSNorm: expected x with trailing shape {self.normalized_shape}, got {tuple(x.shape)}")
+        _check_input("RMSNorm", "x", x, self.normalized_shape)
+        if residual is not None:
+            _check_input("RMSNorm", "residual", residual, self.normalized_shape)
+            if residual.shape != x.shape:
+                raise ValueError(f"RMSNorm: residual has shape {tuple(residual.shape)}, expected x's shape "
+                                 f"{tuple(x.shape)}")
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         n = math.prod(self.normalized_shape)
         flat = x if k == 1 else x.reshape(*x.shape[:-k], n)
@@ -97,7 +122,7 @@ class LayerNorm(nn.Module):
     def __init__(self, normalized_shape: _Shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, device=None, dtype=None):
         super().__init__()
-        self.normalized_shape = _as_shape(normalized_shape)
+        self.normalized_shape = _as_shape("LayerNorm", normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         if elementwise_affine:

@@ -16,6 +16,9 @@ parameter is out of range samples -1, as does a row without a finite logit.
 """
 from __future__ import annotations
 
+import numbers
+import operator
+
 from typing import Optional, Union
 
 import torch
@@ -57,6 +60,13 @@ def _same_device(fn: str, name: str, value: torch.Tensor, device) -> None:
                          f"first (treefold never copies between devices)")
 
 
+def _row_shapes(batch: tuple, rows: int) -> str:
+    """The shapes a per-row parameter may have, in words."""
+    if batch == (rows,):
+        return f"one element or ({rows},) (one per row of logits)"
+    return f"one element, {batch} (the batch shape of logits) or ({rows},)"
+
+
 def _per_row(fn: str, name: str, value: torch.Tensor, rows: int, batch: tuple, device,
              dtypes, to: torch.dtype, allow_single: bool = True) -> torch.Tensor:
     """A tensor parameter as a contiguous [rows] tensor of dtype ``to`` (one element broadcasts)."""
@@ -68,8 +78,7 @@ def _per_row(fn: str, name: str, value: torch.Tensor, rows: int, batch: tuple, d
         flat = value.reshape(1)
         return flat.to(to).expand(rows).contiguous() if rows != 1 else flat.to(to).contiguous()
     if value.numel() != rows or tuple(value.shape) not in (batch, (rows,)):
-        raise ValueError(f"{fn}: {name} has shape {tuple(value.shape)}, expected one element, "
-                         f"{batch} (the batch shape of logits) or ({rows},)")
+        raise ValueError(f"{fn}: {name} has shape {tuple(value.shape)}, expected {_row_shapes(batch, rows)}")
     return value.reshape(rows).to(to).contiguous()
 
 
@@ -84,8 +93,9 @@ def _k(fn: str, name: str, value, n: int, rows, batch, device):
         return None
     if isinstance(value, torch.Tensor):
         return _per_row(fn, name, value, rows, batch, device, _INT_PARAMS, torch.int64)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{fn}: {name} must be an int, a tensor or None, got {type(value).__name__}")
+    value = operator.index(value)
     if not 1 <= value <= n:
         raise ValueError(f"{fn}: {name}={value} is out of range for {n} tokens "
                          f"(expected 1 <= {name} <= {n})")
@@ -97,7 +107,7 @@ def _p(fn: str, name: str, value, rows, batch, device, *, low_open: bool):
         return None
     if isinstance(value, torch.Tensor):
         return _per_row(fn, name, value, rows, batch, device, _FLOAT_PARAMS, torch.float32)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{fn}: {name} must be a number, a tensor or None, got {type(value).__name__}")
     v = float(value)
     lo_ok = v > 0.0 if low_open else v >= 0.0
@@ -113,11 +123,11 @@ def _random(fn: str, name: str, value, rows, batch, device):
                             f"or int32")
         _same_device(fn, name, value, device)
         if value.numel() != 1 and (value.numel() != rows or tuple(value.shape) not in (batch, (rows,))):
-            raise ValueError(f"{fn}: {name} has shape {tuple(value.shape)}, expected one element, "
-                             f"{batch} (the batch shape of logits) or ({rows},)")
+            raise ValueError(f"{fn}: {name} has shape {tuple(value.shape)}, expected {_row_shapes(batch, rows)}")
         return value.reshape(-1).to(torch.int64).contiguous()
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{fn}: {name} must be an int or an integer tensor, got {type(value).__name__}")
+    value = operator.index(value)
     if not _INT64_MIN <= value < _UINT64_END:
         raise ValueError(f"{fn}: {name}={value} does not fit in 64 bits")
     return value - _UINT64_END if value >= (1 << 63) else value  # the same 64 bits, as int64
@@ -207,9 +217,9 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     fn = "top_k"
     x2, batch = _logits(fn, "x", x)
     rows, n = x2.shape
-    kk = _k(fn, "k", k, n, rows, batch, x.device)
-    if kk is None or isinstance(kk, torch.Tensor):
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"{fn}: k must be an int, got {type(k).__name__}")
+    kk = _k(fn, "k", k, n, rows, batch, x.device)
     if rows == 0:
         return (torch.empty(batch + (kk,), dtype=x.dtype, device=x.device),
                 torch.empty(batch + (kk,), dtype=torch.int64, device=x.device))
