@@ -19,7 +19,7 @@ from __future__ import annotations
 import numbers
 import operator
 
-from typing import Optional, Union
+from typing import Union
 
 import torch
 

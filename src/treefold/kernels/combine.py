@@ -7,6 +7,10 @@ halves, so the compiler has no order left to choose: the GPU, the interpreter an
 reference (``treefold.order.grouped_tree``) perform the same operations on the same operands.
 Reshapes are free with Triton's linear layouts; with GROUP equal to the 16-byte vector each thread
 loads, the group levels are register adds and the group tree needs the usual few warp shuffles.
+
+Also here: the online-softmax merge and its tree, the round-to-nearest output conversion, the
+error-free float64 pair arithmetic of the correctly rounded sum, and the (value, index) merge
+with lowest-index ties used by max/min/argmax/argmin.
 """
 import triton
 import triton.language as tl
@@ -83,3 +87,175 @@ def round_to(x, dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
         return rounded.to(dtype)
     else:
         return x.to(dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Halving trees of custom combines
+#
+# Compiled, a level is ``tl.reduce`` over an axis of size two (the compiler's shuffles and shared
+# memory exchanges, no order to choose). Triton's interpreter runs a custom ``tl.reduce`` one
+# element at a time in Python, so with INTERPRETED the two halves are split out (reshape,
+# permute, split: NumPy views) and combined as whole arrays. Every combine used here is
+# symmetric in its two operands, so both forms compute the same values: the lower half's
+# element j meets the upper half's element j.
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def halves(x, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """Split ``[ROWS, WIDTH]`` into its lower and upper halves along the last axis."""
+    return tl.split(tl.permute(tl.reshape(x, [ROWS, 2, WIDTH // 2]), (0, 2, 1)))
+
+
+# --------------------------------------------------------------------------------------------
+# Error-free float64 arithmetic for the accurate sum
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def two_sum(a, b):
+    """Knuth's TwoSum: s = fl(a + b) and e with s + e == a + b exactly, for any |a|, |b|.
+
+    No products appear, so contraction into FMA cannot change it. The exact error of a finite
+    sum is unique, so two_sum(a, b) and two_sum(b, a) give the same pair.
+    """
+    s = a + b
+    b_virtual = s - a
+    a_virtual = s - b_virtual
+    e = (a - a_virtual) + (b - b_virtual)
+    return s, e
+
+
+@triton.jit
+def double_double_add(s_a, c_a, s_b, c_b):
+    """Merge two unevaluated sums (s_a + c_a) + (s_b + c_b): TwoSum of the leading words, its
+    rounding error added to the sum of the trailing words. Symmetric in its two operands."""
+    s, e = two_sum(s_a, s_b)
+    return s, (c_a + c_b) + e
+
+
+@triton.jit
+def tree_double_double(s, c, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr,
+                       GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, EXACT_GROUPS: tl.constexpr,
+                       INTERPRETED: tl.constexpr):
+    """``combine.tree_sum``'s grouped halving tree over ``[ROWS, WIDTH]`` float64 pairs.
+
+    The same pairs meet at the same levels as in ``tree_sum``. Inside groups the adds are
+    TwoSums with ``EXACT_GROUPS``, else plain float64 adds (then ``c`` must hold -0.0 on entry,
+    as it does for raw inputs). INTERPRETED: see "Halving trees of custom combines" above.
+    """
+    GROUPS: tl.constexpr = WIDTH // GROUP
+    s = tl.reshape(s, [ROWS * GROUPS, GROUP])
+    c = tl.reshape(c, [ROWS * GROUPS, GROUP])
+    for level in tl.static_range(LOG2_GROUP):
+        if EXACT_GROUPS:
+            if INTERPRETED:
+                s_a, s_b = halves(s, ROWS * GROUPS, GROUP >> level)
+                c_a, c_b = halves(c, ROWS * GROUPS, GROUP >> level)
+                s, c = double_double_add(s_a, c_a, s_b, c_b)
+            else:
+                s, c = tl.reduce((tl.reshape(s, [ROWS * GROUPS, 2, GROUP >> (level + 1)]),
+                                  tl.reshape(c, [ROWS * GROUPS, 2, GROUP >> (level + 1)])),
+                                 axis=1, combine_fn=double_double_add)
+        elif INTERPRETED:
+            s_a, s_b = halves(s, ROWS * GROUPS, GROUP >> level)
+            s = s_a + s_b
+        else:
+            s = tl.sum(tl.reshape(s, [ROWS * GROUPS, 2, GROUP >> (level + 1)]), axis=1)
+    s = tl.reshape(s, [ROWS, GROUPS])
+    if EXACT_GROUPS or LOG2_GROUP == 0:
+        c = tl.reshape(c, [ROWS, GROUPS])
+    else:
+        c = tl.full([ROWS, GROUPS], -0.0, tl.float64)
+    for level in tl.static_range(LOG2_WIDTH - LOG2_GROUP):
+        if INTERPRETED:
+            s_a, s_b = halves(s, ROWS, GROUPS >> level)
+            c_a, c_b = halves(c, ROWS, GROUPS >> level)
+            s, c = double_double_add(s_a, c_a, s_b, c_b)
+        else:
+            s, c = tl.reduce((tl.reshape(s, [ROWS, 2, GROUPS >> (level + 1)]),
+                              tl.reshape(c, [ROWS, 2, GROUPS >> (level + 1)])),
+                             axis=1, combine_fn=double_double_add)
+    return tl.reshape(s, [ROWS]), tl.reshape(c, [ROWS])
+
+
+@triton.jit
+def double_double_to_float32(s, c):
+    """The float32 nearest (ties to even) to the exact value s + c.
+
+    s + c is first renormalised to hi + lo with hi = fl(s + c) and lo exact (a zero c leaves s
+    alone, keeping the sign of a zero sum). hi is then replaced by its neighbour towards lo when
+    lo != 0 and hi's last bit is even (round-to-odd): a 53-bit round-to-odd value rounds to any
+    format of at most 51 bits exactly as the exact value would, so the final float64 -> float32
+    conversion (to nearest even) is the correct rounding of s + c. Infinite or NaN sums return
+    s itself (TwoSum of an infinity leaves NaN in c).
+    """
+    hi, lo = two_sum(s, c)
+    zero_c = c == 0
+    hi = tl.where(zero_c, s, hi)
+    lo = tl.where(zero_c, 0.0, lo)
+    bits = hi.to(tl.int64, bitcast=True)
+    even = (bits & 1) == 0
+    # For a positive hi a larger bit pattern is a larger magnitude; the same holds for a negative
+    # hi, so "towards lo" is +1 when lo and hi have the same sign and -1 otherwise.
+    step = tl.where((lo > 0) == (hi > 0), 1, -1).to(tl.int64)
+    bits = tl.where((lo != 0) & even, bits + step, bits)
+    rounded = bits.to(tl.float64, bitcast=True).to(tl.float32)
+    finite = tl.abs(s) < float("inf")
+    return tl.where(finite, rounded, s.to(tl.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# The (value, index) combine: the one rule behind max, min, argmax and argmin
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def pick(v_a, i_a, v_b, i_b, IS_MAX: tl.constexpr):
+    """Choose between (v_a, i_a) and (v_b, i_b): NaN wins (the lower index among NaNs), then
+    the larger value (smaller with ``IS_MAX`` false), then the lower index. The indices of the
+    two operands always differ, so this is a selection under a total order: associative,
+    commutative, and any evaluation order gives the same pair."""
+    if IS_MAX:
+        b_better = v_b > v_a
+    else:
+        b_better = v_b < v_a
+    b_first = i_b < i_a
+    b_nan = v_b != v_b
+    a_nan = v_a != v_a
+    take_b = b_better | ((v_b == v_a) & b_first) | (b_nan & (b_first | ~a_nan))
+    return tl.where(take_b, v_b, v_a), tl.where(take_b, i_b, i_a)
+
+
+@triton.jit
+def pick_max(v_a, i_a, v_b, i_b):
+    """``pick`` for max / argmax, in the two-pair form ``tl.reduce`` calls."""
+    return pick(v_a, i_a, v_b, i_b, True)
+
+
+@triton.jit
+def pick_min(v_a, i_a, v_b, i_b):
+    """``pick`` for min / argmin, in the two-pair form ``tl.reduce`` calls."""
+    return pick(v_a, i_a, v_b, i_b, False)
+
+
+@triton.jit
+def tree_pick(v, i, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr,
+              IS_MAX: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Halving tree of ``pick`` over the last axis of ``[ROWS, WIDTH]`` (value, index) pairs."""
+    for level in tl.static_range(LOG2_WIDTH):
+        if INTERPRETED:
+            v_a, v_b = halves(v, ROWS, WIDTH >> level)
+            i_a, i_b = halves(i, ROWS, WIDTH >> level)
+            v, i = pick(v_a, i_a, v_b, i_b, IS_MAX)
+        elif IS_MAX:
+            v, i = tl.reduce((tl.reshape(v, [ROWS, 2, WIDTH >> (level + 1)]),
+                              tl.reshape(i, [ROWS, 2, WIDTH >> (level + 1)])),
+                             axis=1, combine_fn=pick_max)
+        else:
+            v, i = tl.reduce((tl.reshape(v, [ROWS, 2, WIDTH >> (level + 1)]),
+                              tl.reshape(i, [ROWS, 2, WIDTH >> (level + 1)])),
+                             axis=1, combine_fn=pick_min)
+    return tl.reshape(v, [ROWS]), tl.reshape(i, [ROWS])
+
+
+# --------------------------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------------------------

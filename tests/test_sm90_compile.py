@@ -1,0 +1,81 @@
+"""The compiled path, without a GPU: the launches the reduction and norm launchers make compile for
+sm_90 with Triton's bundled ptxas. The interpreter accepts constructs the compiler rejects, so the
+CPU tier alone would not catch a kernel that fails to build (the softmax file has its own check)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_SCRIPT = textwrap.dedent("""
+    import inspect
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import treefold.backend as backend
+    from treefold._ops import launch, norms, reduce
+
+    captured = []
+
+    class Captured(Exception):
+        pass
+
+    def record(self, grid, *args, **kwargs):
+        captured.append((self.kernel, args, kwargs))
+        raise Captured
+
+    launch.Launcher.__call__ = record
+    backend.use_kernel = lambda t: True
+    TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float64: "*fp64",
+             torch.int64: "*i64", torch.int32: "*i32"}
+
+    def type_of(v):
+        if isinstance(v, torch.Tensor):
+            return TYPES[v.dtype]
+        if isinstance(v, float):
+            return "fp32"
+        return "i64" if abs(v) >= 2 ** 31 else "i32"
+
+    bf16 = lambda *s: torch.randn(*s).bfloat16()  # noqa: E731
+    calls = [
+        lambda: reduce.tree_sum_rows(torch.randn(8, 4096)),
+        lambda: reduce.tree_sum_rows(torch.randn(1, 1 << 20)),
+        lambda: reduce.tree_sum_rows(bf16(8, 4096), square=True),
+        lambda: reduce.tree_sum_rows(torch.randn(1, 1 << 20), accurate=True),
+        lambda: reduce.tree_sum_rows(torch.randn(8, 4096), accurate=True, final="mean", out_dtype=torch.float32),
+        lambda: reduce.extreme_rows(bf16(8, 4096), True),
+        lambda: reduce.extreme_rows(torch.randn(1, 1 << 20), False),
+        lambda: norms.rms_norm_impl(bf16(8, 4096), bf16(4096), bf16(8, 4096), 1e-6, 0.0, "llama", torch.bfloat16),
+        lambda: norms.rms_norm_impl(torch.randn(8, 4096), None, None, 1e-6, 1.0, "gemma", torch.float32),
+        lambda: norms.layer_norm_impl(bf16(8, 4096), bf16(4096), bf16(4096), 1e-5),
+    ]
+    for call in calls:
+        try:
+            call()
+        except Captured:
+            pass
+    for kernel, args, kwargs in captured:
+        params = list(inspect.signature(kernel.fn).parameters)
+        runtime = [p for p in params if p not in kwargs]
+        signature = {p: type_of(v) for p, v in zip(runtime, args)}
+        constexprs = {k: v for k, v in kwargs.items() if k in params}
+        signature.update({k: "constexpr" for k in constexprs})
+        options = {k: v for k, v in kwargs.items() if k not in params}
+        triton.compile(ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                       options=options)
+    print("compiled", len(captured))
+""")
+
+
+def test_reduction_and_norm_kernels_compile_for_sm90():
+    ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("Triton's bundled ptxas is not available")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split("compiled")[-1]) >= 10, done.stdout
