@@ -45,7 +45,12 @@ size or the launch configuration.
 import triton
 import triton.language as tl
 
-from .combine import tree_sum
+from ..backend import INTERPRETED
+from .combine import round_to, tree_sum
+
+#: Triton's interpreter truncates float32 -> bfloat16; probability outputs round on the bits there
+#: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
+SOFT_BF16 = tl.constexpr(INTERPRETED)
 
 #: Fixed-point scale of probability masses (w in (0, 1] times 2^40; 2^20 tokens sum below 2^63).
 FIXED_ONE = tl.constexpr(1099511627776.0)
@@ -1146,4 +1151,4 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
             out = tl.where(mass > 0.0, out, float("nan"))
         else:
             out = tl.where(keep, x, float("-inf"))  # x is exact in float32: the cast restores it
-        tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=in_row)
+        tl.store(out_ptr + row * stride_out + cols, round_to(out, out_ptr.dtype.element_ty, SOFT_BF16), mask=in_row)
