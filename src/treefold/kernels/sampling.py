@@ -1052,23 +1052,12 @@ def resolve_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, fine_ptr, count
     n_list = tl.load(counter_ptr + row)
     kept_low = tl.full([], INT64_MAX, tl.int64)
     if t_ok & f_ok & (n_valid > 0):
+        # Shorten the boundary list first (top-k: gather the k-th neighbourhood; otherwise refine
+        # by sub-bins), then resolve it: ranked pairwise when short, else sorted (top-k) or searched.
         if MODE == MODE_TOPK:
             if n_list > SORT_LARGE:
                 n_list = _gather_top_k(x_ptr, row, stride_x, list_ptr, list_stride, n_list, kk, m,
                                        inv_t, SEARCH_BLOCK, SLOTS, ALL_VALUES)
-            if n_list <= SORT_SMALL:
-                _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
-                               mass_above, kept_above, kept_low, best_score, best_index, m, total,
-                               inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
-                               o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
-                               values_ptr, indices_ptr, k_out, MODE, SORT_SMALL, False, PAIR_CHUNK,
-                               ALL_VALUES)
-            else:
-                _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
-                               mass_above, kept_above, kept_low, best_score, best_index, m, total,
-                               inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
-                               o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
-                               values_ptr, indices_ptr, k_out, MODE, SORT_LARGE, True, 1, ALL_VALUES)
         else:
             if n_list > SORT_SMALL:
                 n_list, count_above, mass_above, kept_above, best_score, best_index, kept_low = \
@@ -1076,19 +1065,25 @@ def resolve_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, fine_ptr, count
                             count_above, mass_above, kept_above, best_score, best_index, m, total,
                             inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream, o,
                             MODE, SEARCH_BLOCK, FINE_BINS, BINS_PER_NAT, ALL_VALUES)
-            if n_list <= SORT_SMALL:
-                _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
-                               mass_above, kept_above, kept_low, best_score, best_index, m, total,
-                               inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
-                               o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
-                               values_ptr, indices_ptr, k_out, MODE, SORT_SMALL, False, PAIR_CHUNK,
-                               ALL_VALUES)
-            else:
-                _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
-                                mass_above, kept_above, kept_low, best_score, best_index, m, total,
-                                inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
-                                o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
-                                MODE, SEARCH_BLOCK, SLOTS, ALL_VALUES)
+        if n_list <= SORT_SMALL:
+            _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
+                           mass_above, kept_above, kept_low, best_score, best_index, m, total,
+                           inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
+                           o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
+                           values_ptr, indices_ptr, k_out, MODE, SORT_SMALL, False, PAIR_CHUNK,
+                           ALL_VALUES)
+        elif MODE == MODE_TOPK:
+            _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
+                           mass_above, kept_above, kept_low, best_score, best_index, m, total,
+                           inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
+                           o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
+                           values_ptr, indices_ptr, k_out, MODE, SORT_LARGE, True, 1, ALL_VALUES)
+        else:
+            _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
+                            mass_above, kept_above, kept_low, best_score, best_index, m, total,
+                            inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
+                            o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
+                            MODE, SEARCH_BLOCK, SLOTS, ALL_VALUES)
     else:
         if MODE == MODE_SAMPLE:
             tl.store(token_ptr + row, -1)
