@@ -121,7 +121,8 @@ def deterministic(op: str, shape: str, fn) -> None:
 
 
 def plan_text(levels) -> list[str]:
-    return [f"n={lv.n} grid={lv.grid} warps={lv.num_warps} finish={lv.finish}" for lv in levels]
+    return [f"n={lv.n} grid={lv.grid} warps={lv.num_warps} finish={lv.finish} nodes={lv.node_segments}x{lv.node_stride}"
+            for lv in levels]
 
 
 # ---- the shapes -----------------------------------------------------------------------------
@@ -143,7 +144,7 @@ def sum_case(n: int, dtype: torch.dtype, gen: torch.Generator, variants: dict) -
     if cupy is not None and dtype == torch.float32:
         xc = cupy.asarray(x)
         record(op, shape, "cupy.sum (CUB)", lambda: cupy.sum(xc), nbytes)
-    ROWS.append({"op": op, "shape": shape, "plan": plan_text(ops.plan_sum(n, 1, dtype, 4, SumTuning()))})
+    ROWS.append({"op": op, "shape": shape, "plan": plan_text(ops.plan_sum(n, 1, dtype, 4, SumTuning(), False, True))})
 
 
 def accurate_case(n: int, gen: torch.Generator, variants: dict) -> None:
@@ -215,36 +216,36 @@ def rows_case(rows: int, n: int, gen: torch.Generator, variants: dict) -> None:
     ROWS.append({"op": op, "shape": shape, "plan": plan_text(ops.plan_sum(n, rows, torch.bfloat16, 4, SumTuning()))})
 
 
-# Defaults (the heuristics in treefold._ops.reduce): one warp per 4096-lane segment at the first
-# level (four for the accurate sum's float64 pairs), one segment per program.
+# Defaults (the heuristics in treefold._ops.reduce): whole-tensor sums compute tree nodes at the
+# first level (about NODE_PROGRAMS programs, one warp per 4096-lane segment), finished by a
+# dependent launch; rows: one warp per 4096-lane segment, one segment per program.
 SUM_VARIANTS = {
-    "w2": SumTuning(num_warps=2), "w4": SumTuning(num_warps=4), "w8": SumTuning(num_warps=8),
-    "spp2 w2": SumTuning(segments_per_program=2, num_warps=2),
-    "spp4 w4": SumTuning(segments_per_program=4, num_warps=4),
-    "spp4 w8": SumTuning(segments_per_program=4, num_warps=8),
-    "evict_first": SumTuning(evict_first=True),
-    "finish in one program (finish_elements=65536)": SumTuning(finish_elements=65536),
-    "one level per launch": SumTuning(fuse_finish=False),
+    "segments (no nodes)": SumTuning(node_stride=0),
+    "no dependent launch": SumTuning(dependent_launch=False),
+    "P128": SumTuning(node_stride=128), "P256": SumTuning(node_stride=256),
+    "P512": SumTuning(node_stride=512), "P1024": SumTuning(node_stride=1024),
+    "P256 w4": SumTuning(node_stride=256, num_warps=4),
+    "P512 spp2 w2": SumTuning(node_stride=512, segments_per_program=2, num_warps=2),
 }
 BF16_VARIANTS = {
-    "w2": SumTuning(num_warps=2), "w4": SumTuning(num_warps=4), "w8": SumTuning(num_warps=8),
-    "spp2 w2": SumTuning(segments_per_program=2, num_warps=2),
-    "spp4 w4": SumTuning(segments_per_program=4, num_warps=4),
-    "evict_first": SumTuning(evict_first=True),
+    "segments (no nodes)": SumTuning(node_stride=0),
+    "P256": SumTuning(node_stride=256), "P128 w2": SumTuning(node_stride=128, num_warps=2),
+    "P256 w4": SumTuning(node_stride=256, num_warps=4),
 }
 ACCURATE_VARIANTS = {
-    "exact groups w2": {"exact_groups": True, "tuning": SumTuning(num_warps=2)},
-    "exact groups w8": {"exact_groups": True, "tuning": SumTuning(num_warps=8)},
-    "fp64 groups": {"exact_groups": False},
-    "fp64 groups w2": {"exact_groups": False, "tuning": SumTuning(num_warps=2)},
-    "fp64 groups w8": {"exact_groups": False, "tuning": SumTuning(num_warps=8)},
+    "exact groups": {"exact_groups": True},
+    "exact groups, segments (no nodes)": {"exact_groups": True, "tuning": SumTuning(node_stride=0)},
+    "segments (no nodes)": {"tuning": SumTuning(node_stride=0)},
+    "P64": {"tuning": SumTuning(node_stride=64)},
+    "P256": {"tuning": SumTuning(node_stride=256)},
+    "P128 w2": {"tuning": SumTuning(node_stride=128, num_warps=2)},
+    "P128 w8": {"tuning": SumTuning(node_stride=128, num_warps=8)},
 }
 ARGMAX_VARIANTS = {
-    "lif1": ExtremeTuning(loads_in_flight=1), "lif4": ExtremeTuning(loads_in_flight=4),
-    "w1": ExtremeTuning(num_warps=1), "w4": ExtremeTuning(num_warps=4),
-    "w4 lif4": ExtremeTuning(num_warps=4, loads_in_flight=4),
-    "tiles16": ExtremeTuning(tiles=16), "tiles64": ExtremeTuning(tiles=64),
-    "lanes2048 w4": ExtremeTuning(lanes=2048, num_warps=4),
+    "lanes1024 w2 (before)": ExtremeTuning(lanes=1024, num_warps=2, tiles=32),
+    "lanes4096 w8": ExtremeTuning(lanes=4096, num_warps=8),
+    "w8": ExtremeTuning(num_warps=8), "tiles16": ExtremeTuning(tiles=16),
+    "lif4": ExtremeTuning(loads_in_flight=4),
 }
 ROW_VARIANTS = {
     "w2": SumTuning(num_warps=2), "w4": SumTuning(num_warps=4),
@@ -253,6 +254,34 @@ ROW_VARIANTS = {
     "rpp4 w4": SumTuning(rows_per_program=4, num_warps=4),
     "evict_first": SumTuning(evict_first=True),
 }
+EXTREME_ROW_VARIANTS = {
+    "lanes1024 tiles32 w2 (before)": ExtremeTuning(lanes=1024, tiles=32, num_warps=2),
+    "lanes1024 tiles8 w4": ExtremeTuning(lanes=1024, tiles=8, num_warps=4),
+    "tiles2": ExtremeTuning(tiles=2), "tiles8": ExtremeTuning(tiles=8),
+    "w8": ExtremeTuning(num_warps=8), "w2": ExtremeTuning(num_warps=2),
+}
+
+
+def extreme_rows_case(rows: int, n: int, dtype: torch.dtype, want_index: bool, gen: torch.Generator,
+                      variants: dict) -> None:
+    """Row max (or argmax) against torch: values or indices equal, then every variant timed."""
+    op = f"{'argmax' if want_index else 'amax'} rows {str(dtype).replace('torch.', '')}"
+    shape = f"{rows}x{n}"
+    x = torch.randn(rows, n, device=DEVICE, generator=gen).to(dtype)
+    nbytes = rows * n * x.element_size() + rows * (8 if want_index else x.element_size())
+    pick = 1 if want_index else 0
+    default = (lambda: tf.argmax(x, dim=-1)) if want_index else (lambda: tf.amax(x, dim=-1))  # noqa: E731
+    want = bits(default())
+    theirs = torch.argmax(x, -1) if want_index else torch.amax(x, -1)
+    check(f"{op} {shape} == torch", want == bits(theirs))
+    deterministic(op, shape, default)
+    runs = {"default": default}
+    runs.update({name: (lambda t=t: extreme_rows(x, True, tuning=t)[pick]) for name, t in variants.items()})
+    for name, fn in variants_same_bits(op, shape, want, runs).items():
+        record(op, shape, name, fn, nbytes)
+    record(op, shape, "torch", (lambda: torch.argmax(x, -1)) if want_index else (lambda: torch.amax(x, -1)),
+           nbytes, baseline=True)
+    ROWS.append({"op": op, "shape": shape, "plan": [str(lv) for lv in ops.plan_extreme(n, rows, ExtremeTuning())]})
 
 
 def main() -> int:
@@ -271,6 +300,9 @@ def main() -> int:
         ("accurate", lambda: accurate_case(BIG, gen, ACCURATE_VARIANTS)),
         ("argmax", lambda: argmax_case(BIG, gen, ARGMAX_VARIANTS)),
         ("row sums", lambda: rows_case(*ROW_SHAPE, gen, ROW_VARIANTS)),
+        ("amax rows", lambda: extreme_rows_case(*ROW_SHAPE, torch.bfloat16, False, gen, EXTREME_ROW_VARIANTS)),
+        ("argmax rows 64", lambda: extreme_rows_case(64, 151936, torch.float32, True, gen, EXTREME_ROW_VARIANTS)),
+        ("argmax rows 1", lambda: extreme_rows_case(1, 151936, torch.float32, True, gen, EXTREME_ROW_VARIANTS)),
     ]
     for name, run in cases:
         try:

@@ -1,8 +1,13 @@
 """Host time per eager call at decode sizes: 2000 calls with no synchronisation inside, wall time / 2000.
 
 python benchmarks/host_overhead.py  (CUDA). Prints one line per call; what a decode step pays per
-call outside a CUDA graph.
+call outside a CUDA graph. With OUT=dir it also writes dir/host_profile.txt: where the time of
+each treefold call goes (cProfile, by own time), and the cost of the launch path's pieces.
 """
+import cProfile
+import io
+import os
+import pstats
 import time
 
 import torch
@@ -49,6 +54,59 @@ def main():
             print(f"host us/call  {name:40s} {per_call_us(fn):8.1f}", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"host us/call  {name:40s} failed: {e!r:.120}", flush=True)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "host_profile.txt"), "w") as f:
+            pieces(x, f)
+            for name, fn in cases:
+                if name.startswith("treefold"):
+                    profile(name, fn, f)
+
+
+def pieces(x, f):
+    """The launch path of softmax 1x4096, piece by piece (us per call)."""
+    from treefold._ops import softmax as sm
+    out = torch.empty_like(x)
+    plan = sm._plan_for(sm._SOFTMAX, False, x.shape[-1], 1, x)
+    phase = plan.phases[0]
+    args = (x, x, out, x, x, x, 1, x.shape[-1], plan.num_segments, phase.programs_per_row, x.shape[-1],
+            x.shape[-1], x.shape[-1], 1.0)
+    compiled = sm._KERNEL(phase.grid, *args, **phase.kwargs)
+    compiled = sm._KERNEL(phase.grid, *args, **phase.kwargs)
+    stream = torch._C._cuda_getCurrentRawStream(0)
+    values = sm._KERNEL._constexpr_values(phase.kwargs)
+    tail = tuple(values[n] for n in sm._KERNEL._constexpr_names)
+    ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args) + tail
+    tens = args + tail
+    rows = [
+        ("torch.empty_like", lambda: torch.empty_like(x)),
+        ("_plan_for", lambda: sm._plan_for(sm._SOFTMAX, False, x.shape[-1], 1, x)),
+        ("Launcher call", lambda: sm._KERNEL(phase.grid, *args, **phase.kwargs)),
+        ("compiled.run, tensors", lambda: compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata,
+                                                       None, None, None, *tens)),
+        ("compiled.run, addresses", lambda: compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata,
+                                                         None, None, None, *ints)),
+        ("torch.compiler.is_compiling", torch.compiler.is_compiling),
+        ("current raw stream", lambda: torch._C._cuda_getCurrentRawStream(0)),
+    ]
+    for name, fn in rows:
+        line = f"piece us/call  {name:40s} {per_call_us(fn):8.2f}"
+        print(line, flush=True)
+        f.write(line + "\n")
+
+
+def profile(name, fn, f, calls=2000):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+    f.write(f"==== {name} ({calls} calls)\n{buf.getvalue()}\n")
 
 
 if __name__ == "__main__":

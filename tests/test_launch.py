@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from treefold._ops.launch import Launcher, _spec
+from treefold._ops.launch import Launcher, _specialise
 import numpy as np
 
 from treefold import order
@@ -20,6 +20,10 @@ def _row_sum_kernel(x_ptr, out_ptr, row_stride, LANES: tl.constexpr, LOG2_LANES:
     tl.store(out_ptr + row + tl.arange(0, 1), tree_sum(x, 1, LANES, LOG2_LANES, GROUP, LOG2_GROUP))
 
 
+def _spec(value):
+    return _specialise((value,))[0][0]
+
+
 def test_spec_separates_what_triton_specialises_on():
     assert _spec(1) != _spec(2)          # == 1
     assert _spec(16) != _spec(17)        # divisible by 16
@@ -27,6 +31,13 @@ def test_spec_separates_what_triton_specialises_on():
     a = torch.empty(8, dtype=torch.float32)
     assert _spec(a) != _spec(a.to(torch.bfloat16))
     assert _spec(a[1:]) != _spec(a)      # 16-byte alignment
+    assert _spec(True) != _spec(1) and _spec(2.0) != _spec(2)
+
+
+def test_tensors_are_passed_as_their_addresses():
+    a = torch.empty(8, dtype=torch.float32)
+    _, run = _specialise((a, 3, 0.5))
+    assert run == (a.data_ptr(), 3, 0.5)
 
 
 def test_wrong_argument_count_names_the_kernel():

@@ -93,6 +93,9 @@ def test_whole_tensor_of_three_levels_matches_reference(rng):
     SumTuning(), SumTuning(fuse_finish=False), SumTuning(segments_per_program=1),
     SumTuning(segments_per_program=4, num_warps=8), SumTuning(rows_per_program=1),
     SumTuning(finish_elements=4096, evict_first=True),
+    # tree nodes at the first level (whole-tensor sums on the GPU), 1 or 2 segments per step
+    SumTuning(node_stride=2), SumTuning(node_stride=4, segments_per_program=2),
+    SumTuning(node_stride=1, segments_per_program=4),
 ])
 @pytest.mark.parametrize("n", [31, 5000, 70001])
 def test_launch_choices_never_change_the_bits(tuning, n, rng):
@@ -479,7 +482,9 @@ def test_gpu_sum_bits_equal_cpu_reference_and_are_deterministic(n, dtype):
     runs = {bits(tf.sum(xc, dtype=torch.float32)).item() for _ in range(20)}
     assert runs == {bits(want).item()}
     for tuning in (SumTuning(fuse_finish=False), SumTuning(segments_per_program=4, num_warps=8),
-                   SumTuning(finish_elements=65536), SumTuning(evict_first=True, num_warps=16)):
+                   SumTuning(finish_elements=65536), SumTuning(evict_first=True, num_warps=16),
+                   SumTuning(node_stride=0), SumTuning(node_stride=2, num_warps=4),
+                   SumTuning(node_stride=128, segments_per_program=2), SumTuning(dependent_launch=False)):
         assert_same_bits(tree_sum_rows(xc.view(1, n), tuning=tuning)[0].cpu(), want)
 
 

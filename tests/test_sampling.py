@@ -257,6 +257,10 @@ def test_seeds_offsets_and_default_generator(device):
     d = treefold.sample(x)
     torch.manual_seed(1234)
     assert torch.equal(c, treefold.sample(x)) and not torch.equal(c, d)
+    state = torch.random.get_rng_state() if device == "cpu" else torch.cuda.get_rng_state()
+    treefold.sample(x, temperature=0.0)  # greedy draws nothing
+    after = torch.random.get_rng_state() if device == "cpu" else torch.cuda.get_rng_state()
+    assert torch.equal(state, after)
     big = treefold.sample(x[:2], seed=(1 << 64) - 1, offset=(1 << 40) + 3)
     assert torch.equal(big, treefold.sample(x[:2], seed=-1, offset=(1 << 40) + 3))
 

@@ -64,6 +64,10 @@ _SCRIPT = textwrap.dedent("""
     # the sampling pipeline's launches read only device buffers, so every one of them is recorded
     from treefold._ops import sampling
     stop_at_first_launch = False
+    # whole-tensor sums as tree nodes, finished by a programmatic dependent launch (sm_90)
+    reduce._dependent_launch = lambda device: True
+    reduce.tree_sum_rows(torch.randn(1, 1 << 22), tuning=reduce.SumTuning(node_stride=64, segments_per_program=2))
+    reduce.tree_sum_rows(bf16(1, 1 << 22), accurate=True, tuning=reduce.SumTuning(node_stride=256))
     logits = torch.randn(4, 5000)
     sampling.sample_rows(logits, 0.0)
     sampling.sample_rows(logits, 0.7, top_k=50, top_p=0.9, min_p=0.05, seed=1, offset=3)

@@ -6,14 +6,15 @@ constexpr arguments, which is most of what a decode-sized call costs. ``Launcher
 compiled kernel per specialisation key and calls it directly.
 
 The key holds everything Triton specialises on, conservatively: for each tensor its dtype and
-whether its address is 16-byte aligned; for each integer whether it equals 1, whether it is
-divisible by 16 and whether it fits in 32 bits; the type of any other value; the device; and
-the constexpr values and launch options. A new key goes through Triton's own path once (which
+whether its address is 16-byte aligned; each integer's value; the type of any other value; the
+device; and the constexpr values and launch options. Tensors are passed to the compiled launcher
+as their addresses, and with Triton 3.6 its C entry point is called directly. A new key goes through Triton's own path once (which
 compiles or finds the kernel) and is then cached.
 
-Only compiled CUDA launches take the lean path; launch hooks (profilers install them) are called
-as Triton calls them. Under Triton's interpreter, or with TREEFOLD_TRITON_LAUNCH=1 in the
-environment, every call goes through ``kernel[grid](...)``.
+Only compiled CUDA launches without launch hooks take the lean path: while a profiler has
+installed hooks, every call goes through Triton's own path, which calls them. Under Triton's
+interpreter, or with TREEFOLD_TRITON_LAUNCH=1 in the environment, every call goes through
+``kernel[grid](...)``.
 """
 from __future__ import annotations
 
@@ -22,10 +23,14 @@ import os
 
 import torch
 
+import triton
 from triton import knobs as _knobs
 
 from ..backend import INTERPRETED
 
+_TRITON_VERSION = triton.__version__
+#: Cached specialisations per kernel before the cache is emptied (integers are keyed by value).
+_MAX_ENTRIES = 4096
 _PLAIN = INTERPRETED or os.environ.get("TREEFOLD_TRITON_LAUNCH", "0") not in ("", "0")
 
 
@@ -36,14 +41,40 @@ def _active(hook):
     return hook
 
 
-def _spec(value):
-    if isinstance(value, torch.Tensor):
-        return (value.dtype, value.data_ptr() % 16 == 0)
-    if isinstance(value, bool):
-        return ("b", value)
-    if isinstance(value, int):
-        return (value == 1, value % 16 == 0, -(1 << 31) <= value < (1 << 31))
-    return type(value)
+def _specialise(args):
+    """(key, run arguments): each tensor becomes its address (the compiled launcher then reads it
+    directly instead of calling ``data_ptr()`` and querying the driver about the pointer), keyed
+    by dtype and 16-byte alignment; each integer by its value (which decides everything Triton
+    specialises an integer on); a bool tagged apart from the integers 0 and 1; any other value by
+    its type."""
+    key, run = [], []
+    for value in args:
+        cls = value.__class__
+        if cls is int:
+            key.append(value)
+            run.append(value)
+        elif isinstance(value, torch.Tensor):
+            address = value.data_ptr()
+            key.append((value.dtype, address % 16 == 0))
+            run.append(address)
+        elif cls is bool:
+            key.append(("b", value))
+            run.append(value)
+        else:
+            key.append(cls)
+            run.append(value)
+    return tuple(key), tuple(run)
+
+
+def _direct_launch(compiled):
+    """The compiled launcher's C entry point, when calling it directly is known to be what
+    ``compiled.run`` does (Triton 3.6's CudaLauncher with no scratch buffers); else None."""
+    run = getattr(compiled, "run", None)
+    launch = getattr(run, "launch", None)
+    if (launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+            or not _TRITON_VERSION.startswith("3.6.")):
+        return None
+    return launch, run.launch_cooperative_grid, run.launch_pdl
 
 
 class Launcher:
@@ -69,26 +100,35 @@ class Launcher:
         self._cache: dict = {}
 
     def __call__(self, grid, *args, **kwargs):
-        if _PLAIN or not args or not isinstance(args[0], torch.Tensor) or not args[0].is_cuda:
+        if (_PLAIN or not args or not isinstance(args[0], torch.Tensor) or not args[0].is_cuda
+                or _active(_knobs.runtime.launch_enter_hook) is not None
+                or _active(_knobs.runtime.launch_exit_hook) is not None):
+            # Launch hooks (profilers) see what Triton's own path gives them.
             return self._triton_launch(grid, args, kwargs)
         device = args[0].device.index
-        key = (device, tuple(map(_spec, args)), tuple(kwargs.items()))
+        spec, run_args = _specialise(args)
+        key = (device, spec, tuple(kwargs.items()))
         entry = self._cache.get(key)
         if entry is None:
             compiled = self._triton_launch(grid, args, kwargs)
             values = self._constexpr_values(kwargs)
             tail = tuple(values[n] for n in self._constexpr_names) if self._constexpr_last else None
-            self._cache[key] = (compiled, values, tail)
+            if len(self._cache) >= _MAX_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = (compiled, values, tail, _direct_launch(compiled))
             return compiled
-        compiled, constexpr_values, tail = entry
-        full = args + tail if tail is not None else self._merge(args, constexpr_values)
+        compiled, constexpr_values, tail, direct = entry
+        full = run_args + tail if tail is not None else self._merge(run_args, constexpr_values)
         g0 = grid[0]
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         stream = torch._C._cuda_getCurrentRawStream(device)
-        enter, leave = _active(_knobs.runtime.launch_enter_hook), _active(_knobs.runtime.launch_exit_hook)
-        metadata = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
-        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *full)
+        if direct is not None:
+            launch, cooperative, pdl = direct
+            launch(g0, g1, g2, stream, compiled.function, cooperative, pdl, None, None,
+                   compiled.packed_metadata, None, None, None, *full)
+        else:
+            compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
         return compiled
 
     def _triton_launch(self, grid, args, kwargs):

@@ -10,6 +10,7 @@ choices below never change an operation or an operand, so they never change the 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Optional
@@ -39,16 +40,31 @@ BYTES_PER_THREAD = 512
 #: Triton's interpreter pays milliseconds per program and per call, whatever its size: on the CPU
 #: programs take many more elements (bits unchanged).
 INTERPRETED_PROGRAM_ELEMENTS = 1 << 18
-#: Extremes: tiles of LANES elements per segment of the first level, and the widest tile.
+#: Extremes: at most this many tiles of LANES elements per segment of the first level, fewer
+#: while the grid would have fewer than EXTREME_PROGRAMS programs; and the widest tile. On the
+#: H200 (benchmarks/results/h200-reductions.txt): 2048 lanes and 4 warps reached 98% of the
+#: roof for argmax of 2^28 and 52% for max of 8192 rows of 4096 (torch 87%, 49%); segments of
+#: 8192 elements halved argmax at 64 x 151936 against 32768-element segments.
 EXTREME_TILES = 32
-EXTREME_LANES = 1024
+EXTREME_LANES = 2048
+EXTREME_PROGRAMS = 2048
 #: Extremes: widest tile of the program that merges the partials of a row.
 EXTREME_MERGE_LANES = 4096
 #: Extremes: register bytes per lane and tile in flight the warp count is sized by (the running
 #: value and tile number besides the loads; one warp per 1024 lanes spilled on sm_90).
 EXTREME_BYTES_PER_LANE = 16
-#: The accurate sum adds inside 16-byte groups with TwoSum too (every add error-free).
-ACCURATE_EXACT_GROUPS = True
+#: Whole-tensor sums: the first level computes nodes of the next level's tree, one program per
+#: node, about this many programs in all (rows x runs x node stride), and
+NODE_PROGRAMS = 2048
+#: at least this many segments per node (else segment results, as for rows).
+NODE_MIN_SEGMENTS = 4
+#: Triton's largest block (elements).
+MAX_BLOCK_ELEMENTS = 1 << 20
+#: The accurate sum adds inside 16-byte groups with TwoSum too (every add error-free). Off: the
+#: groups are added in plain float64 (exact while a group spans less than 2^27 for float32;
+#: ``treefold.functional.reductions.sum`` states the bound), which measured 6.5% faster at
+#: 2^28 float32 on the H200: within 1% of the float32 sum instead of 6.5% behind it.
+ACCURATE_EXACT_GROUPS = False
 
 SUM_KINDS = ("sum", "sum_accurate", "mean", "mean_accurate", "norm1", "norm2")
 INT_DTYPES = (torch.int32, torch.int64)
@@ -64,6 +80,11 @@ class SumTuning:
     evict_first: load the input with the evict-first cache policy.
     finish_elements: largest next_pow2(S) * C (float32 values) finished in one program.
     fuse_finish: finish in one program when the row fits (else one level per launch).
+    node_stride: first level computes nodes of the next level's tree (``segment_sum_kernel``'s
+        NODE_SEGMENTS): the node stride P (power of two; 0 turns it off). With it
+        ``segments_per_program`` is the segments one loop step loads.
+    dependent_launch: launch the finishing level as a programmatic dependent launch (sm_90+),
+        so it starts while the first level drains.
     """
     segments_per_program: Optional[int] = None
     rows_per_program: Optional[int] = None
@@ -71,6 +92,8 @@ class SumTuning:
     evict_first: Optional[bool] = None
     finish_elements: Optional[int] = None
     fuse_finish: bool = True
+    node_stride: Optional[int] = None
+    dependent_launch: Optional[bool] = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +122,18 @@ def _pow2(name: str, value: int, allowed=None) -> int:
     return value
 
 
+_DEPENDENT = {"launch_pdl": True}
+
+
+@functools.lru_cache(maxsize=16)
+def _dependent_launch(device: torch.device) -> bool:
+    """Programmatic dependent launch: a CUDA device of sm_90 or later, and a Triton that has it."""
+    if device.type != "cuda" or kernels.gdc_wait is None:
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 9
+
+
 def _warps_for(block_bytes: int) -> int:
     return max(1, min(32, order.next_pow2(block_bytes // (32 * BYTES_PER_THREAD))))
 
@@ -120,16 +155,72 @@ class SumLevel:
     even: bool
     num_warps: int
     evict_first: bool
+    node_segments: int = 1
+    node_stride: int = 1
+    wait_for_prior: bool = False
+    release_dependents: bool = False
+
+
+def _node_level(n: int, rows: int, dtype: torch.dtype, partial_bytes: int, tuning: SumTuning,
+                interpreted: bool) -> Optional[SumLevel]:
+    """The first level as tree nodes (see ``SumTuning.node_stride``), or None when it does not
+    apply: a row of one segment, a next level that is not finished by one program, or a node
+    stride that leaves fewer than two segments per node."""
+    lanes, segments = order.lanes(n), order.num_segments(n)
+    if segments == 1:
+        return None
+    if tuning.node_stride is not None:
+        if tuning.node_stride == 0:
+            return None
+        stride = _pow2("node_stride", tuning.node_stride)
+    elif interpreted:
+        return None
+    else:
+        # About NODE_PROGRAMS programs over the whole grid (2048 measured best on the H200 at
+        # 2^26 and 2^28), NODE_MIN_SEGMENTS segments or more per node.
+        stride = order.next_pow2(max(1, NODE_PROGRAMS // max(1, rows * order.num_segments(segments))))
+    run = order.lanes(segments)  # C' of the next level
+    runs = order.num_segments(segments)
+    stride = min(stride, run)
+    node_segments = run // stride
+    if node_segments < (2 if tuning.node_stride is not None else NODE_MIN_SEGMENTS):
+        return None
+    if runs > order.MAX_LANES or order.next_pow2(runs) * stride > max(FINISH_ELEMENTS, INTERPRETED_PROGRAM_ELEMENTS):
+        return None
+    spp = _pow2("segments_per_program", tuning.segments_per_program) if tuning.segments_per_program else 1
+    spp = min(spp, node_segments, MAX_BLOCK_ELEMENTS // lanes)
+    item = max(order.itemsize(dtype), partial_bytes)
+    warps = _pow2("num_warps", tuning.num_warps) if tuning.num_warps is not None else _warps_for(spp * lanes * item)
+    return SumLevel(
+        n=n, lanes=lanes, group=order.group(n, dtype), segments=segments, segments_per_program=spp,
+        rows_per_program=1, programs_per_row=runs * stride, grid=rows * runs * stride, finish=False,
+        even=n == runs * run * lanes, num_warps=warps, evict_first=bool(tuning.evict_first),
+        node_segments=node_segments, node_stride=stride)
 
 
 @functools.lru_cache(maxsize=256)
 def plan_sum(n: int, rows: int, dtype: torch.dtype, partial_bytes: int,
-             tuning: SumTuning = _DEFAULT_SUM, interpreted: bool = False) -> tuple:
+             tuning: SumTuning = _DEFAULT_SUM, interpreted: bool = False,
+             dependent_launch: bool = False) -> tuple:
     """The launches of a sum over ``rows`` rows of ``n`` elements of ``dtype`` (n, rows >= 1).
 
     ``partial_bytes``: bytes per partial read by the later levels (4 float32, 8 int64,
     16 float64 pairs). ``interpreted``: plan for Triton's interpreter (larger programs).
+    ``dependent_launch``: the device supports programmatic dependent launch.
     """
+    node = _node_level(n, rows, dtype, partial_bytes, tuning, interpreted)
+    if node is not None:
+        runs = order.num_segments(node.segments)
+        spp = order.next_pow2(runs)
+        pdl = dependent_launch and (tuning.dependent_launch is None or tuning.dependent_launch)
+        finish_n = runs * node.node_stride
+        rpp = 1
+        finish = SumLevel(
+            n=finish_n, lanes=node.node_stride, group=1, segments=runs, segments_per_program=spp,
+            rows_per_program=rpp, programs_per_row=1, grid=rows, finish=True, even=spp == runs,
+            num_warps=_warps_for(spp * node.node_stride * partial_bytes), evict_first=False,
+            wait_for_prior=pdl)
+        return (dataclasses.replace(node, release_dependents=pdl), finish)
     levels = []
     cur, cur_dtype, first = n, dtype, True
     big = INTERPRETED_PROGRAM_ELEMENTS if interpreted else 0
@@ -164,7 +255,13 @@ def plan_sum(n: int, rows: int, dtype: torch.dtype, partial_bytes: int,
             warps = _pow2("num_warps", tuning.num_warps)
         else:
             warps = _warps_for(rpp * spp * lanes * item)
-        evict = bool(tuning.evict_first) if first and tuning.evict_first is not None else False
+        if first and tuning.evict_first is not None:
+            evict = bool(tuning.evict_first)
+        else:
+            # Rows finished in one launch are read once and never again: evict-first measured
+            # 70% of the roof against 63% at 8192 x 4096 bf16 on the H200.
+            evict = first and finish and not interpreted
+
         levels.append(SumLevel(
             n=cur, lanes=lanes, group=order.group(cur, cur_dtype if first else None),
             segments=segments, segments_per_program=spp, rows_per_program=rpp,
@@ -225,14 +322,16 @@ def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = Fal
                   "sqrt": kernels.FINAL_SQRT}[final].value
     exact = ACCURATE_EXACT_GROUPS if exact_groups is None else bool(exact_groups)
     cur, cur_lo, stride = x, x, x.stride(0)
-    for i, lv in enumerate(plan_sum(n, rows, x.dtype, partial_bytes, tuning, not x.is_cuda)):
+    for i, lv in enumerate(plan_sum(n, rows, x.dtype, partial_bytes, tuning, not x.is_cuda,
+                                    _dependent_launch(x.device))):
         if lv.finish:
             out = torch.empty(rows, dtype=out_dtype, device=x.device)
             out_lo, out_stride = out, 1
         else:
-            out = torch.empty((rows, lv.segments), dtype=partial_dtype, device=x.device)
+            width = lv.programs_per_row if lv.node_segments > 1 else lv.segments
+            out = torch.empty((rows, width), dtype=partial_dtype, device=x.device)
             out_lo = torch.empty_like(out) if double_double else out
-            out_stride = lv.segments
+            out_stride = width
         _segment_sum(
             (lv.grid,), cur, cur_lo, out, out_lo, lv.n, rows, stride, out_stride, lv.segments,
             lv.programs_per_row, n,
@@ -245,7 +344,10 @@ def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = Fal
             PAIR_INPUT=i > 0 and double_double, EXACT_GROUPS=exact or not double_double,
             FINISH=lv.finish, FINAL=final_code if lv.finish else kernels.FINAL_NONE.value,
             INTERPRETED=backend.INTERPRETED, EVEN=lv.even,
-            EVICT_FIRST=lv.evict_first, num_warps=lv.num_warps, enable_fp_fusion=False,
+            EVICT_FIRST=lv.evict_first, NODE_SEGMENTS=lv.node_segments,
+            LOG2_NODE_SEGMENTS=order.log2(lv.node_segments), NODE_STRIDE=lv.node_stride,
+            WAIT_FOR_PRIOR=lv.wait_for_prior, RELEASE_DEPENDENTS=lv.release_dependents,
+            num_warps=lv.num_warps, enable_fp_fusion=False, **_DEPENDENT if lv.wait_for_prior else {},
         )
         cur, cur_lo, stride = out, out_lo, out_stride
     return cur
@@ -274,7 +376,13 @@ def plan_extreme(n: int, rows: int, tuning: ExtremeTuning = _DEFAULT_EXTREME,
     ``interpreted``: for Triton's interpreter (larger programs)."""
     default_lanes = EXTREME_MERGE_LANES if interpreted else EXTREME_LANES
     max_lanes = _pow2("lanes", tuning.lanes) if tuning.lanes is not None else default_lanes
-    default_tiles = INTERPRETED_PROGRAM_ELEMENTS // default_lanes if interpreted else EXTREME_TILES
+    if interpreted:
+        default_tiles = INTERPRETED_PROGRAM_ELEMENTS // default_lanes
+    else:
+        # Enough programs to fill the GPU (a few rows of a vocabulary split into many segments),
+        # at most EXTREME_TILES tiles per segment.
+        wanted = order.cdiv(rows * n, min(order.next_pow2(n), max_lanes) * EXTREME_PROGRAMS)
+        default_tiles = min(EXTREME_TILES, order.next_pow2(wanted))
     tiles = tuning.tiles if tuning.tiles is not None else default_tiles
     if isinstance(tiles, bool) or not isinstance(tiles, int) or tiles < 1:
         raise ValueError(f"tuning: tiles must be an int >= 1, got {tiles!r}")

@@ -99,17 +99,22 @@ def sum(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
     The error is at most D * 2^-24 * sum|x_i| / (1 - D * 2^-24), D = the adds per element
     (``order.pairwise_error_bound``).
 
-    With ``accurate=True`` the pair s + c is the exact sum whenever every input is a multiple of
-    a power of two q with sum|x_i| < 2^106 / D * q, D the adds an element passes through (at
+    With ``accurate=True`` every input is converted to float64; the values of each 16-byte group
+    (4 float32, or 8 bfloat16 / float16) are added with plain float64 adds, and the group results
+    and everything after are unevaluated pairs (s, c) added with error-free TwoSums. The group
+    adds are exact while a group's nonzero magnitudes span less than a factor 2^27 for float32
+    (2^42 bfloat16, 2^39 float16), which covers uniform and normal data and anything else with
+    that dynamic range. Then the pair s + c is the exact sum whenever every input is a multiple
+    of a power of two q with sum|x_i| < 2^106 / D * q, D the adds an element passes through (at
     most 36 below 2^36 elements; 64 is used below): every TwoSum is exact, and every error word
-    is a multiple of q below 2^53 q, so adding them is exact too.
-    Then the result is the float32 nearest the exact sum, ties to even. A float32 value m is a
-    multiple of 2^-24 m, so this covers all data whose nonzero magnitudes span less than a
-    factor 2^(76 - log2 N) (2^50 for N = 2^26). Beyond it, |s + c - exact| <= 2 D^2 2^-106
+    is a multiple of q below 2^53 q, so adding them is exact too. A float32 value m is a multiple
+    of 2^-24 m, so this covers all data whose nonzero magnitudes span less than a factor
+    2^(76 - log2 N) (2^50 for N = 2^26), and the result is the float32 nearest the exact sum,
+    ties to even. Beyond either condition, |s + c - exact| <= (3 * 2^-53 + 2 D^2 2^-106) *
     sum|x_i|, and the result is still the nearest float32 unless the exact sum lies that close
-    to a midpoint between two floats. (With ``treefold._ops.reduce.ACCURATE_EXACT_GROUPS`` set
-    to False, the adds inside each 16-byte group are plain float64 adds, exact while a group's
-    nonzero magnitudes span less than 2^27 for float32, 2^42 for bfloat16, 2^39 for float16.)
+    to a midpoint between two float32 values. (``treefold._ops.reduce.ACCURATE_EXACT_GROUPS =
+    True`` makes the group adds TwoSums too, which lifts the span condition on groups; it cost
+    about 7% more time on the H200, see benchmarks/NOTES.md.)
     A bfloat16 or float16 ``dtype`` rounds that float32 again. Empty: 0.
     """
     fn = "sum"

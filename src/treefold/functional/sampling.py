@@ -161,7 +161,8 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
             p and min_p are used rounded to float32; masses are compared exactly (fixed point).
         seed: an int, an integer tensor with one seed per row or a single seed, or None (draw
             one seed per row from torch's default generator for ``logits.device``, advancing it,
-            with no host synchronisation). The numbers a row draws depend only on its (seed,
+            with no host synchronisation; a greedy call with a scalar temperature of 0 draws
+            nothing and leaves the generator alone). The numbers a row draws depend only on its (seed,
             offset, token id) when seeds are given per row: a request then gets the same token
             whatever batch it sits in and wherever it sits. One seed for the batch (an int or a
             one-element tensor) gives row r its own stream r.
@@ -183,7 +184,9 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
     k = _k(fn, "top_k", top_k, n, rows, batch, dev)
     p = _p(fn, "top_p", top_p, rows, batch, dev, low_open=True)
     mp = _p(fn, "min_p", min_p, rows, batch, dev, low_open=False)
-    if seed is None:
+    if seed is None and isinstance(t, float) and t == 0.0:
+        s = 0  # greedy draws no random numbers: the generator is left as it is
+    elif seed is None:
         s = torch.randint(_INT64_MIN, (1 << 63) - 1, (rows,), dtype=torch.int64, device=dev)
     else:
         s = _random(fn, "seed", seed, rows, batch, dev)

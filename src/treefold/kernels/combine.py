@@ -239,21 +239,33 @@ def pick_min(v_a, i_a, v_b, i_b):
 @triton.jit
 def tree_pick(v, i, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr,
               IS_MAX: tl.constexpr, INTERPRETED: tl.constexpr):
-    """Halving tree of ``pick`` over the last axis of ``[ROWS, WIDTH]`` (value, index) pairs."""
-    for level in tl.static_range(LOG2_WIDTH):
-        if INTERPRETED:
+    """``pick`` over the last axis of ``[ROWS, WIDTH]`` (value, index) pairs; ``[ROWS]`` each.
+
+    ``pick`` is a selection under a total order, so any tree gives the same pair: compiled,
+    this is Triton's own reduction (in-thread first, then shuffles); interpreted, a halving
+    tree of whole-array operations (see "Halving trees of custom combines" above).
+    """
+    if INTERPRETED:
+        for level in tl.static_range(LOG2_WIDTH):
             v_a, v_b = halves(v, ROWS, WIDTH >> level)
             i_a, i_b = halves(i, ROWS, WIDTH >> level)
             v, i = pick(v_a, i_a, v_b, i_b, IS_MAX)
-        elif IS_MAX:
-            v, i = tl.reduce((tl.reshape(v, [ROWS, 2, WIDTH >> (level + 1)]),
-                              tl.reshape(i, [ROWS, 2, WIDTH >> (level + 1)])),
-                             axis=1, combine_fn=pick_max)
-        else:
-            v, i = tl.reduce((tl.reshape(v, [ROWS, 2, WIDTH >> (level + 1)]),
-                              tl.reshape(i, [ROWS, 2, WIDTH >> (level + 1)])),
-                             axis=1, combine_fn=pick_min)
-    return tl.reshape(v, [ROWS]), tl.reshape(i, [ROWS])
+        return tl.reshape(v, [ROWS]), tl.reshape(i, [ROWS])
+    elif IS_MAX:
+        return tl.reduce((v, i), axis=1, combine_fn=pick_max)
+    else:
+        return tl.reduce((v, i), axis=1, combine_fn=pick_min)
+
+
+@triton.jit
+def pick_later(v_a, i_a, v_b, i_b, IS_MAX: tl.constexpr):
+    """``pick`` when ``i_b > i_a`` is known (a lane folding its elements in increasing position):
+    b wins only by a strictly better value, or by being NaN where a is not."""
+    if IS_MAX:
+        take_b = (v_b > v_a) | ((v_b != v_b) & (v_a == v_a))
+    else:
+        take_b = (v_b < v_a) | ((v_b != v_b) & (v_a == v_a))
+    return tl.where(take_b, v_b, v_a), tl.where(take_b, i_b, i_a)
 
 
 # --------------------------------------------------------------------------------------------

@@ -31,7 +31,12 @@ later levels read and write fewer than 1/4000 of N. With FINISH a level writes o
 import triton
 import triton.language as tl
 
-from .combine import double_double_to_float32, pick, round_to, tree_double_double, tree_pick, tree_sum
+try:  # programmatic dependent launch (Hopper and later); Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # older Triton: the launches that would use it are never planned
+    gdc_launch_dependents = gdc_wait = None
+
+from .combine import double_double_to_float32, pick_later, round_to, tree_double_double, tree_pick, tree_sum
 
 ACC_FP32: tl.constexpr = tl.constexpr(0)
 ACC_DOUBLE_DOUBLE: tl.constexpr = tl.constexpr(1)
@@ -68,6 +73,37 @@ def _load(ptrs, mask, EVEN: tl.constexpr, EVICT_FIRST: tl.constexpr):
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
+def _segment_results(x_ptr, x_lo_ptr, offsets, mask, BLOCK: tl.constexpr, LANES: tl.constexpr,
+                     LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
+                     ACCUMULATE: tl.constexpr, TRANSFORM: tl.constexpr, PAIR_INPUT: tl.constexpr,
+                     EXACT_GROUPS: tl.constexpr, INTERPRETED: tl.constexpr, EVEN: tl.constexpr,
+                     EVICT_FIRST: tl.constexpr):
+    """Load a ``[BLOCK, LANES]`` block of segments and reduce each with the grouped halving
+    tree: ``(s, c)``, ``[BLOCK]`` each (``c`` is ``s`` unless ACCUMULATE is ACC_DOUBLE_DOUBLE)."""
+    v = _load(x_ptr + offsets, mask, EVEN, EVICT_FIRST)
+    if ACCUMULATE == ACC_INT64:
+        v = v.to(tl.int64)
+    elif ACCUMULATE == ACC_FP32:
+        v = v.to(tl.float32)
+    else:
+        v = v.to(tl.float64)
+    if TRANSFORM == TRANSFORM_SQUARE:
+        v = v * v
+    elif TRANSFORM == TRANSFORM_ABS:
+        v = tl.abs(v)
+    if ACCUMULATE == ACC_DOUBLE_DOUBLE:
+        if PAIR_INPUT:
+            c = _load(x_lo_ptr + offsets, mask, EVEN, EVICT_FIRST)
+        else:
+            # -0.0 is the exact identity of addition, so the compiler drops the first adds of c.
+            c = tl.full([BLOCK, LANES], -0.0, tl.float64)
+        return tree_double_double(v, c, BLOCK, LANES, LOG2_LANES, GROUP, LOG2_GROUP, EXACT_GROUPS,
+                                  INTERPRETED)
+    s = tree_sum(v, BLOCK, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+    return s, s
+
+
+@triton.jit
 def segment_sum_kernel(
     x_ptr, x_lo_ptr, out_ptr, out_lo_ptr,
     n, rows, row_stride_x, row_stride_out, num_segments, programs_per_row, count,
@@ -77,15 +113,19 @@ def segment_sum_kernel(
     ACCUMULATE: tl.constexpr, TRANSFORM: tl.constexpr, PAIR_INPUT: tl.constexpr,
     EXACT_GROUPS: tl.constexpr, FINISH: tl.constexpr, FINAL: tl.constexpr,
     INTERPRETED: tl.constexpr, EVEN: tl.constexpr, EVICT_FIRST: tl.constexpr,
+    NODE_SEGMENTS: tl.constexpr = 1, LOG2_NODE_SEGMENTS: tl.constexpr = 0, NODE_STRIDE: tl.constexpr = 1,
+    WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
 ):
-    """Segment results (or, with FINISH, final results) of a sum in the treefold order.
+    """Segment results, tree nodes (NODE_SEGMENTS > 1) or, with FINISH, final results of a sum
+    in the treefold order.
 
     Args:
         x_ptr: input rows (any float or integer dtype, last dimension contiguous); at later
             levels of the accurate sum the leading float64 words of the partial pairs.
         x_lo_ptr: trailing float64 words of the partial pairs (read only with PAIR_INPUT).
         out_ptr: without FINISH, ``num_segments`` partials per row (float32, leading float64
-            words, or int64); with FINISH one result per row, in the output dtype.
+            words, or int64), or with NODE_SEGMENTS > 1 ``programs_per_row`` tree nodes; with
+            FINISH one result per row, in the output dtype.
         out_lo_ptr: trailing float64 words of the partials (written by the accurate sum).
         n: elements per row at this level.
         rows: number of rows.
@@ -98,7 +138,8 @@ def segment_sum_kernel(
         LOG2_LANES: log2(LANES).
         GROUP: G, lanes per group (``order.group``: of the input dtype at the first level, 1 later).
         LOG2_GROUP: log2(GROUP).
-        SEGMENTS_PER_PROGRAM: segments per program (power of two; with FINISH next_pow2(S)).
+        SEGMENTS_PER_PROGRAM: segments loaded as one block (power of two; with FINISH
+            next_pow2(S); with NODE_SEGMENTS > 1 the segments in flight per loop step).
         LOG2_SEGMENTS_PER_PROGRAM: its log2.
         ROWS_PER_PROGRAM: rows per program (power of two; more than one only with FINISH).
         ACCUMULATE: ACC_FP32, ACC_DOUBLE_DOUBLE or ACC_INT64.
@@ -115,41 +156,71 @@ def segment_sum_kernel(
             interpreter truncates) and split trees into halves (see ``combine.halves``).
         EVEN: no element of the block is out of bounds (no masks).
         EVICT_FIRST: load with the evict-first cache policy.
+        NODE_SEGMENTS: > 1: each program computes one node of the next level's halving tree
+            instead of segment results. The next level cuts the S segment results into runs of
+            C' = NODE_SEGMENTS * NODE_STRIDE; program j of a row (run k = j // NODE_STRIDE,
+            q = j % NODE_STRIDE) reduces segments k C' + q + m NODE_STRIDE, m < NODE_SEGMENTS,
+            and adds their results with a halving tree over m. Those are exactly the first
+            log2(NODE_SEGMENTS) levels of run k's halving tree (it pairs results C'/2 apart), so
+            the node is the value that tree holds at position q; the launch after this one
+            finishes the tree over the NODE_STRIDE nodes of every run (LANES = NODE_STRIDE,
+            GROUP = 1). Segments past the end hold +0.0, the order's padding.
+        LOG2_NODE_SEGMENTS: log2(NODE_SEGMENTS).
+        NODE_STRIDE: positions between the segments of one node (a power of two).
+        WAIT_FOR_PRIOR: launched as a programmatic dependent launch: wait for the previous
+            kernel's writes before reading (``gdc_wait``).
+        RELEASE_DEPENDENTS: let a dependent launch start its programs early
+            (``gdc_launch_dependents``); they still wait for this kernel's writes.
     """
+    if RELEASE_DEPENDENTS:
+        gdc_launch_dependents()
+    if WAIT_FOR_PRIOR:
+        gdc_wait()
     BLOCK: tl.constexpr = ROWS_PER_PROGRAM * SEGMENTS_PER_PROGRAM
     pid = tl.program_id(0).to(tl.int64)
     group = pid // programs_per_row
+    lanes = tl.arange(0, LANES)[None, :]
+    if NODE_SEGMENTS > 1:
+        # One row per program; the node j of the row is stored at position j.
+        node = pid % programs_per_row
+        run = node // NODE_STRIDE
+        first_segment = run * (NODE_SEGMENTS * NODE_STRIDE) + node % NODE_STRIDE
+        row_base = group * row_stride_x
+        STEPS: tl.constexpr = NODE_SEGMENTS // SEGMENTS_PER_PROGRAM
+        b = tl.arange(0, SEGMENTS_PER_PROGRAM)
+        step = tl.arange(0, STEPS)[:, None]
+        acc_s = tl.zeros([STEPS, SEGMENTS_PER_PROGRAM], out_ptr.dtype.element_ty)
+        acc_c = acc_s
+        for m in tl.range(0, STEPS):
+            segment = first_segment + (m * SEGMENTS_PER_PROGRAM + b) * NODE_STRIDE
+            offsets = segment[:, None] * LANES + lanes
+            s, c = _segment_results(x_ptr + row_base, x_lo_ptr + row_base, offsets, offsets < n,
+                                    SEGMENTS_PER_PROGRAM, LANES, LOG2_LANES, GROUP, LOG2_GROUP,
+                                    ACCUMULATE, TRANSFORM, PAIR_INPUT, EXACT_GROUPS, INTERPRETED,
+                                    EVEN, EVICT_FIRST)
+            acc_s = tl.where(step == m, s[None, :], acc_s)
+            if ACCUMULATE == ACC_DOUBLE_DOUBLE:
+                acc_c = tl.where(step == m, c[None, :], acc_c)
+        # Position m * SEGMENTS_PER_PROGRAM + b of the flattened block holds segment m' = that.
+        acc_s = tl.reshape(acc_s, [1, NODE_SEGMENTS])
+        if ACCUMULATE == ACC_DOUBLE_DOUBLE:
+            s, c = tree_double_double(acc_s, tl.reshape(acc_c, [1, NODE_SEGMENTS]), 1, NODE_SEGMENTS,
+                                      LOG2_NODE_SEGMENTS, 1, 0, True, INTERPRETED)
+            tl.store(out_lo_ptr + group * row_stride_out + node + tl.arange(0, 1), c)
+        else:
+            s = tree_sum(acc_s, 1, NODE_SEGMENTS, LOG2_NODE_SEGMENTS, 1, 0)
+        tl.store(out_ptr + group * row_stride_out + node + tl.arange(0, 1), s)
+        return
+
     first = (pid % programs_per_row) * SEGMENTS_PER_PROGRAM
     b = tl.arange(0, BLOCK)
     row = group * ROWS_PER_PROGRAM + b // SEGMENTS_PER_PROGRAM
     segment = first + b % SEGMENTS_PER_PROGRAM
-    offsets = segment[:, None] * LANES + tl.arange(0, LANES)[None, :]
-    row_base = row[:, None] * row_stride_x
-    mask = (row[:, None] < rows) & (offsets < n)
-
-    v = _load(x_ptr + row_base + offsets, mask, EVEN, EVICT_FIRST)
-    if ACCUMULATE == ACC_INT64:
-        v = v.to(tl.int64)
-    elif ACCUMULATE == ACC_FP32:
-        v = v.to(tl.float32)
-    else:
-        v = v.to(tl.float64)
-    if TRANSFORM == TRANSFORM_SQUARE:
-        v = v * v
-    elif TRANSFORM == TRANSFORM_ABS:
-        v = tl.abs(v)
-
-    if ACCUMULATE == ACC_DOUBLE_DOUBLE:
-        if PAIR_INPUT:
-            c = _load(x_lo_ptr + row_base + offsets, mask, EVEN, EVICT_FIRST)
-        else:
-            # -0.0 is the exact identity of addition, so the compiler drops the first adds of c.
-            c = tl.full([BLOCK, LANES], -0.0, tl.float64)
-        seg_s, seg_c = tree_double_double(v, c, BLOCK, LANES, LOG2_LANES, GROUP, LOG2_GROUP,
-                                          EXACT_GROUPS, INTERPRETED)
-    else:
-        seg_s = tree_sum(v, BLOCK, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
-        seg_c = seg_s
+    offsets = row[:, None] * row_stride_x + segment[:, None] * LANES + lanes
+    mask = (row[:, None] < rows) & (segment[:, None] * LANES + lanes < n)
+    seg_s, seg_c = _segment_results(x_ptr, x_lo_ptr, offsets, mask, BLOCK, LANES, LOG2_LANES, GROUP,
+                                    LOG2_GROUP, ACCUMULATE, TRANSFORM, PAIR_INPUT, EXACT_GROUPS,
+                                    INTERPRETED, EVEN, EVICT_FIRST)
 
     if FINISH:
         # The next level of the order is one plain halving tree over the segment results; the
@@ -262,20 +333,20 @@ def segment_extreme_kernel(
         v0 = v0.to(acc_v.dtype)
         if ABSOLUTE:
             v0 = tl.abs(v0)
-        acc_v, acc_t = pick(acc_v, acc_t, v0, t, IS_MAX)
+        acc_v, acc_t = pick_later(acc_v, acc_t, v0, t, IS_MAX)
         if LOADS_IN_FLIGHT >= 2:
             v1 = v1.to(acc_v.dtype)
             if ABSOLUTE:
                 v1 = tl.abs(v1)
-            acc_v, acc_t = pick(acc_v, acc_t, v1, t + 1, IS_MAX)
+            acc_v, acc_t = pick_later(acc_v, acc_t, v1, t + 1, IS_MAX)
         if LOADS_IN_FLIGHT >= 4:
             v2 = v2.to(acc_v.dtype)
             v3 = v3.to(acc_v.dtype)
             if ABSOLUTE:
                 v2 = tl.abs(v2)
                 v3 = tl.abs(v3)
-            acc_v, acc_t = pick(acc_v, acc_t, v2, t + 2, IS_MAX)
-            acc_v, acc_t = pick(acc_v, acc_t, v3, t + 3, IS_MAX)
+            acc_v, acc_t = pick_later(acc_v, acc_t, v2, t + 2, IS_MAX)
+            acc_v, acc_t = pick_later(acc_v, acc_t, v3, t + 3, IS_MAX)
 
     position = offsets + acc_t.to(tl.int64) * LANES
     if INDEXED_INPUT:

@@ -69,7 +69,7 @@ def _dd_level(s_in: np.ndarray, c_in: np.ndarray, group_width: int, exact_groups
     return _dd_halving_tree(s[..., 0], c[..., 0])
 
 
-def accurate_sum_parts(x, axis: int = -1, exact_groups: bool = True, dtype=None):
+def accurate_sum_parts(x, axis: int = -1, exact_groups: bool = False, dtype=None):
     """The unevaluated pair (s, c), float64, of the accurate sum along ``axis``: the treefold
     order (groups of the input ``dtype``, default x's) with double-double arithmetic, TwoSum
     inside the groups too with ``exact_groups``, as the kernels compute it."""
@@ -105,7 +105,7 @@ def double_double_to_float32(s: np.ndarray, c: np.ndarray) -> np.ndarray:
         return np.where(np.abs(s) < np.inf, rounded, s.astype(np.float32))
 
 
-def accurate_sum(x, axis: int = -1, exact_groups: bool = True, dtype=None) -> np.ndarray:
+def accurate_sum(x, axis: int = -1, exact_groups: bool = False, dtype=None) -> np.ndarray:
     """``sum(x, accurate=True)`` along ``axis``: float32, the same bits as the kernel."""
     s, c = accurate_sum_parts(x, axis, exact_groups, dtype)
     return double_double_to_float32(s, c)
@@ -232,7 +232,7 @@ def reference_sum_chunked(x: torch.Tensor, chunk_segments: int = 1 << 14) -> np.
 
 # ---- the references the kernels are tested against ----------------------------------------
 
-def sum_rows(x: torch.Tensor, kind: str, out_dtype: torch.dtype, exact_groups: bool = True) -> torch.Tensor:
+def sum_rows(x: torch.Tensor, kind: str, out_dtype: torch.dtype, exact_groups: bool = False) -> torch.Tensor:
     """``kind`` of each row of the 2-D ``x`` as the kernels compute it, as ``out_dtype``.
 
     kind: "sum", "mean" (float32 sum in the order, divided by n in float64, rounded once),
