@@ -4,8 +4,10 @@ Everything here works on 2-D ``[rows, n]`` tensors whose last dimension is conti
 public functions in ``treefold.functional.reductions`` reshape to that; a whole tensor is one
 row). Sums follow the treefold order level by level (``treefold.kernels.reduce``): a level
 whose row has at most ``order.MAX_LANES`` segments, and whose segments fit in one program,
-finishes in that program (one launch for a row of up to 16384 float32 values, two for a whole
-tensor of up to 2^26 values); other levels write segment partials for the next. The launch
+finishes in that program (one launch for a row of up to 16384 float32 values); other levels
+write segment partials for the next. A whole tensor of more than one segment takes two launches
+up to 2^36 elements: tree nodes (``SumTuning.node_stride``), then one finishing program,
+launched as a programmatic dependent launch on sm_90. The launch
 choices below never change an operation or an operand, so they never change the bits.
 """
 from __future__ import annotations
@@ -42,12 +44,14 @@ BYTES_PER_THREAD = 512
 INTERPRETED_PROGRAM_ELEMENTS = 1 << 18
 #: Extremes: at most this many tiles of LANES elements per segment of the first level, fewer
 #: while the grid would have fewer than EXTREME_PROGRAMS programs; and the widest tile. On the
-#: H200 (benchmarks/results/h200-reductions.txt): 2048 lanes and 4 warps reached 98% of the
-#: roof for argmax of 2^28 and 52% for max of 8192 rows of 4096 (torch 87%, 49%); segments of
-#: 8192 elements halved argmax at 64 x 151936 against 32768-element segments.
+#: H200 (benchmarks/results/h200-reductions.txt, h200-probe-flush.txt): 2048 lanes and 4 warps
+#: reached 98% of the roof for argmax of 2^28 and 52% for max of 8192 rows of 4096 (torch 87%,
+#: 49%); in a CUDA graph, argmax of 64 x 151936 took 10.3 us with 8 tiles per segment (12.5 us
+#: with 2 or 4, 17.7 us with 1) and of 1 x 151936 3.5 us with 1 tile (4.3 us with 4).
 EXTREME_TILES = 32
 EXTREME_LANES = 2048
-EXTREME_PROGRAMS = 2048
+EXTREME_PROGRAMS = 1024
+EXTREME_MIN_TILES = 1
 #: Extremes: widest tile of the program that merges the partials of a row.
 EXTREME_MERGE_LANES = 4096
 #: Extremes: register bytes per lane and tile in flight the warp count is sized by (the running
@@ -189,7 +193,10 @@ def _node_level(n: int, rows: int, dtype: torch.dtype, partial_bytes: int, tunin
         return None
     spp = _pow2("segments_per_program", tuning.segments_per_program) if tuning.segments_per_program else 1
     spp = min(spp, node_segments, MAX_BLOCK_ELEMENTS // lanes)
-    item = max(order.itemsize(dtype), partial_bytes)
+    # Warps by the bytes an element occupies in registers: the input's, or one float64 word for
+    # the accurate sum (its second word starts as -0.0 and folds away inside the groups); 2 warps
+    # per float64 segment measured 1.7% behind the float32 sum on the H200, 4 warps 5%.
+    item = max(order.itemsize(dtype), partial_bytes // 2 if partial_bytes == 16 else partial_bytes)
     warps = _pow2("num_warps", tuning.num_warps) if tuning.num_warps is not None else _warps_for(spp * lanes * item)
     return SumLevel(
         n=n, lanes=lanes, group=order.group(n, dtype), segments=segments, segments_per_program=spp,
@@ -382,7 +389,7 @@ def plan_extreme(n: int, rows: int, tuning: ExtremeTuning = _DEFAULT_EXTREME,
         # Enough programs to fill the GPU (a few rows of a vocabulary split into many segments),
         # at most EXTREME_TILES tiles per segment.
         wanted = order.cdiv(rows * n, min(order.next_pow2(n), max_lanes) * EXTREME_PROGRAMS)
-        default_tiles = min(EXTREME_TILES, order.next_pow2(wanted))
+        default_tiles = min(EXTREME_TILES, max(EXTREME_MIN_TILES, order.next_pow2(wanted)))
     tiles = tuning.tiles if tuning.tiles is not None else default_tiles
     if isinstance(tiles, bool) or not isinstance(tiles, int) or tiles < 1:
         raise ValueError(f"tuning: tiles must be an int >= 1, got {tiles!r}")

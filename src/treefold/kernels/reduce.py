@@ -6,6 +6,11 @@ one ``[ROWS * SEGMENTS, LANES]`` block and reduces every segment with the groupe
 Applied again to its own output while a row has more than one segment, it realises the whole
 order; with FINISH one program holds every segment of its rows and also performs the next
 level, which is a single halving tree when a row has at most ``order.MAX_LANES`` segments.
+With NODE_SEGMENTS > 1 (whole-tensor sums) a program instead reduces segments spaced
+NODE_STRIDE apart and adds their results with the first levels of the next level's halving
+tree, so a whole tensor takes two launches whatever its size (up to 2^36 elements): the nodes,
+then one program finishing every tree; the second is a programmatic dependent launch on sm_90,
+which starts while the first drains and waits for its writes (no atomics anywhere).
 How many segments or rows a program takes, num_warps and the eviction policy are launch
 choices: none changes an operation or an operand, so none changes the bits.
 
