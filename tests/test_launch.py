@@ -77,3 +77,33 @@ def test_lean_path_matches_reference_and_works_in_graph_capture():
     g.replay()
     torch.cuda.synchronize()
     assert out[:, 0].cpu().numpy().tobytes() == want.tobytes()
+
+
+@pytest.mark.gpu
+def test_prepared_eager_calls_give_the_same_bits_with_new_tensors():
+    import treefold
+    from treefold._ops import norms as norm_ops
+    from treefold._ops import softmax as softmax_ops
+    torch.manual_seed(0)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    for step in range(4):  # the first call prepares, later ones take the prepared launch
+        x = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16) * (step + 1)
+        want_softmax = softmax_ops.softmax_forward(x)
+        want_rms = norm_ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16, store_stats=False)[0]
+        assert torch.equal(treefold.softmax(x), want_softmax)
+        assert torch.equal(treefold.log_softmax(x), softmax_ops.softmax_forward(x, log=True))
+        assert torch.equal(treefold.logsumexp(x), softmax_ops.logsumexp_forward(x))
+        assert torch.equal(treefold.rms_norm(x, w), want_rms)
+    assert any(k[1] == (3, 4096) for k in softmax_ops._PREPARED)
+    assert any(k[0] == (3, 4096) for k in norm_ops._PREPARED)
+    # same shape and strides, an address off the 16-byte alignment the kernel was built for:
+    # the prepared launch declines and the ordinary path answers
+    base = torch.randn(3 * 4096 + 1, device="cuda", dtype=torch.bfloat16)
+    odd = base[1:].view(3, 4096)
+    assert torch.equal(treefold.softmax(odd), softmax_ops.softmax_forward(odd))
+    assert torch.equal(treefold.rms_norm(odd, w),
+                       norm_ops.rms_norm_impl(odd, w, None, 1e-6, 0.0, "llama", torch.bfloat16, store_stats=False)[0])
+    # a gradient still goes through autograd, not the prepared launch
+    xg = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    assert treefold.rms_norm(xg, w).grad_fn is not None
+    assert treefold.softmax(xg).grad_fn is not None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from typing import Optional
 
 import torch
 
@@ -131,6 +132,26 @@ class Launcher:
             compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
         return compiled
 
+    def prepare(self, grid, args, kwargs, slots) -> Optional["PreparedLaunch"]:
+        """Launch now, and return a ``PreparedLaunch`` that repeats this launch with other tensors
+        in place of ``slots`` (tensors of ``args``, matched by identity), or None where the lean
+        path does not apply (interpreter, hooks, a CPU tensor, an unaligned slot, a Triton whose
+        launcher is not called directly)."""
+        compiled = self(grid, *args, **kwargs)
+        if (_PLAIN or not isinstance(args[0], torch.Tensor) or not args[0].is_cuda
+                or any(t.data_ptr() % 16 for t in slots)):
+            return None
+        device = args[0].device.index
+        spec, run_args = _specialise(args)
+        entry = self._cache.get((device, spec, tuple(kwargs.items())))
+        if entry is None or entry[2] is None or entry[3] is None:
+            return None
+        compiled, _, tail, direct = entry
+        positions = tuple(tuple(i for i, a in enumerate(args) if a is t) for t in slots)
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        return PreparedLaunch(direct, g, compiled.function, compiled.packed_metadata,
+                              list(run_args + tail), positions, device)
+
     def _triton_launch(self, grid, args, kwargs):
         if self._runtime_names and len(args) != len(self._runtime_names):
             raise TypeError(f"{getattr(self.kernel, '__name__', 'kernel')}: expected {len(self._runtime_names)} runtime arguments "
@@ -145,3 +166,39 @@ class Launcher:
         for is_constexpr, name in self._layout:
             out.append(constexpr_values[name] if is_constexpr else next(it))
         return out
+
+
+class PreparedLaunch:
+    """One compiled launch with every argument fixed but a few tensors: ``prepared(*tensors)``
+    launches it with those tensors' addresses in the slots and returns True, or launches nothing
+    and returns False when it cannot (an address not 16-byte aligned, as the kernel was compiled
+    for; a profiler's launch hooks installed since). Callers keep one per (shape, strides, dtypes,
+    device, options) and fall back on the ordinary path on False."""
+
+    __slots__ = ("_launch", "_grid", "_function", "_metadata", "_template", "_positions", "_device")
+
+    def __init__(self, direct, grid, function, metadata, template, positions, device):
+        self._launch = direct
+        self._grid = grid
+        self._function = function
+        self._metadata = metadata
+        self._template = template
+        self._positions = positions
+        self._device = device
+
+    def __call__(self, *tensors) -> bool:
+        if (_active(_knobs.runtime.launch_enter_hook) is not None
+                or _active(_knobs.runtime.launch_exit_hook) is not None):
+            return False
+        args = self._template.copy()
+        for positions, tensor in zip(self._positions, tensors):
+            address = tensor.data_ptr()
+            if address % 16:
+                return False
+            for i in positions:
+                args[i] = address
+        launch, cooperative, pdl = self._launch
+        g0, g1, g2 = self._grid
+        launch(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self._device), self._function, cooperative, pdl,
+               None, None, self._metadata, None, None, None, *args)
+        return True

@@ -226,6 +226,58 @@ def rms_norm_impl(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor
     return y, h, rstd
 
 
+# ---- prepared eager launches ------------------------------------------------------------------
+# An eager rms_norm without a residual that was validated and launched once keeps a prepared
+# launch (``launch.PreparedLaunch``) per (shape, strides, dtype, device of x and weight, eps,
+# offset, casting, out_dtype): the same call again skips validation (every check depends on those
+# alone) and only allocates its output and launches.
+
+_PREPARED: dict = {}
+_MAX_PREPARED = 1024
+
+
+def _prepared_key(x, weight, eps, offset, casting, out_dtype):
+    if (x.__class__ is not Tensor or weight.__class__ is not Tensor or eps.__class__ is not float
+            or offset.__class__ is not float or casting.__class__ is not str):
+        return None
+    return (x.shape, x.stride(), x.dtype, x.get_device(), weight.shape, weight.stride(), weight.dtype,
+            weight.get_device(), eps, offset, casting, out_dtype)
+
+
+def rms_norm_prepared(x, weight, eps, offset, casting, out_dtype) -> Optional[Tensor]:
+    """y of an eager rms_norm (no residual, no gradient, not compiling) through a prepared launch,
+    or None when no launch was prepared for this kind of call (the caller takes the full path)."""
+    key = _prepared_key(x, weight, eps, offset, casting, out_dtype)
+    entry = _PREPARED.get(key) if key is not None else None
+    if entry is None or torch.compiler.is_compiling() or (
+            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return None
+    prepared, y_dtype = entry
+    y = torch.empty(x.shape, dtype=y_dtype, device=x.device)
+    return y if prepared(x, weight, y) else None
+
+
+def rms_norm_prepare(x, weight, eps, offset, casting, out_dtype, y_dtype) -> Optional[Tensor]:
+    """The first eager call of its kind (validated, no residual, no gradient): launch it through
+    ``Launcher.prepare`` and keep the prepared launch; None where that does not apply."""
+    key = _prepared_key(x, weight, eps, offset, casting, out_dtype)
+    if (key is None or not x.is_cuda or not x.is_contiguous() or not weight.is_contiguous()
+            or x.numel() == 0):
+        return None
+    y = torch.empty(x.shape, dtype=y_dtype, device=x.device)
+    x2, y2 = _rows(x), _rows(y)
+    m, n = x2.shape
+    rows, plan = _forward_plan(n, x2.dtype, True, False, True, False, offset != 0.0, casting == "llama",
+                               False, None, None)
+    args = (x2, x2, weight, x2, y2, x2, y2, y2, m, n, float(n), eps, offset, x2.stride(0), 0, y2.stride(0), 0)
+    prepared = _forward_kernel.prepare(((m + rows - 1) // rows,), args, plan, (x2, weight, y2))
+    if prepared is not None:
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[key] = (prepared, y_dtype)
+    return y
+
+
 def _overlap(a: Tensor, b: Tensor) -> bool:
     """Whether the memory spans of two tensors intersect (a conservative test)."""
     if a.numel() == 0 or b.numel() == 0:

@@ -19,7 +19,9 @@ measured fastest on the H200). The choice and its parameters are cached per (op,
 rows, dtype, device) in a plain dictionary, and kernels launch through ``Launcher`` (the compiled
 kernel cached per specialisation), so an eager call does little Python work. An eager call that
 needs no graph skips the torch.library dispatcher; one that needs a gradient goes through a plain
-``torch.autograd.Function``; ``torch.compile`` sees the registered ops.
+``torch.autograd.Function``; ``torch.compile`` sees the registered ops. An eager call that
+launches once keeps a prepared launch per (op, shape, strides, dtype, device) and, when it
+comes again, only allocates its output and launches (``launch.PreparedLaunch``).
 """
 from __future__ import annotations
 
@@ -494,10 +496,47 @@ def _path(x: torch.Tensor) -> int:
     return 1 if x.requires_grad and torch.is_grad_enabled() else 0
 
 
+#: Prepared launches of eager calls that launch once (one phase, no partials), keyed by
+#: (op, shape, strides, dtype, device): a repeated call allocates its output and launches.
+_PREPARED: dict = {}
+_MAX_PREPARED = 1024
+
+
+def _prepared_call(op: int, x: torch.Tensor, out_shape) -> Optional[torch.Tensor]:
+    """The result of op over the last dim of contiguous CUDA ``x`` through a prepared launch
+    (prepared on the first call of its kind), or None where that path does not apply."""
+    key = (op, x.shape, x.stride(), x.dtype, x.get_device())
+    prepared = _PREPARED.get(key)
+    if prepared is not None:
+        out = (torch.empty_like(x) if op != _LOGSUMEXP else x.new_empty(out_shape))
+        return out if prepared(x, out) else None
+    n = x.shape[-1]
+    rows = x.numel() // n if n else 0
+    if rows == 0 or not x.is_contiguous():
+        return None
+    p = _plan_for(op, False, n, rows, x)
+    if len(p.phases) != 1 or p.partials:
+        return None
+    out = torch.empty_like(x) if op != _LOGSUMEXP else x.new_empty(out_shape)
+    phase = p.phases[0]
+    args = (x, x, out, x, x, x, rows, n, p.num_segments, phase.programs_per_row, n, n,
+            1 if op == _LOGSUMEXP else n, 1.0)
+    prepared = _KERNEL.prepare(phase.grid, args, phase.kwargs, (x, out))
+    if prepared is not None:
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[key] = prepared
+    return out
+
+
 def softmax(x: torch.Tensor, log: bool, temperature: float, dtype: Optional[torch.dtype]) -> torch.Tensor:
     """softmax / log_softmax over the last dim of ``x`` (validated by the caller)."""
     path = _path(x)
     if path == 0:
+        if x.is_cuda and temperature == 1.0 and dtype is None and x.shape[-1]:
+            out = _prepared_call(_LOG_SOFTMAX if log else _SOFTMAX, x, None)
+            if out is not None:
+                return out
         if backend.use_kernel(x):
             return softmax_forward(x, log=log, temperature=temperature, out_dtype=dtype)
         return reference.softmax(x, log=log, temperature=temperature, out_dtype=dtype)
@@ -510,6 +549,10 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     """logsumexp over the last dim of ``x`` (validated by the caller)."""
     path = _path(x)
     if path == 0:
+        if x.is_cuda and x.shape[-1]:
+            out = _prepared_call(_LOGSUMEXP, x, x.shape[:-1])
+            if out is not None:
+                return out
         return logsumexp_forward(x) if backend.use_kernel(x) else reference.logsumexp(x)
     if path == 1:
         return _LogsumexpFunction.apply(x)

@@ -115,6 +115,10 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         ValueError: a weight or residual of the wrong shape or device, an unknown casting,
             a negative or non-finite eps, an offset without a weight, rows over 65536 elements.
     """
+    if residual is None and weight is not None:
+        y = _ops.rms_norm_prepared(x, weight, eps, offset, casting, out_dtype)
+        if y is not None:
+            return y
     fn = "rms_norm"
     _check_x(fn, x)
     n = x.shape[-1]
@@ -128,6 +132,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         raise ValueError(f"{fn}: casting must be one of {', '.join(map(repr, CASTINGS))}, got {casting!r}")
     if offset != 0.0 and weight is None:
         raise ValueError(f"{fn}: offset={offset} needs a weight (the offset is added to the weight)")
+    out_dtype_arg = out_dtype
     if out_dtype is None:
         in_dtype = x.dtype if residual is None else residual.dtype
         out_dtype = rms_norm_out_dtype(in_dtype, None if weight is None else weight.dtype, casting)
@@ -137,6 +142,10 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     if _needs_op(x, weight, residual):
         y, h, _ = torch.ops.treefold.rms_norm(x, weight, residual, eps, offset, casting, out_dtype)
     else:
+        if residual is None and weight is not None:
+            y = _ops.rms_norm_prepare(x, weight, eps, offset, casting, out_dtype_arg, out_dtype)
+            if y is not None:
+                return y
         y, h, _ = _ops.rms_norm_impl(x, weight, residual, eps, offset, casting, out_dtype, store_stats=False)
     return y if residual is None else (y, h)
 
