@@ -94,8 +94,18 @@ def test_prepared_eager_calls_give_the_same_bits_with_new_tensors():
         assert torch.equal(treefold.log_softmax(x), softmax_ops.softmax_forward(x, log=True))
         assert torch.equal(treefold.logsumexp(x), softmax_ops.logsumexp_forward(x))
         assert torch.equal(treefold.rms_norm(x, w), want_rms)
+        r = torch.randn_like(x)
+        want_y, want_h, _ = norm_ops.rms_norm_impl(x, w, r, 1e-6, 0.0, "llama", torch.bfloat16, store_stats=False)
+        y, h = treefold.rms_norm(x, w, residual=r)
+        assert torch.equal(y, want_y) and torch.equal(h, want_h)
+        b = torch.randn_like(w)
+        want_ln = norm_ops.layer_norm_impl(x, w, b, 1e-5, store_stats=False)[0]
+        assert torch.equal(treefold.layer_norm(x, (4096,), w, b), want_ln)
+        assert torch.equal(treefold.layer_norm(x, (4096,), w), norm_ops.layer_norm_impl(x, w, None, 1e-5, store_stats=False)[0])
     assert any(k[1] == (3, 4096) for k in softmax_ops._PREPARED)
-    assert any(k[0] == (3, 4096) for k in norm_ops._PREPARED)
+    assert any(k[1] == (3, 4096) and k[0] for k in norm_ops._PREPARED)
+    assert any(k[1] == (3, 4096) and not k[0] for k in norm_ops._PREPARED)
+    assert len(norm_ops._PREPARED) == 4  # rms_norm with and without residual, layer_norm with and without bias
     # same shape and strides, an address off the 16-byte alignment the kernel was built for:
     # the prepared launch declines and the ordinary path answers
     base = torch.randn(3 * 4096 + 1, device="cuda", dtype=torch.bfloat16)

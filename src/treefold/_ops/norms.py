@@ -227,55 +227,91 @@ def rms_norm_impl(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor
 
 
 # ---- prepared eager launches ------------------------------------------------------------------
-# An eager rms_norm without a residual that was validated and launched once keeps a prepared
-# launch (``launch.PreparedLaunch``) per (shape, strides, dtype, device of x and weight, eps,
-# offset, casting, out_dtype): the same call again skips validation (every check depends on those
-# alone) and only allocates its output and launches.
+# An eager rms_norm or layer_norm call (no gradient, not compiling) that was validated and launched
+# once keeps a prepared launch (``launch.PreparedLaunch``) per kind of call: the shapes, strides,
+# dtypes and devices of its tensors and the values of its other arguments. The same kind of call
+# again skips validation (every check depends on those alone) and only allocates and launches.
 
 _PREPARED: dict = {}
 _MAX_PREPARED = 1024
 
 
-def _prepared_key(x, weight, eps, offset, casting, out_dtype):
-    if (x.__class__ is not Tensor or weight.__class__ is not Tensor or eps.__class__ is not float
-            or offset.__class__ is not float or casting.__class__ is not str):
+def _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape):
+    """The key of a kind of call, or None for arguments this path leaves to the full one."""
+    if (eps.__class__ is not float or offset.__class__ is not float or casting.__class__ is not str
+            or x.__class__ is not Tensor):
         return None
-    return (x.shape, x.stride(), x.dtype, x.get_device(), weight.shape, weight.stride(), weight.dtype,
-            weight.get_device(), eps, offset, casting, out_dtype)
+    key = [is_rms, x.shape, x.stride(), x.dtype, x.get_device(), eps, offset, casting, out_dtype, normalized_shape]
+    for t in (residual, weight, bias):
+        if t is None:
+            key.append(None)
+        elif t.__class__ is not Tensor:
+            return None
+        else:
+            key += (t.shape, t.stride(), t.dtype, t.get_device())
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable normalized_shape (a list): the full path
+        return None
+    return key
 
 
-def rms_norm_prepared(x, weight, eps, offset, casting, out_dtype) -> Optional[Tensor]:
-    """y of an eager rms_norm (no residual, no gradient, not compiling) through a prepared launch,
-    or None when no launch was prepared for this kind of call (the caller takes the full path)."""
-    key = _prepared_key(x, weight, eps, offset, casting, out_dtype)
+def norm_prepared(is_rms, x, residual, weight, bias, eps, offset=0.0, casting="", out_dtype=None,
+                  normalized_shape=None):
+    """``y`` (``(y, h)`` with a residual) of an eager norm call through its prepared launch, or
+    None when none was prepared for this kind of call (the caller takes the full path)."""
+    key = _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape)
     entry = _PREPARED.get(key) if key is not None else None
-    if entry is None or torch.compiler.is_compiling() or (
-            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+    if entry is None or torch.compiler.is_compiling():
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
+                                    or (residual is not None and residual.requires_grad)
+                                    or (bias is not None and bias.requires_grad)):
         return None
     prepared, y_dtype = entry
-    y = torch.empty(x.shape, dtype=y_dtype, device=x.device)
-    return y if prepared(x, weight, y) else None
+    # key equality means x is contiguous (the prepared call's x was), so empty_like is too
+    y = torch.empty_like(x, dtype=y_dtype)
+    if residual is None:
+        if bias is None:
+            done = prepared(x, y) if weight is None else prepared(x, weight, y)
+        else:
+            done = prepared(x, bias, y) if weight is None else prepared(x, weight, bias, y)
+        return y if done else None
+    h = torch.empty_like(x, dtype=residual.dtype)
+    done = prepared(x, residual, y, h) if weight is None else prepared(x, residual, weight, y, h)
+    return (y, h) if done else None
 
 
-def rms_norm_prepare(x, weight, eps, offset, casting, out_dtype, y_dtype) -> Optional[Tensor]:
-    """The first eager call of its kind (validated, no residual, no gradient): launch it through
-    ``Launcher.prepare`` and keep the prepared launch; None where that does not apply."""
-    key = _prepared_key(x, weight, eps, offset, casting, out_dtype)
-    if (key is None or not x.is_cuda or not x.is_contiguous() or not weight.is_contiguous()
-            or x.numel() == 0):
+def norm_prepare(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape,
+                 y_dtype):
+    """The first eager call of its kind, validated, no gradient: launch it through
+    ``Launcher.prepare`` and keep the prepared launch. Returns what ``norm_prepared`` returns, or
+    None where this path does not apply (the caller launches as usual)."""
+    key = _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape)
+    tensors = [t for t in (x, residual, weight, bias) if t is not None]
+    if (key is None or not x.is_cuda or x.numel() == 0 or not all(t.is_contiguous() for t in tensors)
+            or len({id(t) for t in tensors}) != len(tensors)):  # slots are filled by identity
         return None
     y = torch.empty(x.shape, dtype=y_dtype, device=x.device)
+    h = None if residual is None else torch.empty(x.shape, dtype=residual.dtype, device=x.device)
     x2, y2 = _rows(x), _rows(y)
+    r2 = None if residual is None else _rows(residual)
+    h2 = None if h is None else _rows(h)
     m, n = x2.shape
-    rows, plan = _forward_plan(n, x2.dtype, True, False, True, False, offset != 0.0, casting == "llama",
-                               False, None, None)
-    args = (x2, x2, weight, x2, y2, x2, y2, y2, m, n, float(n), eps, offset, x2.stride(0), 0, y2.stride(0), 0)
-    prepared = _forward_kernel.prepare(((m + rows - 1) // rows,), args, plan, (x2, weight, y2))
+    rows, plan = _forward_plan(n, x2.dtype if r2 is None else r2.dtype, is_rms, r2 is not None,
+                               weight is not None, bias is not None, offset != 0.0,
+                               is_rms and casting == "llama", False, None, None)
+    args = (x2, x2 if r2 is None else r2, x2 if weight is None else weight, x2 if bias is None else bias,
+            y2, x2 if h2 is None else h2, y2, y2, m, n, float(n), eps, offset,
+            x2.stride(0), 0 if r2 is None else r2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0))
+    slots = tuple(t for t in (x2, r2, weight, bias) if t is not None) + tuple(t for t in (y2, h2) if t is not None)
+    prepared = _forward_kernel.prepare(((m + rows - 1) // rows,), args, plan, slots)
     if prepared is not None:
         if len(_PREPARED) >= _MAX_PREPARED:
             _PREPARED.clear()
         _PREPARED[key] = (prepared, y_dtype)
-    return y
+    return y if h is None else (y, h)
 
 
 def _overlap(a: Tensor, b: Tensor) -> bool:

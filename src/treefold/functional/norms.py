@@ -115,10 +115,10 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         ValueError: a weight or residual of the wrong shape or device, an unknown casting,
             a negative or non-finite eps, an offset without a weight, rows over 65536 elements.
     """
-    if residual is None and weight is not None:
-        y = _ops.rms_norm_prepared(x, weight, eps, offset, casting, out_dtype)
-        if y is not None:
-            return y
+    if x.__class__ is torch.Tensor:
+        out = _ops.norm_prepared(True, x, residual, weight, None, eps, offset, casting, out_dtype)
+        if out is not None:
+            return out
     fn = "rms_norm"
     _check_x(fn, x)
     n = x.shape[-1]
@@ -142,10 +142,10 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     if _needs_op(x, weight, residual):
         y, h, _ = torch.ops.treefold.rms_norm(x, weight, residual, eps, offset, casting, out_dtype)
     else:
-        if residual is None and weight is not None:
-            y = _ops.rms_norm_prepare(x, weight, eps, offset, casting, out_dtype_arg, out_dtype)
-            if y is not None:
-                return y
+        out = _ops.norm_prepare(True, x, residual, weight, None, eps, offset, casting, out_dtype_arg, None,
+                                out_dtype)
+        if out is not None:
+            return out
         y, h, _ = _ops.rms_norm_impl(x, weight, residual, eps, offset, casting, out_dtype, store_stats=False)
     return y if residual is None else (y, h)
 
@@ -221,6 +221,10 @@ def layer_norm(x: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
         ValueError: ``normalized_shape`` not matching x, a weight or bias of the wrong shape or
             device, a bad eps, rows over 65536 elements.
     """
+    if x.__class__ is torch.Tensor:
+        out = _ops.norm_prepared(False, x, None, weight, bias, eps, normalized_shape=normalized_shape)
+        if out is not None:
+            return out
     fn = "layer_norm"
     _check_x(fn, x)
     shape = _normalized_shape(fn, normalized_shape)
@@ -243,5 +247,9 @@ def layer_norm(x: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
     if _needs_op(x, weight, bias):
         y, _, _ = torch.ops.treefold.layer_norm(rows, w, b, eps)
     else:
+        if k == 1:
+            y = _ops.norm_prepare(False, x, None, weight, bias, eps, 0.0, "", None, normalized_shape, x.dtype)
+            if y is not None:
+                return y
         y, _, _ = _ops.layer_norm_impl(rows, w, b, eps, store_stats=False)
     return y if k == 1 else y.view(x.shape)
