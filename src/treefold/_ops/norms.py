@@ -35,6 +35,8 @@ _FORWARD_TILE = {True: 4096, False: 8192}
 #: Elements per thread: 32 (four 16-byte bfloat16 loads) beat 16 and 8 at every bfloat16 shape
 #: measured on the H200 (rows of 1024 to 16384, forward and backward; float32 was flat).
 _ELEMENTS_PER_THREAD = 32
+#: Unroll factor of the backward kernel's row loop (a launch choice; the rows fold in order).
+BACKWARD_UNROLL = 1
 #: The column tree reads at most this many float32 partials per program.
 _COLUMN_TILE = 8192
 
@@ -137,7 +139,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
 def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out: bool, has_weight: bool,
                    has_offset: bool, round_normalised: bool, store_dres: bool, weight_grad: bool,
                    bias_grad: bool, rows_per_block: int, num_warps: Optional[int],
-                   num_stages: Optional[int]) -> dict:
+                   num_stages: Optional[int], unroll: Optional[int] = None) -> dict:
     """The kernel's constexprs and options for one kind of backward launch."""
     _, default_warps, default_stages = backward_config(m, n)
     stages = num_stages or default_stages
@@ -145,15 +147,16 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         IS_RMS=is_rms, HAS_DH_OUT=has_dh_out, HAS_WEIGHT=has_weight, HAS_OFFSET=has_offset,
         ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
-        **row_layout(n, dtype), num_warps=num_warps or default_warps, enable_fp_fusion=False,
-        **({} if stages is None else {"num_stages": stages}))
+        **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL, num_warps=num_warps or default_warps,
+        enable_fp_fusion=False, **({} if stages is None else {"num_stages": stages}))
 
 
 def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[Tensor],
                     mean: Optional[Tensor], rstd: Tensor, dx2: Tensor, dres2: Optional[Tensor],
                     dw_part: Optional[Tensor], db_part: Optional[Tensor], *, offset: float, is_rms: bool,
                     round_normalised: bool, rows_per_block: int,
-                    num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> None:
+                    num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+                    unroll: Optional[int] = None) -> None:
     """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs.
 
     ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
@@ -162,7 +165,7 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     m, n = x2.shape
     plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
                           round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
-                          rows_per_block, num_warps, num_stages)
+                          rows_per_block, num_warps, num_stages, unroll)
     _backward_kernel(
         ((m + rows_per_block - 1) // rows_per_block,),
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,

@@ -140,7 +140,7 @@ def norm_backward_kernel(
     WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, SOFT_BF16: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
-    GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
+    GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1,
 ):
     """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
 
@@ -182,6 +182,7 @@ def norm_backward_kernel(
             (``treefold.reference.norms.weight_grad_rows_per_block``), never on the device.
         SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP: the row's block shape and
             group, as in the forward pass.
+        UNROLL: unroll factor of the row loop (a launch choice: the rows still fold in order).
     """
     pid = tl.program_id(0).to(tl.int64)
     col = (tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :])[None, :, :]
@@ -192,7 +193,7 @@ def norm_backward_kernel(
             w = w + offset
     dw_acc = tl.zeros([1, SEGMENTS, LANES], dtype=tl.float32)
     db_acc = tl.zeros([1, SEGMENTS, LANES], dtype=tl.float32)
-    for i in range(BLOCK_ROWS):
+    for i in tl.range(0, BLOCK_ROWS, loop_unroll_factor=UNROLL):
         # Rows past the end load as zeros and add +0 to the partials, which changes no bits.
         row = pid * BLOCK_ROWS + i
         live = row < rows
