@@ -64,6 +64,11 @@ _SCRIPT = textwrap.dedent("""
     # the sampling pipeline's launches read only device buffers, so every one of them is recorded
     from treefold._ops import sampling
     stop_at_first_launch = False
+    # softmax split over programs, its FINISH phase a programmatic dependent launch (sm_90)
+    from treefold._ops import softmax as softmax_ops
+    softmax_ops._dependent_launch = lambda device_type, index: True
+    softmax_ops.softmax_forward(bf16(2, 300000), strategy="split")
+    softmax_ops.softmax_backward(bf16(2, 300000), bf16(2, 300000), strategy="split")
     # whole-tensor sums as tree nodes, finished by a programmatic dependent launch (sm_90)
     reduce._dependent_launch = lambda device: True
     reduce.tree_sum_rows(torch.randn(1, 1 << 22), tuning=reduce.SumTuning(node_stride=64, segments_per_program=2))

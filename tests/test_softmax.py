@@ -545,7 +545,8 @@ def _gpu_configs(n, held_factor=1, every=True):
     configs = [("auto", ops.Tuning()), ("online", ops.Tuning()), ("split", ops.Tuning())]
     if every:
         configs += [("online", ops.Tuning(num_warps=4, seg_block=1)),
-                    ("split", ops.Tuning(segments_per_program=1, num_warps=8))]
+                    ("split", ops.Tuning(segments_per_program=1, num_warps=8)),
+                    ("split", ops.Tuning(dependent_launch=True)), ("split", ops.Tuning(dependent_launch=False))]
     held = ops._tile_elements(n) * held_factor
     if held <= 4096 and every:
         configs += [("warp", ops.Tuning(num_warps=2))]

@@ -77,13 +77,17 @@ _SOFTMAX, _LOG_SOFTMAX, _LOGSUMEXP = _OPS["softmax"], _OPS["log_softmax"], _OPS[
 
 @dataclass(frozen=True)
 class Tuning:
-    """Launch parameters for study (``None``: the heuristic's choice). Powers of two."""
+    """Launch parameters for study (``None``: the heuristic's choice). Powers of two, except
+    ``hints`` (eviction policies on the two reads of "online" / "split") and ``dependent_launch``
+    (True / False: "split" launches FINISH as a programmatic dependent launch, where the device
+    has it, or not; None: when PARTIALS fits in one wave)."""
     num_warps: Optional[int] = None
     rows_per_program: Optional[int] = None
     seg_block: Optional[int] = None
     segments_per_program: Optional[int] = None
     inner: Optional[int] = None
     hints: Optional[bool] = None
+    dependent_launch: Optional[bool] = None
 
 
 _DEFAULT_TUNING = Tuning()
@@ -100,8 +104,8 @@ class _Phase:
     kwargs_temperature: dict = field(compare=False, repr=False, default_factory=dict)
 
 
-def _phase(grid: int, programs_per_row: int, num_warps: int, constexprs: dict) -> _Phase:
-    launch = dict(constexprs, num_warps=num_warps, enable_fp_fusion=False)
+def _phase(grid: int, programs_per_row: int, num_warps: int, constexprs: dict, launch_pdl: bool = False) -> _Phase:
+    launch = dict(constexprs, num_warps=num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if launch_pdl else {}))
     return _Phase((grid,), programs_per_row, num_warps, tuple(constexprs.items()), launch,
                   dict(launch, HAS_TEMPERATURE=True))
 
@@ -135,6 +139,14 @@ def _sm_count(device_type: str, index: Optional[int]) -> int:
     return 4  # the interpreter: fewer, larger programs run faster
 
 
+@functools.lru_cache(maxsize=64)
+def _dependent_launch(device_type: str, index: Optional[int]) -> bool:
+    """Programmatic dependent launch: a CUDA device of sm_90 or later, and a Triton that has it."""
+    if device_type != "cuda" or kernels.gdc_wait is None:
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
 def _tile_elements(n: int) -> int:
     return order.next_pow2(order.num_segments(n)) * order.lanes(n)
 
@@ -156,8 +168,12 @@ def _auto_strategy(op: int, backward: bool, n: int, rows: int, sms: int) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 2, strategy: str = "auto",
-         tuning: Tuning = _DEFAULT_TUNING, fn: str = "softmax") -> Plan:
-    """The launches for ``rows`` rows of ``n`` elements of ``item_size`` bytes (cached)."""
+         tuning: Tuning = _DEFAULT_TUNING, fn: str = "softmax", dependent_launch: bool = False) -> Plan:
+    """The launches for ``rows`` rows of ``n`` elements of ``item_size`` bytes (cached).
+
+    ``dependent_launch``: the device supports programmatic dependent launch; "split" then
+    launches its FINISH phase as one when its PARTIALS phase fits in one wave of programs
+    (``Tuning.dependent_launch`` True or False decides instead)."""
     if strategy == "auto":
         strategy = _auto_strategy(op, backward, n, rows, sms)
     elif strategy not in STRATEGIES:
@@ -221,12 +237,20 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
                  FIRST_READ_POLICY=first_policy, SECOND_READ_POLICY=second_policy)
     phases = []
     partials = ""
+    # A dependent FINISH helped only while PARTIALS fits in one wave (its programs then wait on
+    # idle SMs): 1 x 151936 bf16 3.9 -> 3.6 us forward, 4.6 -> 3.8 us backward in a CUDA graph on
+    # the H200; at 64 rows it lost 0.3-1.3 us (benchmarks/results/h200-probe-split-pdl.txt).
+    one_wave = rows * programs_per_row <= sms
+    pdl = (dependent_launch and not (lse and backward)
+           and (tuning.dependent_launch if tuning.dependent_launch is not None else one_wave))
     if not (lse and backward):  # the logsumexp backward needs no partials
         partials = "p" if backward else "pq"
         phases.append(_phase(rows * programs_per_row, programs_per_row, num_warps,
-                             dict(split, PHASE=kernels.PARTIALS.value)))
+                             dict(split, PHASE=kernels.PARTIALS.value, **({"RELEASE_DEPENDENTS": True} if pdl else {}))))
     finish_programs = 1 if (lse and not backward) else programs_per_row
-    phases.append(_phase(rows * finish_programs, finish_programs, num_warps, dict(split, PHASE=kernels.FINISH.value)))
+    phases.append(_phase(rows * finish_programs, finish_programs, num_warps,
+                         dict(split, PHASE=kernels.FINISH.value, **({"WAIT_FOR_PRIOR": True} if pdl else {})),
+                         launch_pdl=pdl))
     return Plan(strategy, num_warps, 1, seg_block, spp, inner, hints, segments, tuple(phases), partials)
 
 
@@ -260,7 +284,7 @@ def _plan_for(op: int, backward: bool, n: int, rows: int, t: torch.Tensor, strat
     found = _PLANS.get(key)
     if found is None:
         found = plan(op, backward, n, rows, _sm_count(t.device.type, t.device.index), t.element_size(), strategy,
-                     tuning, _FN_NAMES[op])
+                     tuning, _FN_NAMES[op], _dependent_launch(t.device.type, t.device.index))
         if len(_PLANS) > 4096:
             _PLANS.clear()
         _PLANS[key] = found

@@ -48,6 +48,11 @@ Bytes each launch must move (rows x N elements, b_in / b_out bytes per element):
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (Hopper and later); Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # older Triton: the launches that would use it are never planned
+    gdc_launch_dependents = gdc_wait = None
+
 from ..backend import INTERPRETED
 from .combine import round_to, tree_max_sum, tree_sum
 
@@ -221,6 +226,7 @@ def softmax_kernel(
     SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr,
     SEG_BLOCK: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, ONLINE_BLOCKS: tl.constexpr,
     FIRST_READ_POLICY: tl.constexpr, SECOND_READ_POLICY: tl.constexpr,
+    WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
 ):
     """The softmax family: one kernel, specialised by the constexpr flags.
 
@@ -262,10 +268,18 @@ def softmax_kernel(
             constexpr so that the loops have static trip counts).
         FIRST_READ_POLICY, SECOND_READ_POLICY: eviction policies ("", "evict_last",
             "evict_first") of the reads of a row that is read twice.
+        WAIT_FOR_PRIOR: FINISH launched as a programmatic dependent launch (sm_90): wait for
+            the PARTIALS launch's writes before reading the partials (``gdc_wait``).
+        RELEASE_DEPENDENTS: PARTIALS lets the dependent FINISH launch start its programs early
+            (``gdc_launch_dependents``); they still wait for this launch's writes.
 
     A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
     segment s, i.e. column s * LANES + k * INNER + j of the row.
     """
+    if RELEASE_DEPENDENTS:
+        gdc_launch_dependents()
+    if WAIT_FOR_PRIOR:
+        gdc_wait()
     pid = tl.program_id(0)
     lane_cols = (tl.arange(0, OUTER)[:, None] * INNER + tl.arange(0, INNER)[None, :])[None, :, :]
     LSE_FORWARD: tl.constexpr = (OP == LOGSUMEXP) and (not BACKWARD)
