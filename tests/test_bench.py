@@ -553,3 +553,18 @@ def test_check_budget_verdicts():
     # three_way runs for the unary float ops and fails the wrong softmax
     notes = {n["case"]: n for n in result["three_way"]}
     assert notes["softmax"]["failed"] and not notes["log_softmax"]["failed"]
+
+
+def test_graph_times_reach_the_summary_and_the_tables():
+    def row(provider, us, graph_us):
+        return {"case": "argmax_rows", "label": "1x151936", "shape": {"dtype": "fp32"}, "provider": provider,
+                "status": "ok", "us": us, "gbs": 1.0, "pct_roof": 1.0, "accuracy": None, "distinct": 1,
+                "runs": 20, "graph_us": graph_us, "title": "argmax", "message": "", "note": ""}
+    rows = [row("treefold", 40.0, 3.4), row("torch", 12.0, 8.5), row("compile", 30.0, None)]
+    (s,) = summarize(rows)
+    assert s["treefold_graph_us"] == 3.4
+    assert (s["best_peer"], s["best_peer_graph"], s["best_peer_graph_us"]) == ("torch", "torch", 8.5)
+    summary = "\n".join(report.summary_table({"summary": [s]}))
+    assert "CUDA graph us (best peer)" in summary and "3.4 (torch 8.5)" in summary
+    detail = "\n".join(report.detail_tables({"results": rows}))
+    assert "| 1x151936 | fp32 | compile | ok |" in detail and "| 3.4 |" in detail

@@ -20,10 +20,13 @@ from .env import machine_info, short_error
 from .progress import Progress
 from .providers import Impl, Provider, TreefoldProvider, Unsupported, make_providers
 from .roofs import measure_copy_roof
-from .timing import CpuTimer, CudaTimer, count_distinct, host_overhead_us
+from .timing import CpuTimer, CudaTimer, count_distinct, cuda_graph_us, host_overhead_us
 
 #: Providers whose failures mean "does not support this shape" rather than a bug worth flagging.
 PEERS_WITH_LIMITS = ("liger", "quack")
+#: On a GPU, calls timed under this many microseconds are also timed inside a CUDA graph
+#: (``timing.cuda_graph_us``): there the eager time is mostly the host's.
+GRAPH_BELOW_US = 60.0
 
 
 @dataclass
@@ -157,7 +160,7 @@ def _row(case: Case, shape: Shape, provider: Provider, status: str, **extra) -> 
     row = {"case": case.name, "kind": case.kind, "title": case.title, "backward": case.backward is not None,
            "label": case.label(shape), "shape": shape.as_dict(), "bytes": case.count_bytes(shape),
            "provider": provider.name, "status": status, "message": "", "note": "", "us": None, "gbs": None,
-           "pct_roof": None, "accuracy": None, "distinct": None, "runs": None}
+           "pct_roof": None, "accuracy": None, "distinct": None, "runs": None, "graph_us": None}
     row.update(extra)
     return row
 
@@ -197,6 +200,12 @@ def measure(case: Case, shape: Shape, provider: Provider, base_inputs: dict, ref
     row["us"] = us
     row["gbs"] = row["bytes"] / us / 1e3 if us > 0 else None
     row["pct_roof"] = 100.0 * row["gbs"] / roof_gbs if row["gbs"] and roof_gbs else None
+    if isinstance(timer, CudaTimer) and us < GRAPH_BELOW_US:
+        try:
+            row["graph_us"] = cuda_graph_us(run)
+        except Exception as e:  # a provider that cannot be captured: say so, keep the eager row
+            torch.cuda.synchronize()
+            row["note"] = "; ".join(x for x in (row["note"], f"not capturable in a CUDA graph: {short_error(e)}") if x)
     return row
 
 
@@ -211,6 +220,8 @@ def summarize(rows: list[dict]) -> list[dict]:
         tf = next((r for r in ok if r["provider"] == "treefold"), None)
         peers = [r for r in ok if r["provider"] != "treefold"]
         best = min(peers, key=lambda r: r["us"]) if peers else None
+        graphed = [r for r in peers if r.get("graph_us")]
+        best_graph = min(graphed, key=lambda r: r["graph_us"]) if graphed else None
         treefold_row = next((r for r in group if r["provider"] == "treefold"), None)
         out.append({
             "case": case, "label": label, "dtype": dtype,
@@ -222,6 +233,9 @@ def summarize(rows: list[dict]) -> list[dict]:
             "best_peer": best["provider"] if best else None, "best_peer_us": best["us"] if best else None,
             "best_peer_pct_roof": best["pct_roof"] if best else None,
             "speedup_vs_best_peer": best["us"] / tf["us"] if (tf and best) else None,
+            "treefold_graph_us": tf.get("graph_us") if tf else None,
+            "best_peer_graph": best_graph["provider"] if best_graph else None,
+            "best_peer_graph_us": best_graph["graph_us"] if best_graph else None,
         })
     return out
 
