@@ -198,8 +198,8 @@ def render_markdown(result: dict) -> str:
         "in the last place of the output's dtype; indices and tokens are counted as mismatches.",
         "- distinct: different outputs, compared byte for byte, over repeated calls (1 is deterministic).",
         "- speedup: the best peer's time over treefold's (above 1, treefold is faster).",
-        "- CUDA graph us: for calls under 60 us, the device time per call with 20 calls captured in "
-        "one CUDA graph (no host cost, no L2 flush); the eager time of such calls is mostly the host's.",
+        "- CUDA graph us: for calls moving at most 48 MiB (decode sizes), the device time per call with "
+        "20 calls captured in one CUDA graph (no host cost, no L2 flush); their eager time is mostly the host's.",
         f"- Reproduce: `{result['command']}`",
         "",
         "## Summary",

@@ -24,9 +24,10 @@ from .timing import CpuTimer, CudaTimer, count_distinct, cuda_graph_us, host_ove
 
 #: Providers whose failures mean "does not support this shape" rather than a bug worth flagging.
 PEERS_WITH_LIMITS = ("liger", "quack")
-#: On a GPU, calls timed under this many microseconds are also timed inside a CUDA graph
-#: (``timing.cuda_graph_us``): there the eager time is mostly the host's.
-GRAPH_BELOW_US = 60.0
+#: On a GPU, calls that move at most this many bytes (decode-sized: they fit in L2, as they do in
+#: a decode step) are also timed inside a CUDA graph (``timing.cuda_graph_us``): their eager time
+#: is mostly the host's. Larger calls are not: without the L2 flush a graph would flatter them.
+GRAPH_MAX_BYTES = 48 << 20
 
 
 @dataclass
@@ -200,7 +201,7 @@ def measure(case: Case, shape: Shape, provider: Provider, base_inputs: dict, ref
     row["us"] = us
     row["gbs"] = row["bytes"] / us / 1e3 if us > 0 else None
     row["pct_roof"] = 100.0 * row["gbs"] / roof_gbs if row["gbs"] and roof_gbs else None
-    if isinstance(timer, CudaTimer) and us < GRAPH_BELOW_US:
+    if isinstance(timer, CudaTimer) and row["bytes"] <= GRAPH_MAX_BYTES:
         try:
             row["graph_us"] = cuda_graph_us(run)
         except Exception as e:  # a provider that cannot be captured: say so, keep the eager row
