@@ -85,6 +85,8 @@ def test_prepared_eager_calls_give_the_same_bits_with_new_tensors():
     from treefold._ops import norms as norm_ops
     from treefold._ops import softmax as softmax_ops
     torch.manual_seed(0)
+    softmax_ops._PREPARED.clear()
+    norm_ops._PREPARED.clear()
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
     for step in range(4):  # the first call prepares, later ones take the prepared launch
         x = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16) * (step + 1)

@@ -832,3 +832,23 @@ def test_numpy_scalars_are_accepted_like_python_numbers():
 def test_tensors_on_other_devices_are_refused_by_name():
     with pytest.raises(ValueError, match="rms_norm: x is on meta; treefold runs on cuda and cpu tensors"):
         treefold.rms_norm(torch.randn(3, 8, device="meta"))
+
+
+def test_prepared_keys_hold_only_values_the_full_path_accepts():
+    from treefold._ops import norms as ops
+    x = torch.randn(2, 8)
+    w = torch.randn(8)
+    key = ops._prepared_key(False, x, None, w, None, 1e-5, 0.0, "", None, 8)
+    assert key is not None and key == ops._prepared_key(False, x, None, w, None, 1e-5, 0, "", None, (8,)[0])
+    # values equal to a valid key but of types the full path rejects never form a key
+    for shape in (8.0, (8.0,), [8], True):
+        assert ops._prepared_key(False, x, None, w, None, 1e-5, 0.0, "", None, shape) is None
+    assert ops._prepared_key(True, x, None, w, None, 1e-6, 0.0, "llama", "bf16", None) is None
+    assert ops._prepared_key(True, x, None, w, None, True, 0.0, "llama", None, None) is None
+    # parameters are plain enough (the nn modules pass them); other subclasses are not
+    assert ops._prepared_key(True, x, None, torch.nn.Parameter(w), None, 1e-6, 0.0, "llama", None, None) is not None
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert ops._prepared_key(True, x, None, w.as_subclass(Sub), None, 1e-6, 0.0, "llama", None, None) is None

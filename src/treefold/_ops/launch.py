@@ -45,7 +45,7 @@ def _active(hook):
 def _specialise(args):
     """(key, run arguments): each tensor becomes its address (the compiled launcher then reads it
     directly instead of calling ``data_ptr()`` and querying the driver about the pointer), keyed
-    by dtype and 16-byte alignment; each integer by its value (which decides everything Triton
+    by dtype, 16-byte alignment and device index; each integer by its value (which decides everything Triton
     specialises an integer on); a bool tagged apart from the integers 0 and 1; any other value by
     its type."""
     key, run = [], []
@@ -55,8 +55,10 @@ def _specialise(args):
             key.append(value)
             run.append(value)
         elif isinstance(value, torch.Tensor):
+            # the device index too: addresses skip the launcher's own check that they are
+            # device memory, so a tensor elsewhere must miss the cache and take Triton's path
             address = value.data_ptr()
-            key.append((value.dtype, address % 16 == 0))
+            key.append((value.dtype, address % 16 == 0, value.get_device()))
             run.append(address)
         elif cls is bool:
             key.append(("b", value))

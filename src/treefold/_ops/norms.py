@@ -239,25 +239,32 @@ _PREPARED: dict = {}
 _MAX_PREPARED = 1024
 
 
+_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
+_NUMBERS = (float, int)
+
+
 def _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape):
-    """The key of a kind of call, or None for arguments this path leaves to the full one."""
-    if (eps.__class__ is not float or offset.__class__ is not float or casting.__class__ is not str
-            or x.__class__ is not Tensor):
+    """The key of a kind of call, or None for arguments this path leaves to the full one. Every
+    value in it is of exactly the type the full path accepts, so a key that compares equal was
+    validated: numbers are plain floats or ints (keyed as floats, as validated), ``casting`` a
+    str, ``out_dtype`` None or a dtype, ``normalized_shape`` an int or a tuple of ints, tensors
+    plain tensors or parameters (subclasses take the full path)."""
+    if (eps.__class__ not in _NUMBERS or offset.__class__ not in _NUMBERS or casting.__class__ is not str
+            or x.__class__ is not Tensor or not (out_dtype is None or out_dtype.__class__ is torch.dtype)):
         return None
-    key = [is_rms, x.shape, x.stride(), x.dtype, x.get_device(), eps, offset, casting, out_dtype, normalized_shape]
+    if normalized_shape is not None and normalized_shape.__class__ is not int and not (
+            normalized_shape.__class__ in (tuple, torch.Size) and all(d.__class__ is int for d in normalized_shape)):
+        return None
+    key = [is_rms, x.shape, x.stride(), x.dtype, x.get_device(), float(eps), float(offset), casting, out_dtype,
+           normalized_shape]
     for t in (residual, weight, bias):
         if t is None:
             key.append(None)
-        elif t.__class__ is not Tensor:
+        elif t.__class__ not in _PLAIN_TENSORS:
             return None
         else:
             key += (t.shape, t.stride(), t.dtype, t.get_device())
-    key = tuple(key)
-    try:
-        hash(key)
-    except TypeError:  # an unhashable normalized_shape (a list): the full path
-        return None
-    return key
+    return tuple(key)
 
 
 def norm_prepared(is_rms, x, residual, weight, bias, eps, offset=0.0, casting="", out_dtype=None,

@@ -60,8 +60,9 @@ EXTREME_BYTES_PER_LANE = 16
 #: Whole-tensor sums: the first level computes nodes of the next level's tree, one program per
 #: node, about this many programs in all (rows x runs x node stride), and
 NODE_PROGRAMS = 2048
-#: at least this many segments per node (else segment results, as for rows).
+#: at least this many segments per node (else segment results, as for rows), at most this many.
 NODE_MIN_SEGMENTS = 4
+NODE_MAX_SEGMENTS = 256
 #: Triton's largest block (elements).
 MAX_BLOCK_ELEMENTS = 1 << 20
 #: The accurate sum adds inside 16-byte groups with TwoSum too (every add error-free). Off: the
@@ -173,6 +174,11 @@ def _node_level(n: int, rows: int, dtype: torch.dtype, partial_bytes: int, tunin
     lanes, segments = order.lanes(n), order.num_segments(n)
     if segments == 1:
         return None
+    finish_values = (tuning.finish_elements if tuning.finish_elements is not None
+                     else max(FINISH_ELEMENTS, INTERPRETED_PROGRAM_ELEMENTS if interpreted else 0))
+    if (tuning.node_stride is None and tuning.fuse_finish and segments <= order.MAX_LANES
+            and order.next_pow2(segments) * lanes <= finish_values):
+        return None  # the row finishes in one launch as it is (plan_sum's rule)
     if tuning.node_stride is not None:
         if tuning.node_stride == 0:
             return None
@@ -186,6 +192,10 @@ def _node_level(n: int, rows: int, dtype: torch.dtype, partial_bytes: int, tunin
     run = order.lanes(segments)  # C' of the next level
     runs = order.num_segments(segments)
     stride = min(stride, run)
+    if tuning.node_stride is None:
+        # a node's results are kept in a [steps, segments per step] array updated by selects:
+        # at most NODE_MAX_SEGMENTS of them (above 2^32 elements the grid grows instead)
+        stride = max(stride, run // NODE_MAX_SEGMENTS)
     node_segments = run // stride
     if node_segments < (2 if tuning.node_stride is not None else NODE_MIN_SEGMENTS):
         return None

@@ -114,7 +114,8 @@ def sum(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
     sum|x_i|, and the result is still the nearest float32 unless the exact sum lies that close
     to a midpoint between two float32 values. (``treefold._ops.reduce.ACCURATE_EXACT_GROUPS =
     True`` makes the group adds TwoSums too, which lifts the span condition on groups; it cost
-    about 7% more time on the H200, see benchmarks/NOTES.md.)
+    7% to 24% more time than this default on the H200, depending on the warps per segment; see
+    benchmarks/NOTES.md.)
     A bfloat16 or float16 ``dtype`` rounds that float32 again. Empty: 0.
     """
     fn = "sum"
