@@ -12,6 +12,7 @@ import statistics
 import torch
 
 import treefold as tf
+from treefold.bench.timing import cuda_graph_us as graph_us
 from treefold._ops.reduce import ExtremeTuning, extreme_rows
 
 
@@ -27,24 +28,6 @@ def timed(fn, flush, reps=200):
         end[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(start, end)) * 1e3
-
-
-def graph_us(fn, calls=20, reps=50):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def main():

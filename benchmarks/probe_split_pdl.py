@@ -1,30 +1,12 @@
 """Softmax "split" (decode batches of a vocabulary) with and without the programmatic dependent
-launch of its FINISH phase: bits equal, kernel time in a CUDA graph (20 calls per graph), and
+launch of its FINISH phase: bits equal, kernel time in a CUDA graph (20 calls per graph, `treefold.bench.timing.cuda_graph_us`), and
 do_bench time of the eager call. python benchmarks/probe_split_pdl.py (CUDA)."""
-import statistics
 
 import torch
 import triton
 
 from treefold._ops import softmax as ops
-
-
-def graph_us(fn, calls=20, reps=50):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
+from treefold.bench.timing import cuda_graph_us as graph_us
 
 
 def main():
