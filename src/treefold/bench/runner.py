@@ -184,19 +184,32 @@ def measure(case: Case, shape: Shape, provider: Provider, base_inputs: dict, ref
     except Exception as e:
         return _row(case, shape, provider, failed, message=short_error(e), note=impl.note)
     row = _row(case, shape, provider, "ok", note=impl.note)
-    if reference is not None and impl.comparable:
-        try:
-            row["accuracy"] = case.accuracy(first, reference.value, impl.inputs)
-        except Exception as e:
-            row["accuracy"] = {"error": short_error(e)}
-    del first
+
+    def check_accuracy():
+        if reference is not None and impl.comparable:
+            try:
+                row["accuracy"] = case.accuracy(first, reference.value, impl.inputs)
+            except Exception as e:
+                row["accuracy"] = {"error": short_error(e)}
+
+    # Timed before the checks where the first output survives the timed calls: the checks copy
+    # to the host and synchronise, and a short kernel timed right after them ran up to 2x slow
+    # on the H200 while the clocks came back up (benchmarks/NOTES.md). An in-place op's first
+    # output is its mutated input, which the timed calls change again: checked first.
+    if impl.mutates_input:
+        check_accuracy()
     try:
+        us = timer(run)
         if not impl.mutates_input:
             row["distinct"] = count_distinct(run, config.runs)
             row["runs"] = config.runs
-        us = timer(run)
     except Exception as e:
+        us = None
         row.update(status=failed, message=short_error(e))
+    if not impl.mutates_input:
+        check_accuracy()
+    del first
+    if us is None:
         return row
     row["us"] = us
     row["gbs"] = row["bytes"] / us / 1e3 if us > 0 else None
