@@ -555,3 +555,35 @@ def test_gpu_norms_and_means_bits():
                      torch.from_numpy(np.sqrt(order.reference_sum(a * a, dtype=torch.bfloat16))))
     mean = (order.reference_sum(a, dtype=torch.bfloat16).astype(np.float64) / a.shape[1]).astype(np.float32)
     assert_same_bits(tf.mean(xc, dim=-1, dtype=torch.float32).cpu(), torch.from_numpy(mean))
+
+
+def test_sum_plans_use_tree_nodes_only_where_a_row_takes_more_than_one_launch():
+    from treefold._ops import reduce as ops
+    # a row that one program finishes keeps its single launch, at any batch size
+    assert len(ops.plan_sum(16384, 8192, torch.float32, 4, dependent_launch=True)) == 1
+    assert len(ops.plan_sum(4096, 1, torch.bfloat16, 4, dependent_launch=True)) == 1
+    # a whole tensor: nodes of the next level's tree (a run of 4096 segment results), then one
+    # finishing program launched as a dependent launch where the device has it
+    first, finish = ops.plan_sum(1 << 26, 1, torch.float32, 4, dependent_launch=True)
+    assert first.node_segments * first.node_stride == order.MAX_LANES
+    assert first.grid == ops.NODE_PROGRAMS and first.release_dependents and not first.finish
+    assert finish.finish and finish.wait_for_prior and finish.lanes == first.node_stride
+    plain = ops.plan_sum(1 << 26, 1, torch.float32, 4, dependent_launch=False)
+    assert not plain[0].release_dependents and not plain[1].wait_for_prior
+    # very long tensors keep nodes small: the grid grows instead
+    huge = ops.plan_sum(1 << 34, 1, torch.float32, 4)
+    assert huge[0].node_segments == ops.NODE_MAX_SEGMENTS and len(huge) == 2
+    # the interpreter takes segment results unless a node stride is asked for
+    assert all(lv.node_segments == 1 for lv in ops.plan_sum(1 << 26, 1, torch.float32, 4, SumTuning(), True))
+    asked = ops.plan_sum(1 << 26, 1, torch.float32, 4, SumTuning(node_stride=64), True)
+    assert asked[0].node_stride == 64 and asked[0].node_segments == 64
+
+
+def test_extreme_plans_fill_the_grid_and_keep_rows_of_4096_in_one_launch():
+    from treefold._ops import reduce as ops
+    (rows,) = ops.plan_extreme(4096, 8192)
+    assert rows.finish and rows.lanes == ops.EXTREME_LANES and rows.tiles == 2
+    first, merge = ops.plan_extreme(151936, 64)
+    assert first.tiles == 8 and merge.finish and merge.n == first.segments
+    whole = ops.plan_extreme(1 << 28, 1)[0]
+    assert whole.tiles == ops.EXTREME_TILES and whole.grid == (1 << 28) // (ops.EXTREME_LANES * ops.EXTREME_TILES)
