@@ -70,7 +70,7 @@ _SCRIPT = textwrap.dedent("""
     softmax_ops.softmax_forward(bf16(2, 300000), strategy="split")
     softmax_ops.softmax_backward(bf16(2, 300000), bf16(2, 300000), strategy="split")
     # whole-tensor sums as tree nodes, finished by a programmatic dependent launch (sm_90)
-    reduce._dependent_launch = lambda device: True
+    reduce._dependent_launch = lambda device_type, index: True
     reduce.tree_sum_rows(torch.randn(1, 1 << 22), tuning=reduce.SumTuning(node_stride=64, segments_per_program=2))
     reduce.tree_sum_rows(bf16(1, 1 << 22), accurate=True, tuning=reduce.SumTuning(node_stride=256))
     logits = torch.randn(4, 5000)

@@ -18,6 +18,7 @@ interpreter, or with TREEFOLD_TRITON_LAUNCH=1 in the environment, every call goe
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from typing import Optional
@@ -28,6 +29,7 @@ import triton
 from triton import knobs as _knobs
 
 from ..backend import INTERPRETED
+from ..kernels.combine import HAS_DEPENDENT_LAUNCH
 
 _TRITON_VERSION = triton.__version__
 #: Cached specialisations per kernel before the cache is emptied (integers are keyed by value).
@@ -67,6 +69,15 @@ def _specialise(args):
             key.append(cls)
             run.append(value)
     return tuple(key), tuple(run)
+
+
+@functools.lru_cache(maxsize=64)
+def dependent_launch(device_type: str, index: Optional[int]) -> bool:
+    """Whether launches on this device may be programmatic dependent launches: a CUDA device of
+    sm_90 or later, and a Triton that builds the kernels' ``gdc_wait`` / ``gdc_launch_dependents``."""
+    if device_type != "cuda" or not HAS_DEPENDENT_LAUNCH:
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def _direct_launch(compiled):

@@ -117,22 +117,32 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
 def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: Optional[Tensor],
                    y2: Tensor, h2: Optional[Tensor], mean: Optional[Tensor], rstd: Optional[Tensor], *,
                    eps: float, offset: float, is_rms: bool, round_normalised: bool,
-                   rows_per_program: Optional[int] = None, num_warps: Optional[int] = None) -> None:
+                   rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
+                   prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
     ``rows_per_program`` and ``num_warps`` override the heuristic (the bits do not change).
+    ``prepare_key``: keep the prepared launch under this key in ``_PREPARED`` (no statistics;
+    the slots are x, residual, weight, bias, y, h, those given, in that order).
     """
     m, n = x2.shape
     rows, plan = _forward_plan(n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None,
                                w is not None, b is not None, offset != 0.0, round_normalised,
                                rstd is not None, rows_per_program, num_warps)
-    _forward_kernel(
-        ((m + rows - 1) // rows,),
-        x2, x2 if res2 is None else res2, x2 if w is None else w, x2 if b is None else b,
-        y2, x2 if h2 is None else h2, y2 if mean is None else mean, y2 if rstd is None else rstd,
-        m, n, float(n), eps, offset,
-        x2.stride(0), 0 if res2 is None else res2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0),
-        **plan)
+    grid = ((m + rows - 1) // rows,)
+    args = (x2, x2 if res2 is None else res2, x2 if w is None else w, x2 if b is None else b,
+            y2, x2 if h2 is None else h2, y2 if mean is None else mean, y2 if rstd is None else rstd,
+            m, n, float(n), eps, offset,
+            x2.stride(0), 0 if res2 is None else res2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0))
+    if prepare_key is None:
+        _forward_kernel(grid, *args, **plan)
+        return
+    slots = tuple(t for t in (x2, res2, w, b, y2, h2) if t is not None)
+    prepared = _forward_kernel.prepare(grid, args, plan, slots)
+    if prepared is not None:
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[prepare_key] = (prepared, y2.dtype)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -305,22 +315,9 @@ def norm_prepare(is_rms, x, residual, weight, bias, eps, offset, casting, out_dt
         return None
     y = torch.empty(x.shape, dtype=y_dtype, device=x.device)
     h = None if residual is None else torch.empty(x.shape, dtype=residual.dtype, device=x.device)
-    x2, y2 = _rows(x), _rows(y)
-    r2 = None if residual is None else _rows(residual)
-    h2 = None if h is None else _rows(h)
-    m, n = x2.shape
-    rows, plan = _forward_plan(n, x2.dtype if r2 is None else r2.dtype, is_rms, r2 is not None,
-                               weight is not None, bias is not None, offset != 0.0,
-                               is_rms and casting == "llama", False, None, None)
-    args = (x2, x2 if r2 is None else r2, x2 if weight is None else weight, x2 if bias is None else bias,
-            y2, x2 if h2 is None else h2, y2, y2, m, n, float(n), eps, offset,
-            x2.stride(0), 0 if r2 is None else r2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0))
-    slots = tuple(t for t in (x2, r2, weight, bias) if t is not None) + tuple(t for t in (y2, h2) if t is not None)
-    prepared = _forward_kernel.prepare(((m + rows - 1) // rows,), args, plan, slots)
-    if prepared is not None:
-        if len(_PREPARED) >= _MAX_PREPARED:
-            _PREPARED.clear()
-        _PREPARED[key] = (prepared, y_dtype)
+    launch_forward(_rows(x), None if residual is None else _rows(residual), weight, bias, _rows(y),
+                   None if h is None else _rows(h), None, None, eps=float(eps), offset=float(offset),
+                   is_rms=is_rms, round_normalised=is_rms and casting == "llama", prepare_key=key)
     return y if h is None else (y, h)
 
 

@@ -6,7 +6,7 @@ row). Sums follow the treefold order level by level (``treefold.kernels.reduce``
 whose row has at most ``order.MAX_LANES`` segments, and whose segments fit in one program,
 finishes in that program (one launch for a row of up to 16384 float32 values); other levels
 write segment partials for the next. A whole tensor of more than one segment takes two launches
-up to 2^36 elements: tree nodes (``SumTuning.node_stride``), then one finishing program,
+up to 2^34 elements: tree nodes (``SumTuning.node_stride``), then one finishing program,
 launched as a programmatic dependent launch on sm_90. The launch
 choices below never change an operation or an operand, so they never change the bits.
 """
@@ -22,7 +22,7 @@ import torch
 from .. import backend, order
 from ..kernels import reduce as kernels
 from ..reference import reductions as reference
-from .launch import Launcher
+from .launch import Launcher, dependent_launch as _dependent_launch
 
 _segment_sum = Launcher(kernels.segment_sum_kernel)
 _segment_extreme = Launcher(kernels.segment_extreme_kernel)
@@ -51,7 +51,6 @@ INTERPRETED_PROGRAM_ELEMENTS = 1 << 18
 EXTREME_TILES = 32
 EXTREME_LANES = 2048
 EXTREME_PROGRAMS = 1024
-EXTREME_MIN_TILES = 1
 #: Extremes: widest tile of the program that merges the partials of a row.
 EXTREME_MERGE_LANES = 4096
 #: Extremes: register bytes per lane and tile in flight the warp count is sized by (the running
@@ -67,8 +66,8 @@ NODE_MAX_SEGMENTS = 256
 MAX_BLOCK_ELEMENTS = 1 << 20
 #: The accurate sum adds inside 16-byte groups with TwoSum too (every add error-free). Off: the
 #: groups are added in plain float64 (exact while a group spans less than 2^27 for float32;
-#: ``treefold.functional.reductions.sum`` states the bound), which measured 6.5% faster at
-#: 2^28 float32 on the H200: within 1% of the float32 sum instead of 6.5% behind it.
+#: ``treefold.functional.reductions.sum`` states the bound): at 2^28 float32 on the H200 the
+#: accurate sum then took 1.017x the float32 sum's time, against 1.07x-1.26x with TwoSum groups.
 ACCURATE_EXACT_GROUPS = False
 
 SUM_KINDS = ("sum", "sum_accurate", "mean", "mean_accurate", "norm1", "norm2")
@@ -130,15 +129,6 @@ def _pow2(name: str, value: int, allowed=None) -> int:
 _DEPENDENT = {"launch_pdl": True}
 
 
-@functools.lru_cache(maxsize=16)
-def _dependent_launch(device: torch.device) -> bool:
-    """Programmatic dependent launch: a CUDA device of sm_90 or later, and a Triton that has it."""
-    if device.type != "cuda" or kernels.gdc_wait is None:
-        return False
-    major, _ = torch.cuda.get_device_capability(device)
-    return major >= 9
-
-
 def _warps_for(block_bytes: int) -> int:
     return max(1, min(32, order.next_pow2(block_bytes // (32 * BYTES_PER_THREAD))))
 
@@ -166,19 +156,29 @@ class SumLevel:
     release_dependents: bool = False
 
 
+def _finish_values(tuning: SumTuning, interpreted: bool) -> int:
+    """The largest next_pow2(S) * C one finishing program reduces."""
+    if tuning.finish_elements is not None:
+        return tuning.finish_elements
+    return max(FINISH_ELEMENTS, INTERPRETED_PROGRAM_ELEMENTS if interpreted else 0)
+
+
+def _finishes(n: int, tuning: SumTuning, interpreted: bool) -> bool:
+    """Whether one program reduces a whole row of n (all its segments, then their tree)."""
+    segments = order.num_segments(n)
+    fits = (segments <= order.MAX_LANES
+            and order.next_pow2(segments) * order.lanes(n) <= _finish_values(tuning, interpreted))
+    return segments == 1 or (fits and tuning.fuse_finish)
+
+
 def _node_level(n: int, rows: int, dtype: torch.dtype, partial_bytes: int, tuning: SumTuning,
                 interpreted: bool) -> Optional[SumLevel]:
     """The first level as tree nodes (see ``SumTuning.node_stride``), or None when it does not
-    apply: a row of one segment, a next level that is not finished by one program, or a node
-    stride that leaves fewer than two segments per node."""
+    apply: a row one program finishes (unless a node stride is asked for), a next level that one
+    program does not finish, or fewer than NODE_MIN_SEGMENTS segments per node (2 when asked)."""
     lanes, segments = order.lanes(n), order.num_segments(n)
-    if segments == 1:
+    if segments == 1 or (tuning.node_stride is None and _finishes(n, tuning, interpreted)):
         return None
-    finish_values = (tuning.finish_elements if tuning.finish_elements is not None
-                     else max(FINISH_ELEMENTS, INTERPRETED_PROGRAM_ELEMENTS if interpreted else 0))
-    if (tuning.node_stride is None and tuning.fuse_finish and segments <= order.MAX_LANES
-            and order.next_pow2(segments) * lanes <= finish_values):
-        return None  # the row finishes in one launch as it is (plan_sum's rule)
     if tuning.node_stride is not None:
         if tuning.node_stride == 0:
             return None
@@ -199,7 +199,7 @@ def _node_level(n: int, rows: int, dtype: torch.dtype, partial_bytes: int, tunin
     node_segments = run // stride
     if node_segments < (2 if tuning.node_stride is not None else NODE_MIN_SEGMENTS):
         return None
-    if runs > order.MAX_LANES or order.next_pow2(runs) * stride > max(FINISH_ELEMENTS, INTERPRETED_PROGRAM_ELEMENTS):
+    if runs > order.MAX_LANES or order.next_pow2(runs) * stride > _finish_values(tuning, interpreted):
         return None
     spp = _pow2("segments_per_program", tuning.segments_per_program) if tuning.segments_per_program else 1
     spp = min(spp, node_segments, MAX_BLOCK_ELEMENTS // lanes)
@@ -230,26 +230,21 @@ def plan_sum(n: int, rows: int, dtype: torch.dtype, partial_bytes: int,
         runs = order.num_segments(node.segments)
         spp = order.next_pow2(runs)
         pdl = dependent_launch and (tuning.dependent_launch is None or tuning.dependent_launch)
-        finish_n = runs * node.node_stride
-        rpp = 1
         finish = SumLevel(
-            n=finish_n, lanes=node.node_stride, group=1, segments=runs, segments_per_program=spp,
-            rows_per_program=rpp, programs_per_row=1, grid=rows, finish=True, even=spp == runs,
+            n=runs * node.node_stride, lanes=node.node_stride, group=1, segments=runs, segments_per_program=spp,
+            rows_per_program=1, programs_per_row=1, grid=rows, finish=True, even=spp == runs,
             num_warps=_warps_for(spp * node.node_stride * partial_bytes), evict_first=False,
             wait_for_prior=pdl)
         return (dataclasses.replace(node, release_dependents=pdl), finish)
     levels = []
     cur, cur_dtype, first = n, dtype, True
     big = INTERPRETED_PROGRAM_ELEMENTS if interpreted else 0
-    finish_values = (tuning.finish_elements if tuning.finish_elements is not None
-                     else max(FINISH_ELEMENTS, big))
     finish_program = max(FINISH_PROGRAM_ELEMENTS, big)
     level_program = max(LEVEL_PROGRAM_ELEMENTS, big)
     while True:
         lanes, segments = order.lanes(cur), order.num_segments(cur)
         spp_all = order.next_pow2(segments)
-        fits = segments <= order.MAX_LANES and spp_all * lanes <= finish_values
-        finish = segments == 1 or (fits and tuning.fuse_finish)
+        finish = _finishes(cur, tuning, interpreted)
         if finish:
             spp = spp_all
             if first and tuning.rows_per_program is not None:
@@ -340,7 +335,7 @@ def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = Fal
     exact = ACCURATE_EXACT_GROUPS if exact_groups is None else bool(exact_groups)
     cur, cur_lo, stride = x, x, x.stride(0)
     for i, lv in enumerate(plan_sum(n, rows, x.dtype, partial_bytes, tuning, not x.is_cuda,
-                                    _dependent_launch(x.device))):
+                                    _dependent_launch(x.device.type, x.device.index))):
         if lv.finish:
             out = torch.empty(rows, dtype=out_dtype, device=x.device)
             out_lo, out_stride = out, 1
@@ -399,7 +394,7 @@ def plan_extreme(n: int, rows: int, tuning: ExtremeTuning = _DEFAULT_EXTREME,
         # Enough programs to fill the GPU (a few rows of a vocabulary split into many segments),
         # at most EXTREME_TILES tiles per segment.
         wanted = order.cdiv(rows * n, min(order.next_pow2(n), max_lanes) * EXTREME_PROGRAMS)
-        default_tiles = min(EXTREME_TILES, max(EXTREME_MIN_TILES, order.next_pow2(wanted)))
+        default_tiles = min(EXTREME_TILES, order.next_pow2(wanted))
     tiles = tuning.tiles if tuning.tiles is not None else default_tiles
     if isinstance(tiles, bool) or not isinstance(tiles, int) or tiles < 1:
         raise ValueError(f"tuning: tiles must be an int >= 1, got {tiles!r}")

@@ -35,7 +35,7 @@ import torch
 from .. import backend, order
 from .._checks import as_rows
 from ..kernels import softmax as kernels
-from .launch import Launcher
+from .launch import Launcher, dependent_launch as _dependent_launch
 from ..reference import softmax as reference
 
 STRATEGIES = ("warp", "block", "online", "split")
@@ -137,14 +137,6 @@ def _sm_count(device_type: str, index: Optional[int]) -> int:
         return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
                                                 ).multi_processor_count
     return 4  # the interpreter: fewer, larger programs run faster
-
-
-@functools.lru_cache(maxsize=64)
-def _dependent_launch(device_type: str, index: Optional[int]) -> bool:
-    """Programmatic dependent launch: a CUDA device of sm_90 or later, and a Triton that has it."""
-    if device_type != "cuda" or kernels.gdc_wait is None:
-        return False
-    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def _tile_elements(n: int) -> int:
@@ -258,7 +250,10 @@ _KERNEL = Launcher(kernels.softmax_kernel)
 
 
 def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int, stride_grad: int,
-            stride_dst: int, inv_temperature: float) -> None:
+            stride_dst: int, inv_temperature: float, prepare_key=None) -> None:
+    """Launch the plan's phases. ``prepare_key``: a forward call of contiguous rows whose plan
+    launches once (one phase, no partials) keeps its prepared launch under this key, with
+    ``src`` and ``dst`` as the slots (``_prepared_call``)."""
     if plan_.partials:
         part_p = src.new_empty((rows, plan_.num_segments), dtype=torch.float32)
         part_q = torch.empty_like(part_p) if plan_.partials == "pq" else part_p
@@ -267,9 +262,17 @@ def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int
     with_temperature = inv_temperature != 1.0
     segments = plan_.num_segments
     for phase in plan_.phases:
-        _KERNEL(phase.grid, src, grad, dst, row, part_p, part_q, rows, n, segments, phase.programs_per_row,
-                stride_src, stride_grad, stride_dst, inv_temperature,
-                **(phase.kwargs_temperature if with_temperature else phase.kwargs))
+        args = (src, grad, dst, row, part_p, part_q, rows, n, segments, phase.programs_per_row,
+                stride_src, stride_grad, stride_dst, inv_temperature)
+        kwargs = phase.kwargs_temperature if with_temperature else phase.kwargs
+        if prepare_key is not None and len(plan_.phases) == 1 and not plan_.partials:
+            prepared = _KERNEL.prepare(phase.grid, args, kwargs, (src, dst))
+            if prepared is not None:
+                if len(_PREPARED) >= _MAX_PREPARED:
+                    _PREPARED.clear()
+                _PREPARED[prepare_key] = prepared
+        else:
+            _KERNEL(phase.grid, *args, **kwargs)
 
 
 _PLANS: dict = {}
@@ -301,6 +304,12 @@ def _rows(t: torch.Tensor, n: int):
     return rows, rows.stride(0)
 
 
+#: Prepared launches of eager forward calls that launch once (one phase, no partials), keyed by
+#: (op, shape, strides, dtype, device): a repeated call allocates its output and launches.
+_PREPARED: dict = {}
+_MAX_PREPARED = 1024
+
+
 @functools.lru_cache(maxsize=256)
 def _float32_inverse(temperature: float) -> float:
     """float32(1 / temperature): what the kernel multiplies by (callers pass 1.0 itself through)."""
@@ -318,8 +327,9 @@ def _new_output(shape, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
 
 def softmax_forward(x: torch.Tensor, *, log: bool = False, temperature: float = 1.0,
                     out_dtype: Optional[torch.dtype] = None, strategy: str = "auto",
-                    tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
-    """softmax (or log_softmax) over the last dim of ``x`` through the Triton kernel."""
+                    tuning: Tuning = _DEFAULT_TUNING, prepare_key=None) -> torch.Tensor:
+    """softmax (or log_softmax) over the last dim of ``x`` through the Triton kernel
+    (``prepare_key``: see ``_launch``)."""
     shape = x.shape
     out = _new_output(shape, out_dtype or x.dtype, x)
     n = shape[-1] if shape else 1
@@ -330,12 +340,14 @@ def softmax_forward(x: torch.Tensor, *, log: bool = False, temperature: float = 
     rows = numel // n
     p = _plan_for(_LOG_SOFTMAX if log else _SOFTMAX, False, n, rows, x, strategy, tuning)
     _launch(p, x2, x2, out, x2, rows, n, x_stride, x_stride, n,
-            1.0 if temperature == 1.0 else _float32_inverse(float(temperature)))
+            1.0 if temperature == 1.0 else _float32_inverse(float(temperature)), prepare_key)
     return out
 
 
-def logsumexp_forward(x: torch.Tensor, *, strategy: str = "auto", tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
-    """logsumexp over the last dim of ``x`` through the Triton kernel; shape ``x.shape[:-1]``."""
+def logsumexp_forward(x: torch.Tensor, *, strategy: str = "auto", tuning: Tuning = _DEFAULT_TUNING,
+                      prepare_key=None) -> torch.Tensor:
+    """logsumexp over the last dim of ``x`` through the Triton kernel; shape ``x.shape[:-1]``
+    (``prepare_key``: see ``_launch``)."""
     out = _new_output(x.shape[:-1], x.dtype, x)
     n = x.shape[-1]
     rows = out.numel()
@@ -345,7 +357,7 @@ def logsumexp_forward(x: torch.Tensor, *, strategy: str = "auto", tuning: Tuning
         return out.fill_(float("-inf"))
     x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
     p = _plan_for(_LOGSUMEXP, False, n, rows, x, strategy, tuning)
-    _launch(p, x2, x2, out, x2, rows, n, x_stride, x_stride, 1, 1.0)
+    _launch(p, x2, x2, out, x2, rows, n, x_stride, x_stride, 1, 1.0, prepare_key)
     return out
 
 
@@ -520,47 +532,28 @@ def _path(x: torch.Tensor) -> int:
     return 1 if x.requires_grad and torch.is_grad_enabled() else 0
 
 
-#: Prepared launches of eager calls that launch once (one phase, no partials), keyed by
-#: (op, shape, strides, dtype, device): a repeated call allocates its output and launches.
-_PREPARED: dict = {}
-_MAX_PREPARED = 1024
-
-
-def _prepared_call(op: int, x: torch.Tensor, out_shape) -> Optional[torch.Tensor]:
-    """The result of op over the last dim of contiguous CUDA ``x`` through a prepared launch
-    (prepared on the first call of its kind), or None where that path does not apply."""
+def _prepared_call(op: int, x: torch.Tensor) -> torch.Tensor:
+    """op over the last dim of CUDA ``x`` (eager, no temperature, default dtype): through the
+    prepared launch of this kind of call when there is one; else launched as usual, preparing
+    the launch when ``x`` is contiguous and the plan launches once."""
     key = (op, x.shape, x.stride(), x.dtype, x.get_device())
     prepared = _PREPARED.get(key)
     if prepared is not None:
-        out = (torch.empty_like(x) if op != _LOGSUMEXP else x.new_empty(out_shape))
-        return out if prepared(x, out) else None
-    n = x.shape[-1]
-    rows = x.numel() // n if n else 0
-    if rows == 0 or not x.is_contiguous():
-        return None
-    p = _plan_for(op, False, n, rows, x)
-    if len(p.phases) != 1 or p.partials:
-        return None
-    out = torch.empty_like(x) if op != _LOGSUMEXP else x.new_empty(out_shape)
-    phase = p.phases[0]
-    args = (x, x, out, x, x, x, rows, n, p.num_segments, phase.programs_per_row, n, n,
-            1 if op == _LOGSUMEXP else n, 1.0)
-    prepared = _KERNEL.prepare(phase.grid, args, phase.kwargs, (x, out))
-    if prepared is not None:
-        if len(_PREPARED) >= _MAX_PREPARED:
-            _PREPARED.clear()
-        _PREPARED[key] = prepared
-    return out
+        out = _new_output(x.shape if op != _LOGSUMEXP else x.shape[:-1], x.dtype, x)
+        if prepared(x, out):
+            return out
+    key = key if prepared is None and x.is_contiguous() else None
+    if op == _LOGSUMEXP:
+        return logsumexp_forward(x, prepare_key=key)
+    return softmax_forward(x, log=op == _LOG_SOFTMAX, prepare_key=key)
 
 
 def softmax(x: torch.Tensor, log: bool, temperature: float, dtype: Optional[torch.dtype]) -> torch.Tensor:
     """softmax / log_softmax over the last dim of ``x`` (validated by the caller)."""
     path = _path(x)
     if path == 0:
-        if x.is_cuda and temperature == 1.0 and dtype is None and x.shape[-1]:
-            out = _prepared_call(_LOG_SOFTMAX if log else _SOFTMAX, x, None)
-            if out is not None:
-                return out
+        if x.is_cuda and temperature == 1.0 and dtype is None:
+            return _prepared_call(_LOG_SOFTMAX if log else _SOFTMAX, x)
         if backend.use_kernel(x):
             return softmax_forward(x, log=log, temperature=temperature, out_dtype=dtype)
         return reference.softmax(x, log=log, temperature=temperature, out_dtype=dtype)
@@ -573,10 +566,8 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     """logsumexp over the last dim of ``x`` (validated by the caller)."""
     path = _path(x)
     if path == 0:
-        if x.is_cuda and x.shape[-1]:
-            out = _prepared_call(_LOGSUMEXP, x, x.shape[:-1])
-            if out is not None:
-                return out
+        if x.is_cuda:
+            return _prepared_call(_LOGSUMEXP, x)
         return logsumexp_forward(x) if backend.use_kernel(x) else reference.logsumexp(x)
     if path == 1:
         return _LogsumexpFunction.apply(x)

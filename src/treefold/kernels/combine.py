@@ -15,6 +15,14 @@ with lowest-index ties used by max/min/argmax/argmin.
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (Hopper and later); Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # older Triton: the launches that would use it are never planned
+    gdc_launch_dependents = gdc_wait = None
+
+#: Whether this Triton can build kernels that take part in a programmatic dependent launch.
+HAS_DEPENDENT_LAUNCH = gdc_wait is not None
+
 
 @triton.jit
 def tree_sum(x, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr,

@@ -8,7 +8,7 @@ order; with FINISH one program holds every segment of its rows and also performs
 level, which is a single halving tree when a row has at most ``order.MAX_LANES`` segments.
 With NODE_SEGMENTS > 1 (whole-tensor sums) a program instead reduces segments spaced
 NODE_STRIDE apart and adds their results with the first levels of the next level's halving
-tree, so a whole tensor takes two launches whatever its size (up to 2^36 elements): the nodes,
+tree, so a whole tensor takes two launches whatever its size (up to 2^34 elements): the nodes,
 then one program finishing every tree; the second is a programmatic dependent launch on sm_90,
 which starts while the first drains and waits for its writes (no atomics anywhere).
 How many segments or rows a program takes, num_warps and the eviction policy are launch
@@ -36,12 +36,8 @@ later levels read and write fewer than 1/4000 of N. With FINISH a level writes o
 import triton
 import triton.language as tl
 
-try:  # programmatic dependent launch (Hopper and later); Triton >= 3.4
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # older Triton: the launches that would use it are never planned
-    gdc_launch_dependents = gdc_wait = None
-
-from .combine import double_double_to_float32, pick_later, round_to, tree_double_double, tree_pick, tree_sum
+from .combine import (double_double_to_float32, gdc_launch_dependents, gdc_wait, pick_later, round_to,
+                      tree_double_double, tree_pick, tree_sum)
 
 ACC_FP32: tl.constexpr = tl.constexpr(0)
 ACC_DOUBLE_DOUBLE: tl.constexpr = tl.constexpr(1)

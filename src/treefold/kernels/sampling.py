@@ -656,6 +656,18 @@ def compact_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, hist_ptr, fine_
 # ------------------------------------------------------------------------------------------
 
 @triton.jit
+def _race_listed(keep, y, idx, seed, stream, offset, noise_scale, best_score, best_index):
+    """Merge the race among listed tokens ``keep`` (scaled logits y, int64 indices idx) into the
+    winner so far: the highest y - log(E), the lowest index on a tie. Returns (score, index)."""
+    g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
+    score = tl.where(keep, y + g, float("-inf"))
+    top = tl.max(score, axis=0)
+    at = tl.min(tl.where(keep & (score == top), idx, INT64_MAX), axis=0)
+    take = (top > best_score) | ((top == best_score) & (at < best_index))
+    return tl.where(take, top, best_score), tl.where(take, at, best_index)
+
+
+@triton.jit
 def _finish(keep, comp, idx, x, y, w_fixed, rank, row, kk, best_score, best_index, kept_above,
             kept_low, lo, hi, m, seed, stream, offset, noise_scale,
             token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr, values_ptr, indices_ptr,
@@ -663,13 +675,7 @@ def _finish(keep, comp, idx, x, y, w_fixed, rank, row, kk, best_score, best_inde
     """Outputs of a row from its listed tokens, their keep flags and composite-order ranks.
     kept_low: the lowest composite key of the kept tokens taken out of the list before."""
     if MODE == MODE_SAMPLE:
-        g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
-        score = tl.where(keep, y + g, float("-inf"))
-        top = tl.max(score, axis=0)
-        at = tl.min(tl.where(keep & (score == top), idx, INT64_MAX), axis=0)
-        take = (top > best_score) | ((top == best_score) & (at < best_index))
-        top = tl.where(take, top, best_score)
-        at = tl.where(take, at, best_index)
+        top, at = _race_listed(keep, y, idx, seed, stream, offset, noise_scale, best_score, best_index)
         tl.store(token_ptr + row, tl.where(top > float("-inf"), at, -1))
     elif MODE == MODE_THRESHOLD:
         total_kept = kept_above + tl.sum(tl.where(keep, w_fixed, 0), axis=0)
@@ -909,13 +915,7 @@ def _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_a
         comp = _composite(key, idx)
         keep = live & (comp >= thr) & ((minp_on == 0) | (w >= mp))
         if MODE == MODE_SAMPLE:
-            g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
-            score = tl.where(keep, y + g, float("-inf"))
-            t = tl.max(score, axis=0)
-            a = tl.min(tl.where(keep & (score == t), idx, INT64_MAX), axis=0)
-            take = (t > top) | ((t == top) & (a < at))
-            top = tl.where(take, t, top)
-            at = tl.where(take, a, at)
+            top, at = _race_listed(keep, y, idx, seed, stream, offset, noise_scale, top, at)
         else:
             total_kept += tl.sum(tl.where(keep, w_fixed, 0), axis=0)
             low = tl.minimum(low, tl.min(tl.where(keep, comp, INT64_MAX), axis=0))
@@ -959,13 +959,8 @@ def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_ptr, lo, h
         mass_above += tl.sum(tl.where(sure, w_fixed, 0), axis=0)
         kept_above += tl.sum(tl.where(survives, w_fixed, 0), axis=0)
         if MODE == MODE_SAMPLE:
-            g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
-            score = tl.where(survives, y + g, float("-inf"))
-            t = tl.max(score, axis=0)
-            a = tl.min(tl.where(survives & (score == t), idx, INT64_MAX), axis=0)
-            take = (t > best_score) | ((t == best_score) & (a < best_index))
-            best_score = tl.where(take, t, best_score)
-            best_index = tl.where(take, a, best_index)
+            best_score, best_index = _race_listed(survives, y, idx, seed, stream, offset, noise_scale,
+                                                  best_score, best_index)
         else:
             low = tl.minimum(low, tl.min(tl.where(survives, _composite(key, idx), INT64_MAX), axis=0))
         inside_i = inside.to(tl.int32)

@@ -48,13 +48,8 @@ Bytes each launch must move (rows x N elements, b_in / b_out bytes per element):
 import triton
 import triton.language as tl
 
-try:  # programmatic dependent launch (Hopper and later); Triton >= 3.4
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # older Triton: the launches that would use it are never planned
-    gdc_launch_dependents = gdc_wait = None
-
 from ..backend import INTERPRETED
-from .combine import round_to, tree_max_sum, tree_sum
+from .combine import gdc_launch_dependents, gdc_wait, round_to, tree_max_sum, tree_sum
 
 #: Triton's interpreter truncates float32 -> bfloat16; outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
