@@ -1,6 +1,6 @@
-"""The compiled path, without a GPU: the launches the reduction, norm and sampling launchers make
-compile for sm_90 with Triton's bundled ptxas. The interpreter accepts constructs the compiler rejects, so the
-CPU tier alone would not catch a kernel that fails to build (the softmax file has its own check)."""
+"""The compiled path, without a GPU: the launches the softmax, reduction, norm and sampling launchers
+make compile for sm_90 with Triton's bundled ptxas. The interpreter accepts constructs the compiler
+rejects, so the CPU tier alone would not catch a kernel that fails to build."""
 import os
 import subprocess
 import sys
@@ -64,11 +64,20 @@ _SCRIPT = textwrap.dedent("""
     # the sampling pipeline's launches read only device buffers, so every one of them is recorded
     from treefold._ops import sampling
     stop_at_first_launch = False
-    # softmax split over programs, its FINISH phase a programmatic dependent launch (sm_90)
+    # softmax: every strategy, forward and backward, with a temperature; "split" with its FINISH
+    # phase as a programmatic dependent launch (sm_90) and without
     from treefold._ops import softmax as softmax_ops
     softmax_ops._dependent_launch = lambda device_type, index: True
-    softmax_ops.softmax_forward(bf16(2, 300000), strategy="split")
-    softmax_ops.softmax_backward(bf16(2, 300000), bf16(2, 300000), strategy="split")
+    empty = lambda *s: torch.empty(*s, dtype=torch.bfloat16)  # noqa: E731 (nothing runs)
+    softmax_ops.softmax_forward(empty(8192, 4096), temperature=0.7, strategy="block")
+    softmax_ops.softmax_forward(empty(8192, 512), log=True, temperature=0.7, strategy="warp")
+    softmax_ops.logsumexp_forward(empty(256, 151936), strategy="online")
+    softmax_ops.softmax_backward(empty(4096, 32768), empty(4096, 32768), temperature=0.7, strategy="online")
+    softmax_ops.logsumexp_backward(empty(8), empty(8, 9000), empty(8), strategy="split")
+    for pdl in (True, False):
+        split = softmax_ops.Tuning(dependent_launch=pdl)
+        softmax_ops.softmax_forward(empty(64, 151936), temperature=0.7, strategy="split", tuning=split)
+        softmax_ops.softmax_backward(empty(2, 300000), empty(2, 300000), strategy="split", tuning=split)
     # whole-tensor sums as tree nodes, finished by a programmatic dependent launch (sm_90)
     reduce._dependent_launch = lambda device_type, index: True
     reduce.tree_sum_rows(torch.randn(1, 1 << 22), tuning=reduce.SumTuning(node_stride=64, segments_per_program=2))
@@ -98,4 +107,4 @@ def test_reduction_norm_and_sampling_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split("compiled")[-1]) >= 14, done.stdout
+    assert int(done.stdout.split("compiled")[-1]) >= 42, done.stdout  # every launch above

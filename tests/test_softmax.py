@@ -8,11 +8,7 @@ Tolerances are ``treefold.numerics.TOLERANCES`` for the output dtype (float32: r
 about 22 ulp, covering the log2 depth of the trees, exp and one reciprocal; bf16/fp16: a few
 roundings of their own precision), applied by ``numerics.compare`` against float64 references.
 """
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -497,39 +493,6 @@ def test_decode_vocabulary_row():
     assert_same_bits(split, online, "split vs online")
     assert compare(split, _float64("softmax", x)).ok
     assert_same_bits(ops.logsumexp_forward(x, strategy="split"), ops.logsumexp_forward(x, strategy="online"))
-
-
-# ---- the compiled kernel (sm_90, offline): constructs the interpreter accepts must also compile
-
-_SM90_SCRIPT = textwrap.dedent("""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from treefold._ops import softmax as ops
-    from treefold.kernels import softmax as kernels
-    names = kernels.softmax_kernel.arg_names
-    cases = [(0, False, 4096, 8192, "block"), (1, False, 512, 8192, "warp"), (2, False, 151936, 256, "online"),
-             (0, False, 151936, 64, "split"), (0, True, 32768, 4096, "online"), (2, True, 9000, 8, "split")]
-    for op, backward, n, rows, strategy in cases:
-        plan = ops.plan(op, backward, n, rows, 132, 2, strategy)
-        for phase in plan.phases:
-            consts = dict(phase.constexprs, HAS_TEMPERATURE=True)
-            sig = {a: "constexpr" if a in consts else ("*fp32" if a.startswith("part") else "*bf16")
-                   if a.endswith("_ptr") else "fp32" if a == "inv_temperature" else "i32" for a in names}
-            src = ASTSource(kernels.softmax_kernel, sig, constexprs=consts)
-            triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": phase.num_warps, "enable_fp_fusion": False})
-    print("compiled", len(cases))
-""")
-
-
-def test_kernel_compiles_for_sm90_offline():
-    ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        pytest.skip("Triton's bundled ptxas is not available")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _SM90_SCRIPT], env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
 
 
 # ---- GPU tier ------------------------------------------------------------------------------
