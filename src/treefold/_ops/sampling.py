@@ -24,11 +24,14 @@ from .launch import Launcher
 
 #: Longest row the kernels take.
 MAX_ROW = 1 << 20
-#: Histogram bins of the filtered path, and their width (bins per nat of log-probability); the
-#: sub-bins that split the boundary bins of a long boundary list.
-NUM_BINS = 256
-BINS_PER_NAT = 8.0
-FINE_BINS = 256
+#: Histogram bins of the filtered path, and their width (bins per nat of log-probability: the
+#: bins reach 32 nats below the maximum); the sub-bins that split the boundary bins of a long
+#: boundary list. Triton's histogram costs about (bins / 32) * log2(bins) instructions per token
+#: and thread, so bins are counted sparingly: 128 of them take under half the instructions of
+#: 256, for boundary lists about twice as long.
+NUM_BINS = 128
+BINS_PER_NAT = 4.0
+FINE_BINS = 64
 #: ``resolve_kernel`` ranks boundary lists up to this long by pairwise comparisons (PAIR_CHUNK
 #: tokens at a time); a longer one is first cut down with the sub-bins, and what is still longer
 #: (a huge tie group) takes the bracket search.
@@ -41,8 +44,10 @@ TOP_K_KERNEL_MAX = SORT_MAX
 #: Bracket search: tokens per block and sub-intervals per pass.
 SEARCH_BLOCK = 1024
 SEARCH_SLOTS = 16
-#: Programs per SM aimed at by the row-parallel passes.
-PROGRAMS_PER_SM = 4
+#: Programs per SM aimed at by the row-parallel passes (4, 8, 16, 32 measured on the H200 at
+#: 1 and 64 rows of 151936): the race is best at 8, the filtered passes at 16.
+RACE_PROGRAMS_PER_SM = 8
+FILTER_PROGRAMS_PER_SM = 16
 #: Segment width: next_pow2(n) clamped to [MIN_WIDTH, MAX_WIDTH] (a function of n alone). At least
 #: one element per lane of a warp (no replicated elements), at most 8 per thread of 4 warps.
 MIN_WIDTH = 32
@@ -65,13 +70,10 @@ _APPLY = Launcher(kernels.apply_filter_kernel)
 class Plan:
     """How a [rows, n] call is cut into programs (launch choices only)."""
     width: int
-    log2_width: int
-    group: int
     segments: int
-    seg_pow2: int
-    log2_seg_pow2: int
     segments_per_program: int
     programs_per_row: int
+    parts_pow2: int
     num_warps: int
 
 
@@ -83,17 +85,17 @@ def _sm_count(device: torch.device) -> int:
 
 
 @functools.lru_cache(maxsize=512)
-def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int] = None) -> Plan:
+def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int] = None,
+         programs_per_sm: int = FILTER_PROGRAMS_PER_SM) -> Plan:
     width = min(max(order.next_pow2(n), MIN_WIDTH), MAX_WIDTH)
     segments = order.cdiv(n, width)
-    seg_pow2 = order.next_pow2(segments)
     if programs_per_row is None:
-        programs_per_row = order.cdiv(PROGRAMS_PER_SM * _sm_count(device), max(rows, 1))
+        programs_per_row = order.cdiv(programs_per_sm * _sm_count(device), max(rows, 1))
     programs_per_row = max(1, min(segments, programs_per_row))
     spp = order.cdiv(segments, programs_per_row)
-    group = min(order.group(n, torch.float32), width)
-    return Plan(width, order.log2(width), group, segments, seg_pow2, order.log2(seg_pow2), spp,
-                order.cdiv(segments, spp), max(1, min(4, width // 256)))
+    programs_per_row = order.cdiv(segments, spp)
+    return Plan(width, segments, spp, programs_per_row, order.next_pow2(programs_per_row),
+                max(1, min(4, width // 256)))
 
 
 def _param(value) -> tuple:
@@ -133,45 +135,40 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     t, k, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags"]
     grid = (rows * g.programs_per_row,)
-    seg_max = torch.empty((rows, g.segments), dtype=torch.float32, device=dev)
-    seg_sum = torch.empty((rows, g.segments), dtype=torch.float32, device=dev)
+    part_max = torch.empty(grid[0], dtype=torch.float32, device=dev)
+    part_total = torch.empty(grid[0], dtype=torch.int64, device=dev)
     hist = torch.empty((rows, NUM_BINS), dtype=torch.int32, device=dev)
     fine = torch.empty((rows, FINE_BINS), dtype=torch.int32, device=dev)
-    counter = torch.empty(rows, dtype=torch.int32, device=dev)
+    counter = torch.empty(rows, dtype=torch.int64, device=dev)
     plan_rows = torch.empty((rows, 4), dtype=torch.int32, device=dev)
     boundary = torch.empty((rows, n), dtype=torch.int32, device=dev)
     part_mass = torch.empty(grid[0], dtype=torch.int64, device=dev)
     part_kept = torch.empty(grid[0], dtype=torch.int64, device=dev)
-    part_score = torch.empty(grid[0], dtype=torch.float32, device=dev)
-    part_index = torch.empty(grid[0], dtype=torch.int64, device=dev)
     _SEGMENT_MAX(
-        grid, x, n, x.stride(0), seg_max, hist, fine, counter, g.segments, g.programs_per_row, t,
+        grid, x, n, x.stride(0), part_max, hist, fine, counter, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, num_warps=g.num_warps)
     _HISTOGRAM(
-        grid, x, n, x.stride(0), seg_max, seg_sum, hist, g.segments, g.programs_per_row, t,
-        T_ROW=flags["T_ROW"], WIDTH=g.width, LOG2_WIDTH=g.log2_width, GROUP=g.group,
-        LOG2_GROUP=order.log2(g.group), SEGMENTS_PER_PROGRAM=g.segments_per_program,
-        SEG_POW2=g.seg_pow2, NUM_BINS=NUM_BINS,
+        grid, x, n, x.stride(0), part_max, part_total, hist, g.programs_per_row, t,
+        T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
+        PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, num_warps=g.num_warps)
     _COMPACT(
-        grid, x, n, x.stride(0), seg_max, seg_sum, hist, fine, counter, plan_rows, boundary, n,
-        part_mass, part_kept, part_score, part_index, g.segments, g.programs_per_row,
-        t, k, p, mp, filters, s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width,
-        SEGMENTS_PER_PROGRAM=g.segments_per_program, SEG_POW2=g.seg_pow2,
-        LOG2_SEG_POW2=g.log2_seg_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
+        grid, x, n, x.stride(0), part_max, part_total, hist, fine, counter, plan_rows, boundary, n,
+        part_mass, part_kept, g.programs_per_row, t, k, p, mp, filters,
+        T_ROW=flags["T_ROW"], K_ROW=flags["K_ROW"], P_ROW=flags["P_ROW"],
+        MINP_ROW=flags["MINP_ROW"], MODE=mode, WIDTH=g.width,
+        SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
         FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
         num_warps=g.num_warps)
     spare = counter  # pointer arguments a mode does not use
     _RESOLVE(
-        (rows,), x, n, x.stride(0), seg_max, seg_sum, fine, counter, plan_rows, boundary, n,
-        part_mass, part_kept, part_score, part_index, g.segments, g.programs_per_row,
-        t, k, p, mp, filters, s, s_stride, o, o_stride,
+        (rows,), x, n, x.stride(0), part_max, part_total, fine, counter, plan_rows, boundary, n,
+        part_mass, part_kept, g.programs_per_row, t, k, p, mp, filters, s, s_stride, o, o_stride,
         outputs.get("token", spare), outputs.get("lo", spare), outputs.get("hi", spare),
         outputs.get("thr", spare), outputs.get("max", spare), outputs.get("mass", spare),
         outputs.get("values", spare), outputs.get("indices", spare), k_out,
-        **flags, MODE=mode, SEG_POW2=g.seg_pow2, LOG2_SEG_POW2=g.log2_seg_pow2,
-        PARTS_POW2=order.next_pow2(g.programs_per_row), SORT_SMALL=PAIRWISE_MAX,
+        **flags, MODE=mode, PARTS_POW2=g.parts_pow2, SORT_SMALL=PAIRWISE_MAX,
         PAIR_CHUNK=min(PAIR_CHUNK, PAIRWISE_MAX), SORT_LARGE=SORT_MAX,
         SEARCH_BLOCK=SEARCH_BLOCK, SLOTS=SEARCH_SLOTS, FINE_BINS=FINE_BINS,
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, num_warps=RESOLVE_WARPS)
@@ -194,7 +191,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
                   programs_per_row=programs_per_row)
         return out
     # no filter, or greedy with scalar filters (they never remove the top token): one race
-    g = plan(rows, n, x.device, programs_per_row)
+    g = plan(rows, n, x.device, programs_per_row, RACE_PROGRAMS_PER_SM)
     t, t_row = _param(temperature)
     s, s_stride, s_tensor = _random(0 if greedy else seed)
     o, o_stride, o_tensor = _random(0 if greedy else offset)
@@ -208,7 +205,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, num_warps=g.num_warps)
     _RACE_COMBINE(
         (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
-        PROGRAMS_POW2=order.next_pow2(g.programs_per_row), num_warps=1)
+        PROGRAMS_POW2=g.parts_pow2, num_warps=1)
     return out
 
 

@@ -45,12 +45,16 @@ size or the launch configuration.
 import triton
 import triton.language as tl
 
+from triton.language.extra import libdevice
+
 from ..backend import INTERPRETED
-from .combine import round_to, tree_sum
+from .combine import round_to
 
 #: Triton's interpreter truncates float32 -> bfloat16; probability outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
 SOFT_BF16 = tl.constexpr(INTERPRETED)
+#: The interpreter has no libdevice: there ``_fast_log`` is NumPy's log.
+FAST_LOG = tl.constexpr(not INTERPRETED)
 
 #: Fixed-point scale of probability masses (w in (0, 1] times 2^40; 2^20 tokens sum below 2^63).
 FIXED_ONE = tl.constexpr(1099511627776.0)
@@ -121,14 +125,6 @@ def _bin_of(x, y, m, finite, NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
     return b
 
 
-@triton.jit
-def _tile_sum(v, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr, GROUP: tl.constexpr,
-              LOG2_GROUP: tl.constexpr):
-    """Tree sum of a [WIDTH] float32 tile in the treefold order (the same bits in every launch)."""
-    return tl.sum(tree_sum(tl.reshape(v, [1, WIDTH]), 1, WIDTH, LOG2_WIDTH, GROUP, LOG2_GROUP),
-                  axis=0)
-
-
 # ------------------------------------------------------------------------------------------
 # Random numbers: Philox4x32-10 on (token // 4, stream, offset), key = seed
 # ------------------------------------------------------------------------------------------
@@ -144,22 +140,35 @@ def _philox_bits(seed, groups, stream, offset):
 
 
 @triton.jit
+def _fast_log(x):
+    """Natural log. Compiled: lg2.approx times ln 2, one MUFU instruction (relative error about
+    2^-22, absolute near 1); libdevice's logf is a polynomial of some twenty FMAs, which made the
+    race noise, not the logits' bytes, the cost of a sampling pass. Interpreted: NumPy's log."""
+    if FAST_LOG:
+        return libdevice.fast_logf(x)
+    else:
+        return tl.log(x)
+
+
+@triton.jit
 def _race_noise(r):
     """-log(E) for E ~ Exp(1) from 32 random bits: a Gumbel variable, finite by construction.
 
     u = (2j + 1) / 2^24 with j the top 23 bits lies strictly inside (0, 1). E = -log(u) must keep
     its relative accuracy when u is close to 1 (E tiny, the rare tokens that win easily), where a
     fast log loses it; there log(u) = 2 atanh(s), s = (u - 1) / (u + 1), |s| <= 1/3, summed to
-    8 terms (error below 2^-26).
+    8 terms (error below 2^-26). Compiled, the division and the logs are the fast ones
+    (``_fast_log``; division within 2 ulp): the noise is within 2^-21 of the exact -log(E) of
+    the same u, below half an ulp of a score of magnitude 8 or more.
     """
     u = ((r >> 9).to(tl.int32).to(tl.float32) * 2.0 + 1.0) * 5.9604644775390625e-08
-    s = tl.div_rn(u - 1.0, u + 1.0)
+    s = (u - 1.0) / (u + 1.0)
     s2 = s * s
     series = 1.0 + s2 * (0.3333333333333333 + s2 * (0.2 + s2 * (0.14285714285714285 + s2 * (
         0.1111111111111111 + s2 * (0.09090909090909091 + s2 * (0.07692307692307693
                                                                  + s2 * 0.06666666666666667))))))
-    log_u = tl.where(u >= 0.5, 2.0 * s * series, tl.log(u))
-    return -tl.log(-log_u)
+    log_u = tl.where(u >= 0.5, 2.0 * s * series, _fast_log(u))
+    return -_fast_log(-log_u)
 
 
 @triton.jit
@@ -174,12 +183,15 @@ def _noise_at(tokens, seed, stream, offset):
 @triton.jit
 def _noise_tile(first_group, seed, stream, offset, GROUPS: tl.constexpr):
     """Race noise of the 4 * GROUPS consecutive tokens from 4 * first_group: one Philox block
-    per four tokens, the same numbers ``_noise_at`` gives."""
-    groups = first_group + tl.arange(0, GROUPS)
+    per four tokens, the same numbers ``_noise_at`` gives.
+
+    Built as a [GROUPS, 4] tile (a thread's four consecutive tokens share their Philox block)
+    and flattened in place, so the noise lands in the registers of the logits it is added to."""
+    groups = first_group + tl.arange(0, GROUPS)[:, None]
     r0, r1, r2, r3 = _philox_bits(seed, groups, stream, offset)
-    r = tl.join(tl.join(r0, r1), tl.join(r2, r3))  # [g, a, b] = r_{2b + a}
-    r = tl.reshape(tl.permute(r, (0, 2, 1)), (GROUPS * 4,))  # token 4g + j gets r_j
-    return _race_noise(r)
+    lane = tl.arange(0, 4)[None, :]
+    r = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
+    return _race_noise(tl.reshape(r, (GROUPS * 4,)))
 
 
 # ------------------------------------------------------------------------------------------
@@ -247,17 +259,28 @@ def _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR: tl.c
 
 
 @triton.jit
-def _row_max(seg_max_ptr, row, num_segments, SEG_POW2: tl.constexpr):
-    s = tl.arange(0, SEG_POW2)
-    v = tl.load(seg_max_ptr + row * num_segments + s, mask=s < num_segments, other=float("-inf"))
+def _row_max(part_max_ptr, row, programs_per_row, POW2: tl.constexpr):
+    """The row maximum from the per-program maxima of ``segment_max_kernel`` (POW2 >= programs)."""
+    q = tl.arange(0, POW2)
+    v = tl.load(part_max_ptr + row * programs_per_row + q, mask=q < programs_per_row,
+                other=float("-inf"))
     return tl.max(v, axis=0)
 
 
 @triton.jit
-def _row_total(seg_sum_ptr, row, num_segments, SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr):
-    s = tl.arange(0, SEG_POW2)
-    v = tl.load(seg_sum_ptr + row * num_segments + s, mask=s < num_segments, other=0.0)
-    return _tile_sum(v, SEG_POW2, LOG2_SEG_POW2, 1, 0)
+def _row_total(part_total_ptr, row, programs_per_row, POW2: tl.constexpr):
+    """The row's fixed-point mass (int64) from the per-program sums of ``bin_histogram_kernel``."""
+    q = tl.arange(0, POW2)
+    v = tl.load(part_total_ptr + row * programs_per_row + q, mask=q < programs_per_row, other=0)
+    return tl.sum(v, axis=0)
+
+
+@triton.jit
+def _fixed_mass(y, m, finite):
+    """w = exp(y - m) of each token and w * 2^40 truncated to int64 (0 where not finite): the
+    weights every mass is summed from, exactly and in any order."""
+    w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
+    return w, tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
 
 
 @triton.jit
@@ -404,9 +427,11 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     prog = pid % programs_per_row
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
-    best_score = tl.full([], float("-inf"), tl.float32)
-    best_index = tl.full([], n, tl.int64)
+    # each lane keeps its best (score, index) across the segments; the lanes meet once at the end.
+    # Segments come in increasing index order, so a strict > keeps the lowest index of a tie.
     lanes = tl.arange(0, WIDTH)
+    lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
+    lane_index = tl.full([WIDTH], n, tl.int32)
     for j in range(SEGMENTS_PER_PROGRAM):
         start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
         cols = start + lanes
@@ -415,14 +440,13 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
         y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
         if NOISE:
             y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-        score = tl.where(valid, y, float("-inf"))
-        top = tl.max(score, axis=0)
-        at = tl.min(tl.where(valid & (score == top), cols, n), axis=0)
-        take = (top > best_score) | ((top == best_score) & (at < best_index))
-        best_score = tl.where(take, top, best_score)
-        best_index = tl.where(take, at, best_index)
+        take = valid & (y > lane_score)
+        lane_score = tl.where(take, y, lane_score)
+        lane_index = tl.where(take, cols.to(tl.int32), lane_index)
+    best_score = tl.max(lane_score, axis=0)
+    best_index = tl.min(tl.where(lane_score == best_score, lane_index, n), axis=0)
     tl.store(part_score_ptr + pid, best_score)
-    tl.store(part_index_ptr + pid, best_index)
+    tl.store(part_index_ptr + pid, best_index.to(tl.int64))
 
 
 @triton.jit
@@ -456,22 +480,24 @@ def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_ro
 # ------------------------------------------------------------------------------------------
 
 @triton.jit
-def segment_max_kernel(x_ptr, n, stride_x, seg_max_ptr, hist_ptr, fine_ptr, counter_ptr,
-                       num_segments, programs_per_row, temperature,
+def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, counter_ptr,
+                       programs_per_row, temperature,
                        T_ROW: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                        NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr):
-    """Maximum of y = x / t over the finite tokens of each segment; the first program of a row
-    also clears the row's histograms and list counter. Grid rows * programs_per_row.
+    """Maximum of y = x / t over the finite tokens of each program's segments; the first program
+    of a row also clears the row's histograms and list counter. Grid rows * programs_per_row.
 
-    Bytes: reads the logits once (the pass that brings them into L2); writes 4 bytes per segment.
+    Each lane keeps its own maximum across the segments and the lanes meet once at the end: one
+    reduction per program, not one per segment (a maximum is exact in any order).
+
+    Bytes: reads the logits once (the pass that brings them into L2); writes 4 bytes per program.
 
     Args:
         x_ptr, n, stride_x: logits as in ``race_kernel``.
-        seg_max_ptr: float32 [rows, num_segments] out.
+        part_max_ptr: float32 [rows, programs_per_row] out.
         hist_ptr: int32 [rows, NUM_BINS], cleared here.
         fine_ptr: int32 [rows, FINE_BINS], cleared here.
-        counter_ptr: int32 [rows], cleared here.
-        num_segments: cdiv(n, WIDTH).
+        counter_ptr: int64 [rows], cleared here.
         programs_per_row: programs sharing a row.
         temperature, T_ROW: as in ``race_kernel``.
         WIDTH, SEGMENTS_PER_PROGRAM: as in ``race_kernel``.
@@ -487,39 +513,37 @@ def segment_max_kernel(x_ptr, n, stride_x, seg_max_ptr, hist_ptr, fine_ptr, coun
                  tl.zeros([FINE_BINS], tl.int32))
         tl.store(counter_ptr + row, 0)
     lanes = tl.arange(0, WIDTH)
+    lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
     for j in range(SEGMENTS_PER_PROGRAM):
-        seg = prog * SEGMENTS_PER_PROGRAM + j
-        cols = seg * WIDTH + lanes
+        cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
         x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0).to(tl.float32)
         finite = (cols < n) & (tl.abs(x) < float("inf"))
         y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
-        m = tl.max(tl.where(finite, y, float("-inf")), axis=0)
-        tl.store(seg_max_ptr + row * num_segments + seg, m, mask=seg < num_segments)
+        lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
+    tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
 
 
 @triton.jit
-def bin_histogram_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, hist_ptr, num_segments,
+def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr,
                          programs_per_row, temperature,
-                         T_ROW: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr,
-                         GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-                         SEGMENTS_PER_PROGRAM: tl.constexpr, SEG_POW2: tl.constexpr,
+                         T_ROW: tl.constexpr, WIDTH: tl.constexpr,
+                         SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
                          NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
                          ALL_VALUES: tl.constexpr):
-    """Bin histogram of the row (integer atomics) and the sum of exp(y - m) per segment.
-    Grid rows * programs_per_row.
+    """Bin histogram of the row (integer atomics) and the fixed-point mass of each program's
+    tokens (per-lane integer sums, one reduction per program). Grid rows * programs_per_row.
 
-    Bytes: reads the logits once (from L2) and the segment maxima; writes 4 bytes per segment
-    and at most NUM_BINS atomic adds per program.
+    Bytes: reads the logits once (from L2) and the per-program maxima; writes 8 bytes per
+    program and at most NUM_BINS atomic adds per program.
 
     Args:
         x_ptr, n, stride_x: logits as in ``race_kernel``.
-        seg_max_ptr: float32 [rows, num_segments] from ``segment_max_kernel``.
-        seg_sum_ptr: float32 [rows, num_segments] out.
+        part_max_ptr: float32 [rows, programs_per_row] from ``segment_max_kernel``.
+        part_total_ptr: int64 [rows, programs_per_row] out: the sum of w * 2^40 (truncated),
+            w = exp(y - m), over the program's finite tokens.
         hist_ptr: int32 [rows, NUM_BINS], accumulated.
-        num_segments, programs_per_row, temperature, T_ROW, WIDTH, SEGMENTS_PER_PROGRAM: as above.
-        LOG2_WIDTH: log2(WIDTH).
-        GROUP, LOG2_GROUP: lane groups of the segment sums' tree (``treefold.order.group``).
-        SEG_POW2: next power of two of num_segments.
+        programs_per_row, temperature, T_ROW, WIDTH, SEGMENTS_PER_PROGRAM: as above.
+        PARTS_POW2: next power of two of programs_per_row.
         NUM_BINS, BINS_PER_NAT: the bins (see ``_bin_of``).
         ALL_VALUES: count non-finite logits too (top_k orders every value).
     """
@@ -527,12 +551,12 @@ def bin_histogram_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, hist_ptr,
     row = pid // programs_per_row
     prog = pid % programs_per_row
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
-    m = _row_max(seg_max_ptr, row, num_segments, SEG_POW2)
+    m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
     counts = tl.zeros([NUM_BINS], tl.int32)
+    lane_mass = tl.zeros([WIDTH], tl.int64)
     lanes = tl.arange(0, WIDTH)
     for j in range(SEGMENTS_PER_PROGRAM):
-        seg = prog * SEGMENTS_PER_PROGRAM + j
-        cols = seg * WIDTH + lanes
+        cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
         in_row = cols < n
         x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
         finite = in_row & (tl.abs(x) < float("inf"))
@@ -540,48 +564,47 @@ def bin_histogram_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, hist_ptr,
         y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
         counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES),
                                NUM_BINS, mask=valid)
-        w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
-        tl.store(seg_sum_ptr + row * num_segments + seg, _tile_sum(w, WIDTH, LOG2_WIDTH, GROUP, LOG2_GROUP),
-                 mask=seg < num_segments)
+        w, w_fixed = _fixed_mass(y, m, finite)
+        lane_mass += w_fixed
+    tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
     tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0)
 
 
 @triton.jit
-def compact_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, hist_ptr, fine_ptr, counter_ptr,
-                   plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr,
-                   part_index_ptr, num_segments, programs_per_row,
-                   temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
+def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, fine_ptr, counter_ptr,
+                   plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, programs_per_row,
+                   temperature, top_k, top_p, min_p, filters,
                    T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
-                   MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
-                   MODE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                   SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
+                   MINP_ROW: tl.constexpr, MODE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                   PARTS_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
                    ALL_VALUES: tl.constexpr):
-    """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling, the partial race;
+    """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling, their indices
+    written from the end of the row's list (the race among them is run by ``resolve_kernel``:
+    the noise is drawn for those tokens alone, not for every token of a segment that holds one);
     boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
     more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row.
 
-    Bytes: reads the logits once (from L2), the segment results and the histogram; writes 4
-    bytes per listed token and 24 bytes per program.
+    Bytes: reads the logits once (from L2), the per-program results and the histogram; writes 4
+    bytes per listed token and 16 bytes per program.
 
     Args:
-        x_ptr, n, stride_x, seg_max_ptr, hist_ptr, num_segments, programs_per_row: as above.
-        seg_sum_ptr: float32 [rows, num_segments] from ``bin_histogram_kernel``.
+        x_ptr, n, stride_x, part_max_ptr, hist_ptr, programs_per_row: as above.
+        part_total_ptr: int64 [rows, programs_per_row] from ``bin_histogram_kernel``.
         fine_ptr: int32 [rows, FINE_BINS] sub-bin histogram of the listed tokens (atomic).
-        counter_ptr: int32 [rows] list lengths (atomic; the list order is irrelevant).
+        counter_ptr: int64 [rows] list lengths (atomic; the list order is irrelevant): boundary
+            tokens in the low 32 bits, sure-kept tokens (sampling) in the high 32 bits.
         plan_ptr: int32 [rows, 4] out: lo, hi, tokens before lo, valid tokens (``_plan``).
-        list_ptr: int32 [rows, list_stride] token indices out.
+        list_ptr: int32 [rows, list_stride] token indices out: boundary tokens from the front,
+            sure-kept tokens (sampling) from position n - 1 down.
         list_stride: list capacity per row (>= n).
         part_mass_ptr: int64 [rows, programs_per_row] fixed-point mass of the sure-kept bins.
         part_kept_ptr: int64 [rows, programs_per_row] the same, counting min-p survivors only.
-        part_score_ptr, part_index_ptr: partial race winners [rows, programs_per_row].
         temperature, top_k, top_p, min_p: scalars, or per-row pointers [rows] (flags *_ROW).
-        seed, seed_stride, offset, offset_stride, SEED_TENSOR, OFFSET_TENSOR: as in
-            ``race_kernel``.
         filters: which filters the call uses: 1 top-k, 2 top-p, 4 min-p (a runtime value: one
             compiled kernel serves every combination).
         MODE: MODE_SAMPLE, MODE_THRESHOLD or MODE_TOPK.
-        WIDTH, SEGMENTS_PER_PROGRAM, SEG_POW2: as above; LOG2_SEG_POW2 = log2(SEG_POW2).
+        WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2: as above.
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
         FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
             will be longer than FINE_ABOVE tokens.
@@ -592,25 +615,25 @@ def compact_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, hist_ptr, fine_
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters,
                                   K_ROW, P_ROW, MINP_ROW)
-    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
-    m = _row_max(seg_max_ptr, row, num_segments, SEG_POW2)
-    total = _row_total(seg_sum_ptr, row, num_segments, SEG_POW2, LOG2_SEG_POW2)
+    m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
+    total_fixed = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2)
+    total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
     lo, hi, count_above, n_range, n_valid, topk_on, topp_on, minp_on = _plan(
         hist_ptr, row, total, k, p, mp, MODE, NUM_BINS, BINS_PER_NAT)
     if prog == 0:
         f = tl.arange(0, 4)
         tl.store(plan_ptr + row * 4 + f, tl.where(f == 0, lo, tl.where(f == 1, hi, tl.where(
             f == 2, count_above, n_valid))))
-    best_score = tl.full([], float("-inf"), tl.float32)
-    best_index = tl.full([], n, tl.int64)
-    mass = tl.full([], 0, tl.int64)
-    kept = tl.full([], 0, tl.int64)
+    # per-lane integer sums (exact in any order), reduced once at the end; a segment costs one
+    # reduction (its listed and sure-kept counts) and, when it has such tokens, one scan and one
+    # atomic that reserves their places at both ends of the list
+    lane_mass = tl.zeros([WIDTH], tl.int64)
+    lane_kept = tl.zeros([WIDTH], tl.int64)
     fine = tl.zeros([FINE_BINS], tl.int32)
     lanes = tl.arange(0, WIDTH)
     if t_ok & f_ok & (n_valid > 0):
         for j in range(SEGMENTS_PER_PROGRAM):
-            start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
-            cols = start + lanes
+            cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
             in_row = cols < n
             x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
             finite = in_row & (tl.abs(x) < float("inf"))
@@ -619,36 +642,36 @@ def compact_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, hist_ptr, fine_
             b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
             above = valid & (b < lo)
             listed = valid & (b >= lo) & (b <= hi)
-            w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
-            w_fixed = tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+            w, w_fixed = _fixed_mass(y, m, finite)
             survives = (minp_on == 0) | (w >= mp)
-            mass += tl.sum(tl.where(above, w_fixed, 0), axis=0)
-            kept += tl.sum(tl.where(above & survives, w_fixed, 0), axis=0)
+            lane_mass += tl.where(above, w_fixed, 0)
+            lane_kept += tl.where(above & survives, w_fixed, 0)
+            # both counts (each <= WIDTH < 2^16) packed in one int32: one reduction, one scan
+            sure = lanes < 0
             if MODE == MODE_SAMPLE:
-                racing = above & survives
-                if tl.max(racing.to(tl.int32), axis=0) > 0:
-                    g = _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-                    score = tl.where(racing, y + noise_scale * g, float("-inf"))
-                    top = tl.max(score, axis=0)
-                    at = tl.min(tl.where(racing & (score == top), cols, n), axis=0)
-                    take = (top > best_score) | ((top == best_score) & (at < best_index))
-                    best_score = tl.where(take, top, best_score)
-                    best_index = tl.where(take, at, best_index)
-            listed_i = listed.to(tl.int32)
-            c = tl.sum(listed_i, axis=0)
-            if c > 0:
-                base = tl.atomic_add(counter_ptr + row, c)
-                pos = base + tl.cumsum(listed_i, 0) - 1
-                tl.store(list_ptr + row * list_stride + pos, cols.to(tl.int32), mask=listed)
+                sure = above & survives
+            packed = listed.to(tl.int32) + sure.to(tl.int32) * 65536
+            counts = tl.sum(packed, axis=0)
+            if counts > 0:
+                c_list = counts % 65536
+                c_sure = counts // 65536
+                bases = tl.atomic_add(counter_ptr + row, (c_sure.to(tl.int64) << 32) + c_list)
+                ranks = tl.cumsum(packed, 0)
+                row_list = list_ptr + row * list_stride
+                pos = (bases & 0xFFFFFFFF) + (ranks % 65536) - 1
+                tl.store(row_list + pos, cols.to(tl.int32), mask=listed)
+                if MODE == MODE_SAMPLE:
+                    spos = n - (bases >> 32) - (ranks // 65536)
+                    tl.store(row_list + spos, cols.to(tl.int32), mask=sure)
                 if n_range > FINE_ABOVE:
                     fine += tl.histogram(_fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT),
                                          FINE_BINS, mask=listed)
         if n_range > FINE_ABOVE:
             tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0)
+    mass = tl.sum(lane_mass, axis=0)
+    kept = tl.sum(lane_kept, axis=0)
     tl.store(part_mass_ptr + pid, mass)
     tl.store(part_kept_ptr + pid, kept)
-    tl.store(part_score_ptr + pid, best_score)
-    tl.store(part_index_ptr + pid, best_index)
 
 
 # ------------------------------------------------------------------------------------------
@@ -665,6 +688,27 @@ def _race_listed(keep, y, idx, seed, stream, offset, noise_scale, best_score, be
     at = tl.min(tl.where(keep & (score == top), idx, INT64_MAX), axis=0)
     take = (top > best_score) | ((top == best_score) & (at < best_index))
     return tl.where(take, top, best_score), tl.where(take, at, best_index)
+
+
+@triton.jit
+def _race_sure(x_ptr, row, stride_x, list_ptr, list_stride, n, n_sure, inv_t, seed, stream, offset,
+               noise_scale, BLOCK: tl.constexpr):
+    """The race among the sure-kept tokens that ``compact_kernel`` wrote from the end of the
+    list (positions n - 1 down to n - n_sure): (score, index) of the winner, (-inf, INT64_MAX)
+    when there are none."""
+    best_score = tl.full([], float("-inf"), tl.float32)
+    best_index = tl.full([], INT64_MAX, tl.int64)
+    start = tl.full([], 0, tl.int32)
+    while start < n_sure:  # a loop bound read from memory
+        j = start + tl.arange(0, BLOCK)
+        live = j < n_sure
+        idx = tl.load(list_ptr + row * list_stride + (n - 1 - j), mask=live, other=0).to(tl.int64)
+        x = tl.load(x_ptr + row * stride_x + idx, mask=live, other=0.0).to(tl.float32)
+        y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+        best_score, best_index = _race_listed(live, y, idx, seed, stream, offset, noise_scale,
+                                              best_score, best_index)
+        start += BLOCK
+    return best_score, best_index
 
 
 @triton.jit
@@ -699,15 +743,14 @@ def _list_block(x_ptr, row, stride_x, list_ptr, list_stride, start, count, m, in
     x = tl.load(x_ptr + row * stride_x + idx, mask=live, other=0.0).to(tl.float32)
     finite = live & (tl.abs(x) < float("inf"))
     y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
-    w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
-    return live, idx, x, _ordered_key(x), y, w, tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+    w, w_fixed = _fixed_mass(y, m, finite)
+    return live, idx, x, _ordered_key(x), y, w, w_fixed
 
 
 @triton.jit
 def _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above, mass_above,
-                   kept_above, kept_low, best_score, best_index, m, total, inv_t, noise_scale, kk, p,
-                   mp,
-                   topk_on, topp_on, minp_on, seed, stream, offset, lo, hi,
+                   kept_above, kept_low, best_score, best_index, m, total_fixed, inv_t, noise_scale,
+                   kk, p, mp, topk_on, topp_on, minp_on, seed, stream, offset, lo, hi,
                    token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr, values_ptr, indices_ptr,
                    k_out, MODE: tl.constexpr, SIZE: tl.constexpr, SORT: tl.constexpr,
                    CHUNK: tl.constexpr, ALL_VALUES: tl.constexpr):
@@ -726,8 +769,7 @@ def _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_ab
         live = rank < n_list
         y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
         finite = live & (tl.abs(x) < float("inf"))
-        w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
-        w_fixed = tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+        w, w_fixed = _fixed_mass(y, m, finite)
         mass_before = tl.cumsum(w_fixed, 0) - w_fixed
     else:
         rank = tl.zeros([SIZE], tl.int32)
@@ -743,7 +785,7 @@ def _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_ab
     pos = count_above + rank
     keep = live & ((topk_on == 0) | (pos < kk))
     m_k = tl.where(topk_on, mass_above + tl.sum(tl.where(live & (pos < kk), w_fixed, 0), axis=0),
-                   (total * FIXED_ONE).to(tl.int64))
+                   total_fixed)
     target = (p.to(tl.float64) * m_k.to(tl.float64)).to(tl.int64)
     keep = keep & ((topp_on == 0) | (mass_above + mass_before < target))
     keep = keep & ((minp_on == 0) | (w >= mp))
@@ -876,8 +918,8 @@ def _gather_top_k(x_ptr, row, stride_x, list_ptr, list_stride, n_list, kk, m, in
 
 @triton.jit
 def _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above, mass_above,
-                    kept_above, kept_low, best_score, best_index, m, total, inv_t, noise_scale, kk, p,
-                    mp, topk_on, topp_on, minp_on, seed, stream, offset, lo, hi,
+                    kept_above, kept_low, best_score, best_index, m, total_fixed, inv_t, noise_scale,
+                    kk, p, mp, topk_on, topp_on, minp_on, seed, stream, offset, lo, hi,
                     token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
                     MODE: tl.constexpr, BLOCK: tl.constexpr, SLOTS: tl.constexpr,
                     ALL_VALUES: tl.constexpr):
@@ -889,7 +931,7 @@ def _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_a
                            count_above.to(tl.int64), kk, False, BLOCK, SLOTS, ALL_VALUES)
     thr = thr_k
     if topp_on:
-        m_k = (total * FIXED_ONE).to(tl.int64)
+        m_k = total_fixed
         if topk_on:
             m_k = mass_above
             start = tl.full([], 0, tl.int32)
@@ -974,31 +1016,31 @@ def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_ptr, lo, h
 
 
 @triton.jit
-def resolve_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, fine_ptr, counter_ptr, plan_ptr,
+def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, counter_ptr, plan_ptr,
                    list_ptr,
-                   list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr, part_index_ptr,
-                   num_segments, compact_programs,
+                   list_stride, part_mass_ptr, part_kept_ptr, compact_programs,
                    temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
                    token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr, values_ptr, indices_ptr,
                    k_out,
                    T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
                    MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
-                   MODE: tl.constexpr, SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr,
+                   MODE: tl.constexpr,
                    PARTS_POW2: tl.constexpr, SORT_SMALL: tl.constexpr, PAIR_CHUNK: tl.constexpr,
                    SORT_LARGE: tl.constexpr,
                    SEARCH_BLOCK: tl.constexpr, SLOTS: tl.constexpr, FINE_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr):
     """One program per row: the exact prefix boundary among the listed tokens, then the row's
-    outputs. A list longer than SORT_SMALL is first shortened with the sub-bin histogram
+    outputs; when sampling, the race among the sure-kept tokens first. A list longer than SORT_SMALL is first shortened with the sub-bin histogram
     (``_refine``; not for MODE_TOPK, whose lists are sorted). Grid rows.
 
     Bytes: reads the listed indices and their logits (a sort of at most SORT_LARGE of them, or
-    a few passes over a longer list) and the per-program partials; writes one token (sampling),
+    a few passes over a longer list), the sure-kept ones once when sampling, and the per-program
+    partials; writes one token (sampling),
     five numbers (thresholds) or k values and indices (top-k) per row.
 
     Args:
-        x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, fine_ptr, counter_ptr, plan_ptr, list_ptr,
-        list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr, part_index_ptr, num_segments:
+        x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, counter_ptr, plan_ptr, list_ptr,
+        list_stride, part_mass_ptr, part_kept_ptr:
             as in ``compact_kernel`` (plan_ptr, fine_ptr and the lists as it left them).
         compact_programs: programs per row of ``compact_kernel`` (partials per row).
         temperature .. offset and their flags: as in ``compact_kernel``.
@@ -1009,7 +1051,7 @@ def resolve_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, fine_ptr, count
             its composite key >= thr, the maximum, and the kept mass relative to exp(max).
         values_ptr, indices_ptr: [rows, k_out] top-k values (logits dtype) and int64 indices.
         k_out: k of ``top_k`` (MODE_TOPK).
-        MODE, SEG_POW2, LOG2_SEG_POW2, ALL_VALUES: as above.
+        MODE, ALL_VALUES: as above.
         PARTS_POW2: next power of two of compact_programs.
         SORT_SMALL: lists up to this long are ranked by pairwise comparisons, PAIR_CHUNK tokens at
             a time; longer ones take the bracket search.
@@ -1024,8 +1066,9 @@ def resolve_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, fine_ptr, count
     kk_raw, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters,
                                        K_ROW, P_ROW, MINP_ROW)
     s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
-    m = _row_max(seg_max_ptr, row, num_segments, SEG_POW2)
-    total = _row_total(seg_sum_ptr, row, num_segments, SEG_POW2, LOG2_SEG_POW2)
+    m = _row_max(part_max_ptr, row, compact_programs, PARTS_POW2)
+    total_fixed = _row_total(part_total_ptr, row, compact_programs, PARTS_POW2)
+    total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
     lo = tl.load(plan_ptr + row * 4)
     hi = tl.load(plan_ptr + row * 4 + 1)
     count_above = tl.load(plan_ptr + row * 4 + 2)
@@ -1040,13 +1083,16 @@ def resolve_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, fine_ptr, count
     parts = row * compact_programs + q
     mass_above = tl.sum(tl.load(part_mass_ptr + parts, mask=live, other=0), axis=0)
     kept_above = tl.sum(tl.load(part_kept_ptr + parts, mask=live, other=0), axis=0)
-    scores = tl.load(part_score_ptr + parts, mask=live, other=float("-inf"))
-    indices = tl.load(part_index_ptr + parts, mask=live, other=INT64_MAX)
-    best_score = tl.max(scores, axis=0)
-    best_index = tl.min(tl.where(live & (scores == best_score), indices, INT64_MAX), axis=0)
-    n_list = tl.load(counter_ptr + row)
+    best_score = tl.full([], float("-inf"), tl.float32)
+    best_index = tl.full([], INT64_MAX, tl.int64)
+    counts = tl.load(counter_ptr + row)
+    n_list = (counts & 0xFFFFFFFF).to(tl.int32)
     kept_low = tl.full([], INT64_MAX, tl.int64)
     if t_ok & f_ok & (n_valid > 0):
+        if MODE == MODE_SAMPLE:
+            best_score, best_index = _race_sure(x_ptr, row, stride_x, list_ptr, list_stride, n,
+                                                (counts >> 32).to(tl.int32), inv_t, s, stream, o,
+                                                noise_scale, SEARCH_BLOCK)
         # Shorten the boundary list first (top-k: gather the k-th neighbourhood; otherwise refine
         # by sub-bins), then resolve it: ranked pairwise when short, else sorted (top-k) or searched.
         if MODE == MODE_TOPK:
@@ -1062,20 +1108,20 @@ def resolve_kernel(x_ptr, n, stride_x, seg_max_ptr, seg_sum_ptr, fine_ptr, count
                             MODE, SEARCH_BLOCK, FINE_BINS, BINS_PER_NAT, ALL_VALUES)
         if n_list <= SORT_SMALL:
             _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
-                           mass_above, kept_above, kept_low, best_score, best_index, m, total,
+                           mass_above, kept_above, kept_low, best_score, best_index, m, total_fixed,
                            inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
                            o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
                            values_ptr, indices_ptr, k_out, MODE, SORT_SMALL, False, PAIR_CHUNK,
                            ALL_VALUES)
         elif MODE == MODE_TOPK:
             _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
-                           mass_above, kept_above, kept_low, best_score, best_index, m, total,
+                           mass_above, kept_above, kept_low, best_score, best_index, m, total_fixed,
                            inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
                            o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
                            values_ptr, indices_ptr, k_out, MODE, SORT_LARGE, True, 1, ALL_VALUES)
         else:
             _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
-                            mass_above, kept_above, kept_low, best_score, best_index, m, total,
+                            mass_above, kept_above, kept_low, best_score, best_index, m, total_fixed,
                             inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
                             o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
                             MODE, SEARCH_BLOCK, SLOTS, ALL_VALUES)
