@@ -424,7 +424,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
-    prog = pid % programs_per_row
+    prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
     # each lane keeps its best (score, index) across the segments; the lanes meet once at the end.
@@ -505,7 +505,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
-    prog = pid % programs_per_row
+    prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     if prog == 0:
         tl.store(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), tl.zeros([NUM_BINS], tl.int32))
@@ -549,7 +549,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
-    prog = pid % programs_per_row
+    prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
     counts = tl.zeros([NUM_BINS], tl.int32)
@@ -611,7 +611,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
-    prog = pid % programs_per_row
+    prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters,
                                   K_ROW, P_ROW, MINP_ROW)
@@ -1158,7 +1158,7 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
-    prog = pid % programs_per_row
+    prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     lo = tl.load(lo_ptr + row)
     hi = tl.load(hi_ptr + row)
     thr = tl.load(thr_ptr + row)
