@@ -5,9 +5,9 @@ checking): logits as ``[rows, n]`` with a contiguous last dimension; every param
 Python scalar or a contiguous device tensor (``[rows]``, or one element for seed and offset);
 no Python value is ever read back from the device, so every launcher is CUDA-graph safe.
 
-Launch choices (programs per row, warps, list sizes) never change a result: partial results are
-exact (maxima, integer counts, fixed-point masses) or per segment of a width that depends on n
-alone, and the list of boundary tokens is sorted or searched, never read in arrival order.
+Launch choices (programs per row, segment width, warps, list sizes) never change a result:
+partial results are exact (maxima, races, integer counts, fixed-point masses), and the lists of
+tokens are sorted, searched or raced, never read in arrival order.
 """
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ SEARCH_SLOTS = 16
 #: 1 and 64 rows of 151936): the race is best at 8, the filtered passes at 16.
 RACE_PROGRAMS_PER_SM = 8
 FILTER_PROGRAMS_PER_SM = 16
-#: Segment width: next_pow2(n) clamped to [MIN_WIDTH, MAX_WIDTH] (a function of n alone). At least
-#: one element per lane of a warp (no replicated elements), at most 8 per thread of 4 warps.
+#: Segment width: next_pow2(n) clamped to [MIN_WIDTH, MAX_WIDTH]. At least one element per lane
+#: of a warp (no replicated elements), at most 8 per thread of 4 warps.
 MIN_WIDTH = 32
 MAX_WIDTH = 1024
 #: Warps of the one-program-per-row resolve pass.

@@ -18,29 +18,33 @@ draws the same numbers whatever batch it sits in.
 
 Finding the prefix boundary without a sort (the filtered path: four launches, five for the masks):
 
-1. ``segment_max_kernel``: the maximum of y over each segment of the row (segments of W(n)
-   elements; W depends on n only). One read of the logits, the only one that reaches HBM.
+1. ``segment_max_kernel``: the maximum of y over each program's share of the row. One read of
+   the logits, the only one that reaches HBM.
 2. ``bin_histogram_kernel``: with the row maximum m, every token falls in a bin
    floor((m - y) * BINS_PER_NAT) (the last bin collects everything further away). A histogram
-   of the bins (integer atomics: exact in any order) and the sum of exp(y - m) per segment.
+   of the bins (integer atomics: exact in any order) and the row's mass, the sum of
+   w = exp(y - m) in fixed point.
 3. ``compact_kernel``: from the histogram, bounds on the probability mass of every bin prefix
    locate the bins that can hold the prefix boundary (``_plan``). Tokens in bins before them are
-   kept for sure: their mass is summed (fixed point, exact in any order) and, when sampling,
-   they enter the race here. Tokens in the boundary bins are written to a list; when the list
-   is long, a histogram of 256 sub-bins of the boundary bins is counted too.
-4. ``resolve_kernel``: one program per row. A long list is first cut down with the sub-bins
-   (``_refine``: the same bounds, much narrower bins). The remaining tokens are ranked in the
-   composite order (all pairwise comparisons, or a sort for top_k), which gives the exact
-   cumulative counts and masses, hence every filter's decision; the race among the kept ones is
-   merged with the partial winners of step 3. A list still long after that (a huge tie group)
-   is resolved by a bracket search with 15 thresholds per pass.
+   kept for sure: their mass is summed and, when sampling, their indices are written from the
+   end of the row's list. Tokens in the boundary bins are written from the front; when they are
+   many, a histogram of sub-bins of the boundary bins is counted too.
+4. ``resolve_kernel``: one program per row. When sampling, it first runs the race among the
+   sure-kept tokens (their noise is drawn for them alone). A long boundary list is cut down with
+   the sub-bins (``_refine``: the same bounds, much narrower bins). The remaining tokens are
+   ranked in the composite order (all pairwise comparisons, or a sort for top_k), which gives
+   the exact cumulative counts and masses, hence every filter's decision, and the race goes on
+   among the kept ones. A list still long after that (a huge tie group) is resolved by a bracket
+   search with 15 thresholds per pass.
 5. ``apply_filter_kernel`` (the mask functions only): writes masked logits or probabilities.
 
 Greedy decoding and sampling without filters take ``race_kernel`` + ``race_combine_kernel``.
 
-Masses are summed in fixed point (w * 2^40 in int64, w = exp(y - m) <= 1), so sums taken in any
-order, by any number of programs, give the same integers: results never depend on the batch
-size or the launch configuration.
+Masses are summed in fixed point (w * 2^40 truncated to int64, w = exp(y - m) <= 1), so sums
+taken in any order, by any number of programs, give the same integers: results never depend on
+the batch size or the launch configuration (programs per row, segment width, warps). The row
+passes keep per-lane maxima, races and integer sums across their segments and reduce them once
+per program: on the H200 these passes are bound by instructions, not by the logits' bytes.
 """
 import triton
 import triton.language as tl
@@ -419,7 +423,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
         T_ROW: temperature is a float32 tensor [rows].
         SEED_TENSOR, OFFSET_TENSOR: seed / offset are tensors.
         NOISE: add the race noise (False: greedy argmax).
-        WIDTH: tokens per segment (a power of two >= 32; depends on n only).
+        WIDTH: tokens per segment (a power of two >= 32; a launch choice).
         SEGMENTS_PER_PROGRAM: consecutive segments one program reads.
     """
     pid = tl.program_id(0).to(tl.int64)
