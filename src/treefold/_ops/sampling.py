@@ -158,8 +158,8 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         part_mass, part_kept, g.programs_per_row, t, k, p, mp, filters,
         T_ROW=flags["T_ROW"], K_ROW=flags["K_ROW"], P_ROW=flags["P_ROW"],
         MINP_ROW=flags["MINP_ROW"], MODE=mode, WIDTH=g.width,
-        SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
-        FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
+        SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
+        BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
         num_warps=g.num_warps)
     spare = counter  # pointer arguments a mode does not use
     _RESOLVE(

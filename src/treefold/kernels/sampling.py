@@ -579,7 +579,8 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                    plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, programs_per_row,
                    temperature, top_k, top_p, min_p, filters,
                    T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
-                   MINP_ROW: tl.constexpr, MODE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                   MINP_ROW: tl.constexpr, MODE: tl.constexpr, WIDTH: tl.constexpr,
+                   SEGMENTS_PER_PROGRAM: tl.constexpr,
                    PARTS_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
                    ALL_VALUES: tl.constexpr):
@@ -1033,14 +1034,15 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
                    SORT_LARGE: tl.constexpr,
                    SEARCH_BLOCK: tl.constexpr, SLOTS: tl.constexpr, FINE_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr):
-    """One program per row: the exact prefix boundary among the listed tokens, then the row's
-    outputs; when sampling, the race among the sure-kept tokens first. A list longer than SORT_SMALL is first shortened with the sub-bin histogram
-    (``_refine``; not for MODE_TOPK, whose lists are sorted). Grid rows.
+    """One program per row: when sampling, the race among the sure-kept tokens first; then the
+    exact prefix boundary among the listed tokens, and the row's outputs. A list longer than
+    SORT_SMALL is first shortened with the sub-bin histogram (``_refine``; not for MODE_TOPK,
+    whose lists are sorted). Grid rows.
 
     Bytes: reads the listed indices and their logits (a sort of at most SORT_LARGE of them, or
     a few passes over a longer list), the sure-kept ones once when sampling, and the per-program
-    partials; writes one token (sampling),
-    five numbers (thresholds) or k values and indices (top-k) per row.
+    partials; writes one token (sampling), five numbers (thresholds) or k values and indices
+    (top-k) per row.
 
     Args:
         x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, counter_ptr, plan_ptr, list_ptr,
