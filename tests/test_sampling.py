@@ -457,6 +457,39 @@ def test_flat_rows_shorten_long_lists_with_sub_bins(device, monkeypatch):
         torch.testing.assert_close(probs, want, rtol=2e-6, atol=1e-8)
 
 
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
+    """Segment width and programs per row are launch choices: every partial result is exact
+    (maxima, races, integer counts, fixed-point masses) and the lists are never read in arrival
+    order. 32-token segments against the default (512 here), on 1, 3 and all programs per row."""
+    g = torch.Generator().manual_seed(8)
+    x = (torch.randn(3, 300, generator=g) * torch.tensor([[0.4], [2.0], [4.0]])).to(device)
+    seeds = torch.tensor([5, 6, 7], device=device)
+    configs = (dict(), dict(top_p=0.9), dict(top_k=20, top_p=0.8), dict(min_p=0.05))
+
+    def outputs(programs_per_row=None):
+        out = []
+        for c in configs:
+            args = (c.get("top_k"), c.get("top_p"), c.get("min_p"))
+            out.append(ops.sample_rows(x, 0.8, *args, seeds, 3, programs_per_row=programs_per_row))
+            if c:
+                out.append(ops.filter_rows(x, *args, probs=True, programs_per_row=programs_per_row))
+        out.extend(ops.top_k_rows(x, 40, programs_per_row=programs_per_row))
+        return out
+
+    ops.plan.cache_clear()
+    want = outputs()
+    try:
+        monkeypatch.setattr(ops, "MAX_WIDTH", 32)
+        ops.plan.cache_clear()
+        for ppr in (1, 3, 10):
+            got = outputs(ppr)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), ppr
+    finally:
+        monkeypatch.undo()
+        ops.plan.cache_clear()
+
+
 def test_top_k_beyond_the_kernel_limit_uses_a_stable_sort(device, monkeypatch):
     monkeypatch.setattr(ops, "TOP_K_KERNEL_MAX", 2)
     x = torch.tensor([[1.0, 2.0, 2.0, 0.0]], device=device)
