@@ -458,6 +458,19 @@ def test_flat_rows_shorten_long_lists_with_sub_bins(device, monkeypatch):
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_tiny_top_p_keeps_the_top_token(device):
+    """p * M below one fixed-point unit (2^-40 of the top token's weight) still keeps the first
+    token: nothing comes before it."""
+    x = torch.tensor([[0.2, 1.0, 0.5, 0.0] * 10, [3.0, -1.0, 3.0, 2.0] * 10], device=device)
+    for p in (1e-15, 1e-30, 1.5e-38):
+        assert torch.equal(treefold.sample(x, top_p=p, seed=1).cpu(), torch.tensor([1, 0])), p
+        probs = treefold.top_p_mask(x, p, probs=True).cpu()
+        want = torch.zeros_like(probs)
+        want[0, 1] = want[1, 0] = 1.0
+        assert torch.equal(probs, want), p
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
     """Segment width and programs per row are launch choices: every partial result is exact
     (maxima, races, integer counts, fixed-point masses) and the lists are never read in arrival

@@ -696,6 +696,14 @@ def _race_listed(keep, y, idx, seed, stream, offset, noise_scale, best_score, be
 
 
 @triton.jit
+def _top_p_target(p, m_k):
+    """The integer T with (mass before a token < p * m_k) == (mass before < T) for integer
+    masses: ceil(p * m_k), taken in float64. Truncating instead kept nothing at all once
+    p * m_k fell under one fixed-point unit (p below about 2^-40)."""
+    return tl.ceil(p.to(tl.float64) * m_k.to(tl.float64)).to(tl.int64)
+
+
+@triton.jit
 def _race_sure(x_ptr, row, stride_x, list_ptr, list_stride, n, n_sure, inv_t, seed, stream, offset,
                noise_scale, BLOCK: tl.constexpr):
     """The race among the sure-kept tokens that ``compact_kernel`` wrote from the end of the
@@ -791,7 +799,7 @@ def _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_ab
     keep = live & ((topk_on == 0) | (pos < kk))
     m_k = tl.where(topk_on, mass_above + tl.sum(tl.where(live & (pos < kk), w_fixed, 0), axis=0),
                    total_fixed)
-    target = (p.to(tl.float64) * m_k.to(tl.float64)).to(tl.int64)
+    target = _top_p_target(p, m_k)
     keep = keep & ((topp_on == 0) | (mass_above + mass_before < target))
     keep = keep & ((minp_on == 0) | (w >= mp))
     _finish(keep, comp, idx, x, y, w_fixed, rank, row, kk, best_score, best_index, kept_above,
@@ -946,7 +954,7 @@ def _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_a
                                                                BLOCK, ALL_VALUES)
                 m_k += tl.sum(tl.where(_composite(key, idx) >= thr_k, w_fixed, 0), axis=0)
                 start += BLOCK
-        target = (p.to(tl.float64) * m_k.to(tl.float64)).to(tl.int64)
+        target = _top_p_target(p, m_k)
         thr_p = _threshold(x_ptr, row, stride_x, list_ptr, list_stride, n_list, m, inv_t,
                            mass_above, target, True, BLOCK, SLOTS, ALL_VALUES)
         thr = tl.maximum(thr_k, thr_p)
