@@ -52,6 +52,12 @@ FILTER_PROGRAMS_PER_SM = 16
 #: of a warp (no replicated elements), at most 8 per thread of 4 warps.
 MIN_WIDTH = 32
 MAX_WIDTH = 1024
+#: Sampling: a segment lists at most this many of its sure-kept tokens for the resolve pass to
+#: race (noise for those tokens alone); a denser segment races them itself (noise for the whole
+#: segment, in parallel). At most SURE_LIST_MAX * segments tokens per row reach the one program
+#: of the resolve pass: a row that keeps most of its tokens (top-p near 1 on flat logits, p = 1
+#: in a per-row tensor) does not race all of them there.
+SURE_LIST_MAX = 16
 #: Warps of the one-program-per-row resolve pass.
 RESOLVE_WARPS = 8
 
@@ -70,7 +76,6 @@ _APPLY = Launcher(kernels.apply_filter_kernel)
 class Plan:
     """How a [rows, n] call is cut into programs (launch choices only)."""
     width: int
-    segments: int
     segments_per_program: int
     programs_per_row: int
     parts_pow2: int
@@ -86,15 +91,18 @@ def _sm_count(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=512)
 def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int] = None,
-         programs_per_sm: int = FILTER_PROGRAMS_PER_SM) -> Plan:
+         programs_per_sm: Optional[int] = None) -> Plan:
+    """Segments of ``width`` tokens, ``segments_per_program`` of them per program. The programs
+    per row are given, or aimed at ``programs_per_sm`` (default FILTER_PROGRAMS_PER_SM) per SM."""
     width = min(max(order.next_pow2(n), MIN_WIDTH), MAX_WIDTH)
     segments = order.cdiv(n, width)
     if programs_per_row is None:
-        programs_per_row = order.cdiv(programs_per_sm * _sm_count(device), max(rows, 1))
+        per_sm = FILTER_PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
+        programs_per_row = order.cdiv(per_sm * _sm_count(device), max(rows, 1))
     programs_per_row = max(1, min(segments, programs_per_row))
     spp = order.cdiv(segments, programs_per_row)
     programs_per_row = order.cdiv(segments, spp)
-    return Plan(width, segments, spp, programs_per_row, order.next_pow2(programs_per_row),
+    return Plan(width, spp, programs_per_row, order.next_pow2(programs_per_row),
                 max(1, min(4, width // 256)))
 
 
@@ -144,6 +152,8 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     boundary = torch.empty((rows, n), dtype=torch.int32, device=dev)
     part_mass = torch.empty(grid[0], dtype=torch.int64, device=dev)
     part_kept = torch.empty(grid[0], dtype=torch.int64, device=dev)
+    part_score = torch.empty(grid[0], dtype=torch.float32, device=dev)
+    part_index = torch.empty(grid[0], dtype=torch.int64, device=dev)
     _SEGMENT_MAX(
         grid, x, n, x.stride(0), part_max, hist, fine, counter, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
@@ -155,17 +165,16 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, num_warps=g.num_warps)
     _COMPACT(
         grid, x, n, x.stride(0), part_max, part_total, hist, fine, counter, plan_rows, boundary, n,
-        part_mass, part_kept, g.programs_per_row, t, k, p, mp, filters,
-        T_ROW=flags["T_ROW"], K_ROW=flags["K_ROW"], P_ROW=flags["P_ROW"],
-        MINP_ROW=flags["MINP_ROW"], MODE=mode, WIDTH=g.width,
+        part_mass, part_kept, part_score, part_index, g.programs_per_row, t, k, p, mp, filters,
+        s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width, SURE_LIST_MAX=SURE_LIST_MAX,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
         num_warps=g.num_warps)
     spare = counter  # pointer arguments a mode does not use
     _RESOLVE(
         (rows,), x, n, x.stride(0), part_max, part_total, fine, counter, plan_rows, boundary, n,
-        part_mass, part_kept, g.programs_per_row, t, k, p, mp, filters, s, s_stride, o, o_stride,
-        outputs.get("token", spare), outputs.get("lo", spare), outputs.get("hi", spare),
+        part_mass, part_kept, part_score, part_index, g.programs_per_row, t, k, p, mp, filters,
+        s, s_stride, o, o_stride, outputs.get("token", spare), outputs.get("lo", spare), outputs.get("hi", spare),
         outputs.get("thr", spare), outputs.get("max", spare), outputs.get("mass", spare),
         outputs.get("values", spare), outputs.get("indices", spare), k_out,
         **flags, MODE=mode, PARTS_POW2=g.parts_pow2, SORT_SMALL=PAIRWISE_MAX,

@@ -409,7 +409,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
                 NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr):
     """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
 
-    Bytes: reads the row's logits once; writes 8 bytes per program.
+    Bytes: reads the row's logits once; writes 12 bytes per program.
 
     Args:
         x_ptr: logits [rows, n] (float32, bfloat16 or float16), last dimension contiguous.
@@ -576,22 +576,25 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
 
 @triton.jit
 def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, fine_ptr, counter_ptr,
-                   plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, programs_per_row,
-                   temperature, top_k, top_p, min_p, filters,
+                   plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr,
+                   part_index_ptr, programs_per_row,
+                   temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
                    T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
-                   MINP_ROW: tl.constexpr, MODE: tl.constexpr, WIDTH: tl.constexpr,
-                   SEGMENTS_PER_PROGRAM: tl.constexpr,
+                   MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
+                   MODE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                   SURE_LIST_MAX: tl.constexpr,
                    PARTS_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
                    ALL_VALUES: tl.constexpr):
-    """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling, their indices
-    written from the end of the row's list (the race among them is run by ``resolve_kernel``:
-    the noise is drawn for those tokens alone, not for every token of a segment that holds one);
-    boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
+    """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling, the race among
+    them: a segment with at most SURE_LIST_MAX of them writes their indices from the end of the
+    row's list (``resolve_kernel`` races them, drawing noise for those tokens alone, not for the
+    whole segment); a denser segment races them here, into the program's partial winner.
+    Boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
     more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row.
 
     Bytes: reads the logits once (from L2), the per-program results and the histogram; writes 4
-    bytes per listed token and 16 bytes per program.
+    bytes per listed token (boundary or sure-kept) and 28 bytes per program.
 
     Args:
         x_ptr, n, stride_x, part_max_ptr, hist_ptr, programs_per_row: as above.
@@ -605,11 +608,16 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         list_stride: list capacity per row (>= n).
         part_mass_ptr: int64 [rows, programs_per_row] fixed-point mass of the sure-kept bins.
         part_kept_ptr: int64 [rows, programs_per_row] the same, counting min-p survivors only.
+        part_score_ptr, part_index_ptr: float32 / int64 [rows, programs_per_row] out: the winner
+            of the race among the sure-kept tokens of the dense segments ((-inf, n): none).
         temperature, top_k, top_p, min_p: scalars, or per-row pointers [rows] (flags *_ROW).
+        seed, seed_stride, offset, offset_stride, SEED_TENSOR, OFFSET_TENSOR: as in
+            ``race_kernel``.
         filters: which filters the call uses: 1 top-k, 2 top-p, 4 min-p (a runtime value: one
             compiled kernel serves every combination).
         MODE: MODE_SAMPLE, MODE_THRESHOLD or MODE_TOPK.
         WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2: as above.
+        SURE_LIST_MAX: sure-kept tokens a segment lists at most (sampling); more are raced here.
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
         FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
             will be longer than FINE_ABOVE tokens.
@@ -620,6 +628,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters,
                                   K_ROW, P_ROW, MINP_ROW)
+    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
     m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
     total_fixed = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2)
     total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
@@ -629,16 +638,19 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         f = tl.arange(0, 4)
         tl.store(plan_ptr + row * 4 + f, tl.where(f == 0, lo, tl.where(f == 1, hi, tl.where(
             f == 2, count_above, n_valid))))
-    # per-lane integer sums (exact in any order), reduced once at the end; a segment costs one
-    # reduction (its listed and sure-kept counts) and, when it has such tokens, one scan and one
-    # atomic that reserves their places at both ends of the list
+    # per-lane integer sums and race (exact in any order), reduced once at the end; a segment
+    # costs one reduction (its listed and sure-kept counts) and, when it has tokens to list, one
+    # scan and one atomic that reserves their places at both ends of the list
+    lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
+    lane_index = tl.full([WIDTH], n, tl.int32)
     lane_mass = tl.zeros([WIDTH], tl.int64)
     lane_kept = tl.zeros([WIDTH], tl.int64)
     fine = tl.zeros([FINE_BINS], tl.int32)
     lanes = tl.arange(0, WIDTH)
     if t_ok & f_ok & (n_valid > 0):
         for j in range(SEGMENTS_PER_PROGRAM):
-            cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
+            start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
+            cols = start + lanes
             in_row = cols < n
             x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
             finite = in_row & (tl.abs(x) < float("inf"))
@@ -657,6 +669,16 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                 sure = above & survives
             packed = listed.to(tl.int32) + sure.to(tl.int32) * 65536
             counts = tl.sum(packed, axis=0)
+            if MODE == MODE_SAMPLE:
+                if counts // 65536 > SURE_LIST_MAX:
+                    # dense: the whole segment's noise costs less than listing its tokens
+                    score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+                    take = sure & (score > lane_score)
+                    lane_score = tl.where(take, score, lane_score)
+                    lane_index = tl.where(take, cols, lane_index)
+                    sure = lanes < 0
+                    packed = listed.to(tl.int32)
+                    counts = counts % 65536
             if counts > 0:
                 c_list = counts % 65536
                 c_sure = counts // 65536
@@ -673,10 +695,12 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                                          FINE_BINS, mask=listed)
         if n_range > FINE_ABOVE:
             tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0)
-    mass = tl.sum(lane_mass, axis=0)
-    kept = tl.sum(lane_kept, axis=0)
-    tl.store(part_mass_ptr + pid, mass)
-    tl.store(part_kept_ptr + pid, kept)
+    best_score = tl.max(lane_score, axis=0)
+    best_index = tl.min(tl.where(lane_score == best_score, lane_index, n), axis=0)
+    tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
+    tl.store(part_kept_ptr + pid, tl.sum(lane_kept, axis=0))
+    tl.store(part_score_ptr + pid, best_score)
+    tl.store(part_index_ptr + pid, best_index.to(tl.int64))
 
 
 # ------------------------------------------------------------------------------------------
@@ -705,12 +729,9 @@ def _top_p_target(p, m_k):
 
 @triton.jit
 def _race_sure(x_ptr, row, stride_x, list_ptr, list_stride, n, n_sure, inv_t, seed, stream, offset,
-               noise_scale, BLOCK: tl.constexpr):
+               noise_scale, best_score, best_index, BLOCK: tl.constexpr):
     """The race among the sure-kept tokens that ``compact_kernel`` wrote from the end of the
-    list (positions n - 1 down to n - n_sure): (score, index) of the winner, (-inf, INT64_MAX)
-    when there are none."""
-    best_score = tl.full([], float("-inf"), tl.float32)
-    best_index = tl.full([], INT64_MAX, tl.int64)
+    list (positions n - 1 down to n - n_sure), merged into the winner so far (score, index)."""
     start = tl.full([], 0, tl.int32)
     while start < n_sure:  # a loop bound read from memory
         j = start + tl.arange(0, BLOCK)
@@ -725,7 +746,7 @@ def _race_sure(x_ptr, row, stride_x, list_ptr, list_stride, n, n_sure, inv_t, se
 
 
 @triton.jit
-def _finish(keep, comp, idx, x, y, w_fixed, rank, row, kk, best_score, best_index, kept_above,
+def _finish(keep, comp, idx, x, y, w_fixed, rank, row, best_score, best_index, kept_above,
             kept_low, lo, hi, m, seed, stream, offset, noise_scale,
             token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr, values_ptr, indices_ptr,
             k_out, MODE: tl.constexpr):
@@ -802,7 +823,7 @@ def _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_ab
     target = _top_p_target(p, m_k)
     keep = keep & ((topp_on == 0) | (mass_above + mass_before < target))
     keep = keep & ((minp_on == 0) | (w >= mp))
-    _finish(keep, comp, idx, x, y, w_fixed, rank, row, kk, best_score, best_index, kept_above,
+    _finish(keep, comp, idx, x, y, w_fixed, rank, row, best_score, best_index, kept_above,
             kept_low, lo, hi, m, seed, stream, offset, noise_scale, token_ptr, lo_ptr, hi_ptr,
             thr_ptr, max_ptr,
             mass_ptr, values_ptr, indices_ptr, k_out, MODE)
@@ -1031,7 +1052,8 @@ def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_ptr, lo, h
 @triton.jit
 def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, counter_ptr, plan_ptr,
                    list_ptr,
-                   list_stride, part_mass_ptr, part_kept_ptr, compact_programs,
+                   list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr, part_index_ptr,
+                   compact_programs,
                    temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
                    token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr, values_ptr, indices_ptr,
                    k_out,
@@ -1054,7 +1076,7 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
 
     Args:
         x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, counter_ptr, plan_ptr, list_ptr,
-        list_stride, part_mass_ptr, part_kept_ptr:
+        list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr, part_index_ptr:
             as in ``compact_kernel`` (plan_ptr, fine_ptr and the lists as it left them).
         compact_programs: programs per row of ``compact_kernel`` (partials per row).
         temperature .. offset and their flags: as in ``compact_kernel``.
@@ -1071,7 +1093,8 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
             a time; longer ones take the bracket search.
         SORT_LARGE: MODE_TOPK sorts lists up to this long; a longer one (a huge tie group) is cut
             to its k tokens by the bracket search first (k_out <= SORT_LARGE).
-        SEARCH_BLOCK: tokens per block of the bracket search.
+        SEARCH_BLOCK: tokens per block of the passes over a list (the sure-kept race, the sub-bin
+            refinement, the bracket search).
         SLOTS: sub-intervals per pass of the bracket search.
         FINE_BINS, BINS_PER_NAT: the bins, as in ``compact_kernel``.
     """
@@ -1097,8 +1120,10 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     parts = row * compact_programs + q
     mass_above = tl.sum(tl.load(part_mass_ptr + parts, mask=live, other=0), axis=0)
     kept_above = tl.sum(tl.load(part_kept_ptr + parts, mask=live, other=0), axis=0)
-    best_score = tl.full([], float("-inf"), tl.float32)
-    best_index = tl.full([], INT64_MAX, tl.int64)
+    scores = tl.load(part_score_ptr + parts, mask=live, other=float("-inf"))
+    indices = tl.load(part_index_ptr + parts, mask=live, other=INT64_MAX)
+    best_score = tl.max(scores, axis=0)
+    best_index = tl.min(tl.where(live & (scores == best_score), indices, INT64_MAX), axis=0)
     counts = tl.load(counter_ptr + row)
     n_list = (counts & 0xFFFFFFFF).to(tl.int32)
     kept_low = tl.full([], INT64_MAX, tl.int64)
@@ -1106,7 +1131,7 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
         if MODE == MODE_SAMPLE:
             best_score, best_index = _race_sure(x_ptr, row, stride_x, list_ptr, list_stride, n,
                                                 (counts >> 32).to(tl.int32), inv_t, s, stream, o,
-                                                noise_scale, SEARCH_BLOCK)
+                                                noise_scale, best_score, best_index, SEARCH_BLOCK)
         # Shorten the boundary list first (top-k: gather the k-th neighbourhood; otherwise refine
         # by sub-bins), then resolve it: ranked pairwise when short, else sorted (top-k) or searched.
         if MODE == MODE_TOPK:
@@ -1166,7 +1191,8 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
         x_ptr, n, stride_x: logits as in ``race_kernel``.
         out_ptr, stride_out: output [rows, n] (logits dtype, or float32 with PROBS).
         lo_ptr .. mass_ptr: the MODE_THRESHOLD outputs of ``resolve_kernel``.
-        min_p, MINP_ROW, HAS_MINP: as in ``compact_kernel``.
+        min_p, MINP_ROW: as in ``compact_kernel``.
+        HAS_MINP: the call uses min-p.
         programs_per_row, WIDTH, SEGMENTS_PER_PROGRAM, NUM_BINS, BINS_PER_NAT: as above.
         PROBS: write probabilities instead of masked logits.
     """
