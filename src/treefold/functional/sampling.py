@@ -147,7 +147,11 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
     the shortest prefix whose probability mass, renormalised over the top-k tokens, reaches p
     (a token is kept when the mass strictly before it is below p); min-p keeps the tokens whose
     probability is at least ``min_p`` times the top token's. The draw is exact: an exponential
-    race in which every kept token draws its own Exp(1) number, no sort and no prefix sum.
+    race in which every kept token draws its own Exp(1) number, no sort and no prefix sum. The
+    numbers come from 23 random bits each, and the compiled kernels compute the race noise with
+    fast logs, within 2^-21 of the float32 reference: a probability is off by a relative 2^-20
+    at most, and a GPU token differs from ``treefold.reference.sampling.sample`` only where two
+    scores lie that close.
 
     Args:
         logits: float32, bfloat16 or float16, shape ``[..., n]`` (1 <= n <= 2^20). Non-finite

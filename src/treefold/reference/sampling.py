@@ -6,7 +6,8 @@ They define what the kernels compute (``treefold.kernels.sampling`` explains the
 - every filter keeps a prefix of that order (top-k, then top-p on the top-k set renormalised,
   then min-p), decided here in float64;
 - the sample is the exponential race over the kept tokens with the same Philox numbers and the
-  same float32 arithmetic as the kernels, so the interpreted kernels give the same tokens;
+  same float32 arithmetic as the kernels, so the interpreted kernels give the same tokens (the
+  compiled ones use fast logs and division, within 2^-21 of this noise);
 - non-finite logits (NaN, +inf, -inf) are never kept or drawn; a row without a finite logit, or
   with an out-of-range per-row parameter, samples -1.
 
