@@ -263,6 +263,20 @@ def _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR: tl.c
 
 
 @triton.jit
+def _scaled(x, inv_t):
+    """y = x / t clamped to the finite floats (y - m then never overflows into a NaN)."""
+    return tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+
+
+@triton.jit
+def _logits_at(x_ptr, row, stride_x, offsets, mask, inv_t):
+    """A row's logits at ``offsets`` as float32 (0 where masked off), whether each is finite,
+    and their scaled values y (``_scaled``): how every pass reads the logits."""
+    x = tl.load(x_ptr + row * stride_x + offsets, mask=mask, other=0.0).to(tl.float32)
+    return x, mask & (tl.abs(x) < float("inf")), _scaled(x, inv_t)
+
+
+@triton.jit
 def _row_max(part_max_ptr, row, programs_per_row, POW2: tl.constexpr):
     """The row maximum from the per-program maxima of ``segment_max_kernel`` (POW2 >= programs)."""
     q = tl.arange(0, POW2)
@@ -285,6 +299,25 @@ def _fixed_mass(y, m, finite):
     weights every mass is summed from, exactly and in any order."""
     w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
     return w, tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+
+
+@triton.jit
+def _row_setup(row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
+               offset_stride, part_max_ptr, part_total_ptr, programs_per_row,
+               T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
+               MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
+               PARTS_POW2: tl.constexpr):
+    """What the compaction and resolve passes know of a row before its tokens: (1 / t, noise
+    scale, the parameters are valid, k, p, min_p, seed, stream, offset, maximum, fixed-point
+    mass, the mass as a float relative to the maximum's weight)."""
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
+    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR,
+                               OFFSET_TENSOR)
+    m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
+    total_fixed = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2)
+    total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
+    return inv_t, noise_scale, t_ok & f_ok, k, p, mp, s, stream, o, m, total_fixed, total
 
 
 @triton.jit
@@ -439,9 +472,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     for j in range(SEGMENTS_PER_PROGRAM):
         start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
         cols = start + lanes
-        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0).to(tl.float32)
-        valid = (cols < n) & (tl.abs(x) < float("inf"))
-        y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+        x, valid, y = _logits_at(x_ptr, row, stride_x, cols, cols < n, inv_t)
         if NOISE:
             y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
         take = valid & (y > lane_score)
@@ -520,9 +551,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
     lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
     for j in range(SEGMENTS_PER_PROGRAM):
         cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
-        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0).to(tl.float32)
-        finite = (cols < n) & (tl.abs(x) < float("inf"))
-        y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+        x, finite, y = _logits_at(x_ptr, row, stride_x, cols, cols < n, inv_t)
         lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
     tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
 
@@ -562,10 +591,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     for j in range(SEGMENTS_PER_PROGRAM):
         cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
         in_row = cols < n
-        x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
-        finite = in_row & (tl.abs(x) < float("inf"))
+        x, finite, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t)
         valid = in_row if ALL_VALUES else finite
-        y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
         counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES),
                                NUM_BINS, mask=valid)
         w, w_fixed = _fixed_mass(y, m, finite)
@@ -625,13 +652,10 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
-    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
-    k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters,
-                                  K_ROW, P_ROW, MINP_ROW)
-    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
-    m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
-    total_fixed = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2)
-    total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
+    inv_t, noise_scale, valid_row, k, p, mp, s, stream, o, m, total_fixed, total = _row_setup(
+        row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
+        offset_stride, part_max_ptr, part_total_ptr, programs_per_row, T_ROW, K_ROW, P_ROW,
+        MINP_ROW, SEED_TENSOR, OFFSET_TENSOR, PARTS_POW2)
     lo, hi, count_above, n_range, n_valid, topk_on, topp_on, minp_on = _plan(
         hist_ptr, row, total, k, p, mp, MODE, NUM_BINS, BINS_PER_NAT)
     if prog == 0:
@@ -647,15 +671,13 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     lane_kept = tl.zeros([WIDTH], tl.int64)
     fine = tl.zeros([FINE_BINS], tl.int32)
     lanes = tl.arange(0, WIDTH)
-    if t_ok & f_ok & (n_valid > 0):
+    if valid_row & (n_valid > 0):
         for j in range(SEGMENTS_PER_PROGRAM):
             start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
             cols = start + lanes
             in_row = cols < n
-            x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
-            finite = in_row & (tl.abs(x) < float("inf"))
+            x, finite, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t)
             valid = in_row if ALL_VALUES else finite
-            y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
             b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
             above = valid & (b < lo)
             listed = valid & (b >= lo) & (b <= hi)
@@ -737,8 +759,7 @@ def _race_sure(x_ptr, row, stride_x, list_ptr, list_stride, n, n_sure, inv_t, se
         j = start + tl.arange(0, BLOCK)
         live = j < n_sure
         idx = tl.load(list_ptr + row * list_stride + (n - 1 - j), mask=live, other=0).to(tl.int64)
-        x = tl.load(x_ptr + row * stride_x + idx, mask=live, other=0.0).to(tl.float32)
-        y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+        x, finite, y = _logits_at(x_ptr, row, stride_x, idx, live, inv_t)
         best_score, best_index = _race_listed(live, y, idx, seed, stream, offset, noise_scale,
                                               best_score, best_index)
         start += BLOCK
@@ -774,9 +795,7 @@ def _list_block(x_ptr, row, stride_x, list_ptr, list_stride, start, count, m, in
     j = start + tl.arange(0, SIZE)
     live = j < count
     idx = tl.load(list_ptr + row * list_stride + j, mask=live, other=0).to(tl.int64)
-    x = tl.load(x_ptr + row * stride_x + idx, mask=live, other=0.0).to(tl.float32)
-    finite = live & (tl.abs(x) < float("inf"))
-    y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+    x, finite, y = _logits_at(x_ptr, row, stride_x, idx, live, inv_t)
     w, w_fixed = _fixed_mass(y, m, finite)
     return live, idx, x, _ordered_key(x), y, w, w_fixed
 
@@ -801,7 +820,7 @@ def _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_ab
         x = _key_value(key)
         rank = tl.arange(0, SIZE)
         live = rank < n_list
-        y = tl.minimum(tl.maximum(x * inv_t, -FLT_MAX), FLT_MAX)
+        y = _scaled(x, inv_t)
         finite = live & (tl.abs(x) < float("inf"))
         w, w_fixed = _fixed_mass(y, m, finite)
         mass_before = tl.cumsum(w_fixed, 0) - w_fixed
@@ -1099,13 +1118,10 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
         FINE_BINS, BINS_PER_NAT: the bins, as in ``compact_kernel``.
     """
     row = tl.program_id(0).to(tl.int64)
-    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
-    kk_raw, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters,
-                                       K_ROW, P_ROW, MINP_ROW)
-    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
-    m = _row_max(part_max_ptr, row, compact_programs, PARTS_POW2)
-    total_fixed = _row_total(part_total_ptr, row, compact_programs, PARTS_POW2)
-    total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
+    inv_t, noise_scale, valid_row, kk_raw, p, mp, s, stream, o, m, total_fixed, total = _row_setup(
+        row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
+        offset_stride, part_max_ptr, part_total_ptr, compact_programs, T_ROW, K_ROW, P_ROW,
+        MINP_ROW, SEED_TENSOR, OFFSET_TENSOR, PARTS_POW2)
     lo = tl.load(plan_ptr + row * 4)
     hi = tl.load(plan_ptr + row * 4 + 1)
     count_above = tl.load(plan_ptr + row * 4 + 2)
@@ -1127,7 +1143,7 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     counts = tl.load(counter_ptr + row)
     n_list = (counts & 0xFFFFFFFF).to(tl.int32)
     kept_low = tl.full([], INT64_MAX, tl.int64)
-    if t_ok & f_ok & (n_valid > 0):
+    if valid_row & (n_valid > 0):
         if MODE == MODE_SAMPLE:
             best_score, best_index = _race_sure(x_ptr, row, stride_x, list_ptr, list_stride, n,
                                                 (counts >> 32).to(tl.int32), inv_t, s, stream, o,
@@ -1215,11 +1231,9 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
     for j in range(SEGMENTS_PER_PROGRAM):
         cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
         in_row = cols < n
-        x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
-        finite = in_row & (tl.abs(x) < float("inf"))
-        y = tl.minimum(tl.maximum(x, -FLT_MAX), FLT_MAX)
+        x, finite, y = _logits_at(x_ptr, row, stride_x, cols, in_row, 1.0)
         b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, False)
-        w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
+        w, w_fixed = _fixed_mass(y, m, finite)
         keep = finite & ((b < lo) | ((b <= hi) & (_composite(_ordered_key(x), cols) >= thr)))
         keep = keep & (w >= tl.where(mp > 0.0, mp, float("-inf")))
         if PROBS:
