@@ -946,6 +946,18 @@ def _threshold(x_ptr, row, stride_x, list_ptr, list_stride, n_list, m, inv_t, ba
 
 
 @triton.jit
+def _move_to_front(list_ptr, row, list_stride, written, idx, keep):
+    """Write the kept tokens of a block read from the list at positions written, written + 1, ...
+    and return the new count. In place: the write position never passes the read position, and
+    the barrier keeps every read of the block before the writes."""
+    keep_i = keep.to(tl.int32)
+    pos = written + tl.cumsum(keep_i, 0) - 1
+    tl.debug_barrier()
+    tl.store(list_ptr + row * list_stride + pos, idx.to(tl.int32), mask=keep)
+    return written + tl.sum(keep_i, axis=0)
+
+
+@triton.jit
 def _gather_top_k(x_ptr, row, stride_x, list_ptr, list_stride, n_list, kk, m, inv_t,
                   BLOCK: tl.constexpr, SLOTS: tl.constexpr, ALL_VALUES: tl.constexpr):
     """top_k with a list too long to sort (a huge tie group): the k-th token by ``_threshold``,
@@ -959,11 +971,7 @@ def _gather_top_k(x_ptr, row, stride_x, list_ptr, list_stride, n_list, kk, m, in
         live, idx, x, key, y, w, w_fixed = _list_block(x_ptr, row, stride_x, list_ptr, list_stride,
                                                        start, n_list, m, inv_t, BLOCK, ALL_VALUES)
         keep = live & (_composite(key, idx) >= thr)
-        keep_i = keep.to(tl.int32)
-        pos = written + tl.cumsum(keep_i, 0) - 1
-        tl.debug_barrier()
-        tl.store(list_ptr + row * list_stride + pos, idx.to(tl.int32), mask=keep)
-        written += tl.sum(keep_i, axis=0)
+        written = _move_to_front(list_ptr, row, list_stride, written, idx, keep)
         start += BLOCK
     tl.debug_barrier()
     return written
@@ -1058,11 +1066,7 @@ def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_ptr, lo, h
                                                   best_score, best_index)
         else:
             low = tl.minimum(low, tl.min(tl.where(survives, _composite(key, idx), INT64_MAX), axis=0))
-        inside_i = inside.to(tl.int32)
-        pos = written + tl.cumsum(inside_i, 0) - 1
-        tl.debug_barrier()
-        tl.store(list_ptr + row * list_stride + pos, idx.to(tl.int32), mask=inside)
-        written += tl.sum(inside_i, axis=0)
+        written = _move_to_front(list_ptr, row, list_stride, written, idx, inside)
         start += BLOCK
     tl.debug_barrier()
     return written, count_above, mass_above, kept_above, best_score, best_index, low
