@@ -68,7 +68,7 @@ def pieces(x, f):
     out = torch.empty_like(x)
     plan = sm._plan_for(sm._SOFTMAX, False, x.shape[-1], 1, x)
     phase = plan.phases[0]
-    args = (x, x, out, x, x, x, 1, x.shape[-1], plan.num_segments, phase.programs_per_row, x.shape[-1],
+    args = (x, x, out, x, x, x, x, 1, x.shape[-1], plan.num_segments, phase.programs_per_row, x.shape[-1],
             x.shape[-1], x.shape[-1], 1.0)
     compiled = sm._KERNEL(phase.grid, *args, **phase.kwargs)
     compiled = sm._KERNEL(phase.grid, *args, **phase.kwargs)

@@ -78,6 +78,12 @@ _SCRIPT = textwrap.dedent("""
         split = softmax_ops.Tuning(dependent_launch=pdl)
         softmax_ops.softmax_forward(empty(64, 151936), temperature=0.7, strategy="split", tuning=split)
         softmax_ops.softmax_backward(empty(2, 300000), empty(2, 300000), strategy="split", tuning=split)
+    # "cooperative": the arrival counter and the wait (the same code for any programs per row)
+    whole_row = softmax_ops.Tuning(segments_per_program=8)
+    softmax_ops.softmax_forward(empty(64, 32768), temperature=0.7, strategy="cooperative", tuning=whole_row)
+    softmax_ops.softmax_forward(empty(64, 32768), log=True, strategy="cooperative", tuning=whole_row)
+    softmax_ops.softmax_backward(empty(8, 32768), empty(8, 32768), strategy="cooperative", tuning=whole_row)
+    softmax_ops.logsumexp_forward(empty(64, 151936), strategy="cooperative")
     # whole-tensor sums as tree nodes, finished by a programmatic dependent launch (sm_90)
     reduce._dependent_launch = lambda device_type, index: True
     reduce.tree_sum_rows(torch.randn(1, 1 << 22), tuning=reduce.SumTuning(node_stride=64, segments_per_program=2))

@@ -127,6 +127,11 @@ STUDY = [
     ("online", ops.Tuning()), ("online", ops.Tuning(seg_block=1, hints=False)),
     ("split", ops.Tuning()), ("split", ops.Tuning(segments_per_program=1)),
     ("split", ops.Tuning(segments_per_program=4, seg_block=2)),
+    # the interpreter runs programs one after another: one cooperative program per row, except
+    # for logsumexp, whose last program to arrive finishes the row
+    ("cooperative", ops.Tuning(segments_per_program=4096)),
+    ("cooperative", ops.Tuning(segments_per_program=4096, num_warps=2)),
+    ("cooperative", ops.Tuning(segments_per_program=1)),
 ]
 
 
@@ -146,6 +151,8 @@ def test_every_strategy_gives_the_same_bits(n):
         for strategy, tuning in STUDY:
             if strategy in ("warp", "block") and ops._tile_elements(n) > ops.REGISTER_ELEMENTS_LIMIT:
                 continue
+            if (strategy, tuning) == STUDY[-1] and op != "logsumexp" and n > 4096:
+                continue  # programs that wait for one another
             outs[(strategy, tuning)] = _study_forward(op, x, strategy, tuning, out_dtype=torch.float32)
         first = next(iter(outs.values()))
         for key, out in outs.items():
@@ -153,6 +160,8 @@ def test_every_strategy_gives_the_same_bits(n):
         # backward through every strategy, from the same y (or x and lse)
         dxs = {}
         for strategy, tuning in STUDY:
+            if (strategy, tuning) == STUDY[-1] and op != "logsumexp" and n > 4096:
+                continue
             if op == "logsumexp":
                 dxs[(strategy, tuning)] = ops.logsumexp_backward(dy[:, 0], x, first.to(x.dtype), strategy=strategy,
                                                                  tuning=tuning)
@@ -433,13 +442,24 @@ def test_reference_path_without_the_interpreter(monkeypatch):
 def test_launch_plans_are_cached_and_explain_themselves():
     p = ops.plan(0, False, 151936, 64, 132, 2)
     assert p is ops.plan(0, False, 151936, 64, 132, 2)  # one dictionary lookup per eager call
-    assert p.strategy == "split" and len(p.phases) == 2 and p.partials == "pq"
-    assert ops.plan(0, False, 151936, 1024, 132, 2).strategy == "online"
+    # rows longer than the forward register tile are shared by programs that run at once
+    assert p.strategy == "cooperative" and len(p.phases) == 1 and p.partials == "pq" and p.arrivals
+    assert p.phases[0].grid == (64 * 19,)  # 38 segments of 4096, 2 per program
+    assert ops.plan(0, False, 151936, 1024, 132, 2).strategy == "cooperative"
+    assert ops.plan(0, False, 32768, 4096, 132, 2).strategy == "cooperative"
+    # a row never gets more programs than SMs: 38 segments on 8 SMs, 8 segments per program
+    assert ops.plan(0, False, 151936, 1, 8, 2).phases[0].grid == (5,)
+    # in the interpreter, whose programs run one after another: a second launch or a second read
+    split = ops.plan(0, False, 151936, 64, 132, 2, concurrent=False)
+    assert split.strategy == "split" and len(split.phases) == 2 and split.partials == "pq"
+    assert ops.plan(0, False, 151936, 1024, 132, 2, concurrent=False).strategy == "online"
     assert ops.plan(0, False, 4096, 8192, 132, 2).strategy == "block"
     assert ops.plan(0, False, 512, 8192, 132, 2).strategy == "warp"
-    # rows longer than the forward register tile stream; the backward keeps y and dy in registers
-    assert ops.plan(0, False, 32768, 4096, 132, 2).strategy == "online"
+    # the backward keeps y and dy in registers up to twice the forward's tile
     assert ops.plan(0, True, 32768, 4096, 132, 2).strategy == "block"
+    assert ops.plan(0, True, 151936, 64, 132, 2).strategy == "cooperative"
+    assert ops.plan(2, False, 151936, 64, 132, 2).strategy == "cooperative"
+    assert ops.plan(2, True, 151936, 64, 132, 2).strategy == "split"  # elementwise, from the saved lse
     assert ops.plan(2, False, 4096, 8192, 132, 2).num_warps == 8  # logsumexp only reads: more warps
     lse_backward = ops.plan(2, True, 151936, 1, 132, 2, "split")  # elementwise: no partials
     assert len(lse_backward.phases) == 1 and lse_backward.partials == ""
@@ -471,7 +491,10 @@ def test_launch_plans_are_cached_and_explain_themselves():
     (lambda: treefold.softmax(torch.empty(1, ops.MAX_ROW + 1, dtype=torch.bfloat16)), ValueError,
      "softmax: x has 16777217 elements along dim -1; rows longer than 16777216 elements are not supported"),
     (lambda: ops.softmax_forward(torch.ones(2, 8), strategy="fast"), ValueError,
-     "softmax: strategy='fast' is not one of auto, warp, block, online, split"),
+     "softmax: strategy='fast' is not one of auto, warp, block, online, split, cooperative"),
+    (lambda: ops.softmax_forward(torch.ones(1, 9000), strategy="cooperative",
+                                 tuning=ops.Tuning(segments_per_program=2)), ValueError,
+     "softmax: strategy='cooperative' with 2 programs per row needs them to run at once"),
     (lambda: ops.softmax_forward(torch.ones(2, 8), tuning=ops.Tuning(num_warps=3)), ValueError,
      "softmax: num_warps must be a power of two >= 1, got 3"),
     (lambda: ops.logsumexp_forward(torch.ones(1, 200000), strategy="block"), ValueError,
@@ -505,7 +528,11 @@ GPU_CASES = [(1, 151936, torch.bfloat16), (7, 4095, torch.float32), (1000, 4096,
 def _gpu_configs(n, held_factor=1, every=True):
     """Launch variants whose register tiles stay reasonable (backward holds y and dy: factor 2).
     ``every=False``: one variant per strategy (each variant is a compile on the device)."""
-    configs = [("auto", ops.Tuning()), ("online", ops.Tuning()), ("split", ops.Tuning())]
+    configs = [("auto", ops.Tuning()), ("online", ops.Tuning()), ("split", ops.Tuning()),
+               ("cooperative", ops.Tuning())]
+    if every:
+        configs += [("cooperative", ops.Tuning(segments_per_program=1, num_warps=4)),
+                    ("cooperative", ops.Tuning(segments_per_program=2, num_warps=16))]
     if every:
         configs += [("online", ops.Tuning(num_warps=4, seg_block=1)),
                     ("split", ops.Tuning(segments_per_program=1, num_warps=8)),
@@ -587,7 +614,7 @@ def test_gpu_torch_compile_and_gradients():
 def test_gpu_offsets_past_two_to_the_31():
     rows, n = (1 << 31) // 4096 + 8, 4096  # 2^31 + 32768 elements: row offsets need int64
     x = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16).normal_(0, 3)
-    for strategy in ("auto", "online"):
+    for strategy in ("auto", "online", "cooperative"):
         y = ops.softmax_forward(x, strategy=strategy)
         tail = ops.softmax_forward(x[-8:].clone(), strategy=strategy)
         assert_same_bits(y[-8:], tail, f"last rows, {strategy}")

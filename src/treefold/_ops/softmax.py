@@ -13,6 +13,11 @@ give the same bits as one another for every row, batch size and launch parameter
 - ``"split"``: several programs per row write segment partials to a small buffer, then a
   second launch merges them (every program of a row merges the same partials the same way)
   and writes its share of the outputs; for a few long rows (decode batches of a vocabulary).
+- ``"cooperative"``: several programs per row, each holding its share of the row in registers,
+  write their segment partials, wait on a per-row arrival counter until the whole row's are
+  written, merge them as "split" does and write their outputs from the values they hold: one
+  launch and one read of the row, for rows too long for one program (compiled only: Triton's
+  interpreter runs programs one after another, so there it runs with one program per row).
 
 ``"auto"`` picks one from the row length, the batch size and the number of SMs (the choices
 measured fastest on the H200). The choice and its parameters are cached per (op, row length,
@@ -38,7 +43,7 @@ from ..kernels import softmax as kernels
 from .launch import Launcher, dependent_launch as _dependent_launch
 from ..reference import softmax as reference
 
-STRATEGIES = ("warp", "block", "online", "split")
+STRATEGIES = ("warp", "block", "online", "split", "cooperative")
 
 #: Longest row: up to MAX_LANES^2 elements the S segment results meet in one tree (``treefold.order``).
 MAX_ROW = order.MAX_LANES ** 2
@@ -64,6 +69,12 @@ BLOCK_ELEMENTS_PER_THREAD_LOGSUMEXP = 16
 SPLIT_ROWS_PER_SM = 2
 #: "split": total programs aimed at, per SM.
 SPLIT_PROGRAMS_PER_SM = 4
+#: "cooperative": held elements per program (forward; the backward holds y and dy, so half as
+#: many of each) and warps. A row's programs must all fit on the device at once, so a row never
+#: gets more programs than there are SMs (the segments per program grow instead, up to the
+#: register limit; beyond it "online" or "split" take the row).
+COOPERATIVE_ELEMENTS = 8192
+COOPERATIVE_WARPS = 8
 #: "online" / "split": held elements per streamed block, and warps.
 ONLINE_BLOCK_ELEMENTS = 8192
 ONLINE_WARPS = 8
@@ -123,6 +134,7 @@ class Plan:
     num_segments: int
     phases: tuple
     partials: str = ""  # "" (none), "p" (backward: one float32 per segment) or "pq" (forward)
+    arrivals: bool = False  # a zeroed int32 arrival counter per row ("cooperative")
 
 
 def _pow2(fn: str, name: str, value: int) -> int:
@@ -147,12 +159,24 @@ def _held_factor(op: int, backward: bool) -> int:
     return 2 if backward and op != _OPS["logsumexp"] else 1
 
 
-def _auto_strategy(op: int, backward: bool, n: int, rows: int, sms: int) -> str:
-    held = _tile_elements(n) * _held_factor(op, backward)
+def _cooperative_segments(n: int, factor: int, sms: int, wanted: Optional[int]) -> int:
+    """Segments per program of "cooperative" (``wanted``, or the heuristic's): at least enough
+    that a row needs no more programs than ``sms``; 0 when that share exceeds the register limit."""
+    lanes, segments = order.lanes(n), order.num_segments(n)
+    spp = wanted or max(1, COOPERATIVE_ELEMENTS // (lanes * factor))
+    spp = min(max(spp, order.next_pow2(order.cdiv(segments, sms))), order.next_pow2(segments))
+    return spp if spp * lanes * factor <= REGISTER_ELEMENTS_LIMIT else 0
+
+
+def _auto_strategy(op: int, backward: bool, n: int, rows: int, sms: int, concurrent: bool) -> str:
+    factor = _held_factor(op, backward)
+    held = _tile_elements(n) * factor
     if held <= WARP_ELEMENTS:
         return "warp"
     if held <= (REGISTER_ELEMENTS_BACKWARD if backward else REGISTER_ELEMENTS):
         return "block"
+    if not (op == _LOGSUMEXP and backward) and concurrent and _cooperative_segments(n, factor, sms, None):
+        return "cooperative"
     if rows * SPLIT_ROWS_PER_SM <= sms:
         return "split"
     return "online"
@@ -160,14 +184,17 @@ def _auto_strategy(op: int, backward: bool, n: int, rows: int, sms: int) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 2, strategy: str = "auto",
-         tuning: Tuning = _DEFAULT_TUNING, fn: str = "softmax", dependent_launch: bool = False) -> Plan:
+         tuning: Tuning = _DEFAULT_TUNING, fn: str = "softmax", dependent_launch: bool = False,
+         concurrent: bool = True) -> Plan:
     """The launches for ``rows`` rows of ``n`` elements of ``item_size`` bytes (cached).
 
     ``dependent_launch``: the device supports programmatic dependent launch; "split" then
     launches its FINISH phase as one when its PARTIALS phase fits in one wave of programs
-    (``Tuning.dependent_launch`` True or False decides instead)."""
+    (``Tuning.dependent_launch`` True or False decides instead). ``concurrent``: the programs of
+    a launch run at the same time, as compiled kernels' do (Triton's interpreter runs them one
+    after another, so "cooperative" then gets one program per row or is refused)."""
     if strategy == "auto":
-        strategy = _auto_strategy(op, backward, n, rows, sms)
+        strategy = _auto_strategy(op, backward, n, rows, sms, concurrent)
     elif strategy not in STRATEGIES:
         raise ValueError(f"{fn}: strategy={strategy!r} is not one of {', '.join(('auto',) + STRATEGIES)}")
     lanes, segments = order.lanes(n), order.num_segments(n)
@@ -215,6 +242,28 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
             FIRST_READ_POLICY=first_policy, SECOND_READ_POLICY=second_policy))
         return Plan(strategy, num_warps, 1, seg_block, seg_block, inner, hints, segments, (phase,))
 
+    if strategy == "cooperative" and lse and backward:
+        strategy = "split"  # elementwise from the saved lse: both launch the same single pass
+    if strategy == "cooperative":
+        wanted = tuning.segments_per_program
+        if wanted is None and not concurrent and not lse:
+            wanted = seg_pow2  # programs that run one after another cannot wait for one another
+        spp = _cooperative_segments(n, factor, sms, wanted)
+        if not spp:
+            raise ValueError(f"{fn}: strategy='cooperative' needs a row of {n} elements held by at most {sms} "
+                             f"programs of at most {REGISTER_ELEMENTS_LIMIT} elements; use 'online' or 'split'")
+        programs_per_row = order.cdiv(segments, spp)
+        if programs_per_row > 1 and not concurrent and not lse:  # logsumexp waits for no one
+            raise ValueError(f"{fn}: strategy='cooperative' with {programs_per_row} programs per row needs them "
+                             f"to run at once, which Triton's interpreter does not do; give "
+                             f"segments_per_program >= {seg_pow2}")
+        num_warps = tuning.num_warps or COOPERATIVE_WARPS
+        phase = _phase(rows * programs_per_row, programs_per_row, num_warps, dict(
+            common, PHASE=kernels.COOPERATIVE.value, IN_REGISTERS=False, ROWS_PER_PROGRAM=1, SEG_BLOCK=spp,
+            SEGMENTS_PER_PROGRAM=spp, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY=""))
+        return Plan(strategy, num_warps, 1, spp, spp, inner, False, segments, (phase,),
+                    "p" if backward else "pq", arrivals=True)
+
     # split
     num_warps = tuning.num_warps or SPLIT_WARPS
     if tuning.segments_per_program is not None:
@@ -259,10 +308,11 @@ def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int
         part_q = torch.empty_like(part_p) if plan_.partials == "pq" else part_p
     else:
         part_p = part_q = src
+    arrivals = torch.zeros(rows, dtype=torch.int32, device=src.device) if plan_.arrivals else src
     with_temperature = inv_temperature != 1.0
     segments = plan_.num_segments
     for phase in plan_.phases:
-        args = (src, grad, dst, row, part_p, part_q, rows, n, segments, phase.programs_per_row,
+        args = (src, grad, dst, row, part_p, part_q, arrivals, rows, n, segments, phase.programs_per_row,
                 stride_src, stride_grad, stride_dst, inv_temperature)
         kwargs = phase.kwargs_temperature if with_temperature else phase.kwargs
         if prepare_key is not None and len(plan_.phases) == 1 and not plan_.partials:
@@ -287,7 +337,8 @@ def _plan_for(op: int, backward: bool, n: int, rows: int, t: torch.Tensor, strat
     found = _PLANS.get(key)
     if found is None:
         found = plan(op, backward, n, rows, _sm_count(t.device.type, t.device.index), t.element_size(), strategy,
-                     tuning, _FN_NAMES[op], _dependent_launch(t.device.type, t.device.index))
+                     tuning, _FN_NAMES[op], _dependent_launch(t.device.type, t.device.index),
+                     not backend.INTERPRETED)
         if len(_PLANS) > 4096:
             _PLANS.clear()
         _PLANS[key] = found

@@ -39,10 +39,14 @@ Bytes each launch must move (rows x N elements, b_in / b_out bytes per element):
     forward, whole row(s) per program or split:  read N * b_in, write N * b_out per row (the split
         finish pass re-reads the row, which for decode shapes is still in L2), plus 8 bytes per
         segment of partials for split;
+    forward, cooperative:  read N * b_in, write N * b_out per row, plus 8 bytes per segment of
+        partials (written once, read by every program of the row, or by the last one for
+        logsumexp) and one 4-byte counter per row;
     forward, online:  read N * b_in twice (the second time from L2 while the row fits there),
         write N * b_out;
     logsumexp:  read N * b_in, write one value per row;
-    backward softmax / log_softmax:  read y and dy, write dx (online and split read them twice);
+    backward softmax / log_softmax:  read y and dy, write dx (online and split read them twice,
+        cooperative once);
     backward logsumexp:  read x, write dx, plus two values per row.
 """
 import triton
@@ -67,6 +71,12 @@ WHOLE_ROWS = tl.constexpr(0)
 PARTIALS = tl.constexpr(1)
 #: FINISH: merge a row's partials from the buffers, then the outputs of one group of segments.
 FINISH = tl.constexpr(2)
+#: COOPERATIVE: PARTIALS and FINISH in one program that holds its group of segments in registers
+#: between them: it writes its partials, counts itself in on the row's arrival counter, waits until
+#: every program of the row has, then merges the row's partials and writes its outputs from the
+#: values it holds (one read of the row instead of two). Forward logsumexp, with one output per
+#: row, waits for no one: the row's last program to arrive writes it.
+COOPERATIVE = tl.constexpr(3)
 
 
 @triton.jit
@@ -202,6 +212,51 @@ def _outputs(a, b, c0, c1, inv_temperature, OP: tl.constexpr, BACKWARD: tl.const
 
 
 @triton.jit
+def _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2: tl.constexpr,
+                             LOG2_SEG_POW2: tl.constexpr, OP: tl.constexpr, BACKWARD: tl.constexpr,
+                             CACHE: tl.constexpr):
+    """Row constants (c0, c1), each [1], from a row's segment partials in the buffers (written
+    by other programs). ``CACHE``: the loads' cache modifier (".cg" reads them from L2, past an
+    L1 that may not have seen another SM's writes)."""
+    segments = tl.arange(0, SEG_POW2)
+    part_offsets = row64 * num_segments + segments
+    valid = segments < num_segments
+    if BACKWARD:
+        p = tl.load(part_p_ptr + part_offsets, mask=valid, other=0.0, cache_modifier=CACHE)
+        q = p
+    else:
+        p = tl.load(part_p_ptr + part_offsets, mask=valid, other=float("-inf"), cache_modifier=CACHE)
+        q = tl.load(part_q_ptr + part_offsets, mask=valid, other=0.0, cache_modifier=CACHE)
+    return _merge_partials(tl.reshape(p, [1, SEG_POW2]), tl.reshape(q, [1, SEG_POW2]), 1, SEG_POW2,
+                           LOG2_SEG_POW2, OP, BACKWARD)
+
+
+@triton.jit
+def _arrive(arrivals_ptr, row):
+    """Count this program in on its row's arrival counter, after its partials are written;
+    returns how many programs of the row have arrived, this one included.
+
+    The barrier orders every thread's partial stores before the counter's release (one thread
+    performs a scalar atomic); an acquire that reads the full count orders the partial loads
+    after it.
+    """
+    tl.debug_barrier()
+    return tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
+
+
+@triton.jit
+def _wait_for_row(arrivals_ptr, row, arrived, programs_per_row):
+    """Wait until all ``programs_per_row`` programs of the row have arrived.
+
+    Waiting on other programs of one launch is safe because the programs of a row are
+    consecutive and fewer than fit on the device at once, and programs start in order of their
+    index: every program a waiting program needs has started or will start as earlier rows end.
+    """
+    while arrived < programs_per_row:
+        arrived = tl.atomic_add(arrivals_ptr + row, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
 def _given_constants(row_ptr, grad_ptr, rows_idx, row_ok):
     """Row constants of the logsumexp backward, read from memory: (lse', dlse)."""
     lse = tl.load(row_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
@@ -211,7 +266,7 @@ def _given_constants(row_ptr, grad_ptr, rows_idx, row_ok):
 
 @triton.jit
 def softmax_kernel(
-    src_ptr, grad_ptr, dst_ptr, row_ptr, part_p_ptr, part_q_ptr,
+    src_ptr, grad_ptr, dst_ptr, row_ptr, part_p_ptr, part_q_ptr, arrivals_ptr,
     rows, n, num_segments, programs_per_row,
     stride_src, stride_grad, stride_dst, inv_temperature,
     OP: tl.constexpr, BACKWARD: tl.constexpr, PHASE: tl.constexpr, IN_REGISTERS: tl.constexpr,
@@ -234,18 +289,21 @@ def softmax_kernel(
             backward: dx [rows, n]. Rows ``stride_dst`` elements apart; written in its dtype.
         row_ptr: backward logsumexp: the forward result lse [rows]; otherwise unused.
         part_p_ptr, part_q_ptr: float32 [rows, num_segments] segment partials, written by the
-            PARTIALS phase and read by the FINISH phase (forward: m_s and s_s; backward: the
-            segment sums, q unused); unused by WHOLE_ROWS.
+            PARTIALS phase and read by the FINISH phase, or both by COOPERATIVE (forward: m_s and
+            s_s; backward: the segment sums, q unused); unused by WHOLE_ROWS.
+        arrivals_ptr: COOPERATIVE: int32 [rows], zero on entry: how many programs of each row
+            have written their partials; otherwise unused (any pointer).
         rows: number of rows.
         n: elements per row (N <= MAX_LANES^2).
         num_segments: S(N).
-        programs_per_row: PARTIALS / FINISH: programs sharing one row (grid = rows * this).
+        programs_per_row: PARTIALS / FINISH / COOPERATIVE: programs sharing one row (grid =
+            rows * this).
         stride_src, stride_grad, stride_dst: elements between consecutive rows.
         inv_temperature: float32 1 / temperature (forward x is multiplied by it first; backward
             dx is multiplied by it last); used only when HAS_TEMPERATURE.
         OP: SOFTMAX, LOG_SOFTMAX or LOGSUMEXP.
         BACKWARD: compute dx instead of the forward output.
-        PHASE: WHOLE_ROWS, PARTIALS or FINISH (see the module constants).
+        PHASE: WHOLE_ROWS, PARTIALS, FINISH or COOPERATIVE (see the module constants).
         IN_REGISTERS: WHOLE_ROWS only: hold ROWS_PER_PROGRAM whole rows (all SEG_POW2 segments
             of each) in one block (one read); otherwise stream one row in blocks of SEG_BLOCK
             segments (two reads).
@@ -258,7 +316,8 @@ def softmax_kernel(
         LOG2_INNER_GROUPS: log2(INNER / GROUP).
         SEG_POW2, LOG2_SEG_POW2: next_pow2(S(N)) and its log2: the width of the merge tree.
         SEG_BLOCK: segments per streamed block (power of two, <= SEG_POW2).
-        SEGMENTS_PER_PROGRAM: PARTIALS / FINISH: segments per program (a multiple of SEG_BLOCK).
+        SEGMENTS_PER_PROGRAM: PARTIALS / FINISH / COOPERATIVE: segments per program (a multiple
+            of SEG_BLOCK; COOPERATIVE holds them in one block: equal to SEG_BLOCK).
         ONLINE_BLOCKS: streaming WHOLE_ROWS: cdiv(S, SEG_BLOCK), the blocks of a row (a
             constexpr so that the loops have static trip counts).
         FIRST_READ_POLICY, SECOND_READ_POLICY: eviction policies ("", "evict_last",
@@ -322,7 +381,34 @@ def softmax_kernel(
         block_cols = (block_segments * LANES)[:, None, None] + lane_cols
         src_row = src_ptr + row64 * stride_src
         grad_row = grad_ptr + row64 * stride_grad
-        if PHASE == PARTIALS:
+        if PHASE == COOPERATIVE:
+            segments = first_segment + block_segments
+            cols = first_segment * LANES + block_cols
+            mask = cols < n
+            a, b = _load_tiles(src_row + cols, grad_row + cols, mask, inv_temperature, LSE_FORWARD, OP,
+                               BACKWARD, HAS_TEMPERATURE, "")
+            p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
+                                     LOG2_INNER_GROUPS, OP, BACKWARD)
+            part_offsets = row64 * num_segments + segments
+            tl.store(part_p_ptr + part_offsets, p, mask=segments < num_segments)
+            if not BACKWARD:
+                tl.store(part_q_ptr + part_offsets, q, mask=segments < num_segments)
+            arrived = _arrive(arrivals_ptr, row)
+            if LSE_FORWARD:
+                # One value per row: the last program to arrive merges and writes it; no one waits.
+                if arrived == programs_per_row:
+                    c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
+                                                      LOG2_SEG_POW2, OP, BACKWARD, ".cg")
+                    tl.store(dst_ptr + one_row, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16))
+            else:
+                _wait_for_row(arrivals_ptr, row, arrived, programs_per_row)
+                c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
+                                                  LOG2_SEG_POW2, OP, BACKWARD, ".cg")
+                out = _outputs(a, b, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
+                               HAS_TEMPERATURE)
+                tl.store(dst_ptr + row64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16),
+                         mask=mask)
+        elif PHASE == PARTIALS:
             for block in range(block_count):
                 segments = first_segment + block * SEG_BLOCK + block_segments
                 cols = (first_segment + block * SEG_BLOCK) * LANES + block_cols
@@ -338,17 +424,8 @@ def softmax_kernel(
             if LSE_BACKWARD:
                 c0, c1 = _given_constants(row_ptr, grad_ptr, one_row, one_row < rows)
             elif PHASE == FINISH:
-                segments = tl.arange(0, SEG_POW2)
-                part_offsets = row64 * num_segments + segments
-                valid = segments < num_segments
-                if BACKWARD:
-                    p = tl.load(part_p_ptr + part_offsets, mask=valid, other=0.0)
-                    q = p
-                else:
-                    p = tl.load(part_p_ptr + part_offsets, mask=valid, other=float("-inf"))
-                    q = tl.load(part_q_ptr + part_offsets, mask=valid, other=0.0)
-                c0, c1 = _merge_partials(tl.reshape(p, [1, SEG_POW2]), tl.reshape(q, [1, SEG_POW2]),
-                                         1, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
+                c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
+                                                  LOG2_SEG_POW2, OP, BACKWARD, "")
             else:
                 # Online: the partials of every block are placed in a [blocks, SEG_BLOCK] array
                 # that starts as the padding identity, then merged once, as the tree demands.
