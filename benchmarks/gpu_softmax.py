@@ -51,33 +51,35 @@ BF16, FP32 = torch.bfloat16, torch.float32
 # Every list starts with "auto"; the rest are the launch choices worth comparing on the H200.
 CASES = [
     ("softmax", 8192, 4096, BF16, [
-        ("auto", "auto", T()), ("block w8", "block", T(num_warps=8)), ("block w16", "block", T(num_warps=16)),
-        ("coop spp1 w4", "cooperative", T(segments_per_program=1, num_warps=4)),
+        ("auto", "auto", T()), ("block w8", "block", T(num_warps=8)), ("block w2", "block", T(num_warps=2)),
+        ("warp w1 r1", "warp", T(num_warps=1, rows_per_program=1)),
     ]),
     ("softmax", 32768, 8192, BF16, [
         ("auto", "auto", T()), ("block w16", "block", T(num_warps=16)),
+        ("block w8", "block", T(num_warps=8)), ("block w4", "block", T(num_warps=4)),
         ("coop spp1 w4", "cooperative", T(segments_per_program=1, num_warps=4)),
-        ("coop spp1 w8", "cooperative", T(segments_per_program=1, num_warps=8)),
     ]),
     ("softmax", 4096, 32768, BF16, [
         ("auto", "auto", T()), ("online sb1 w8", "online", T(seg_block=1, num_warps=8)),
         ("coop spp1 w4", "cooperative", T(segments_per_program=1, num_warps=4)),
         ("coop spp1 w8", "cooperative", T(segments_per_program=1, num_warps=8)),
-        ("coop spp2 w16", "cooperative", T(segments_per_program=2, num_warps=16)),
-        ("coop spp4 w16", "cooperative", T(segments_per_program=4, num_warps=16)),
+        ("coop spp1 w2", "cooperative", T(segments_per_program=1, num_warps=2)),
+        ("coop spp2 w4", "cooperative", T(segments_per_program=2, num_warps=4)),
+        ("coop spp8 w16", "cooperative", T(segments_per_program=8, num_warps=16)),
+        ("block w16", "block", T(num_warps=16)),
     ]),
     ("softmax", 256, 131072, BF16, [
         ("auto", "auto", T()), ("online sb4 w8", "online", T(seg_block=4, num_warps=8)),
         ("coop spp1 w4", "cooperative", T(segments_per_program=1, num_warps=4)),
         ("coop spp1 w8", "cooperative", T(segments_per_program=1, num_warps=8)),
-        ("coop spp2 w16", "cooperative", T(segments_per_program=2, num_warps=16)),
-        ("coop spp4 w16", "cooperative", T(segments_per_program=4, num_warps=16)),
+        ("coop spp1 w2", "cooperative", T(segments_per_program=1, num_warps=2)),
+        ("coop spp2 w4", "cooperative", T(segments_per_program=2, num_warps=4)),
     ]),
     ("softmax", 64, 151936, BF16, [
         ("auto", "auto", T()), ("split spp1", "split", T(segments_per_program=1)),
         ("coop spp1 w4", "cooperative", T(segments_per_program=1, num_warps=4)),
         ("coop spp1 w8", "cooperative", T(segments_per_program=1, num_warps=8)),
-        ("coop spp2 w16", "cooperative", T(segments_per_program=2, num_warps=16)),
+        ("coop spp1 w2", "cooperative", T(segments_per_program=1, num_warps=2)),
     ]),
     ("softmax", 1, 151936, BF16, [
         ("auto", "auto", T()), ("split spp1 w8", "split", T(segments_per_program=1, num_warps=8)),
@@ -309,28 +311,8 @@ def _time_autograd(run, rows, n, dtype, dy, forwards):
             torch.autograd.grad(y, x, dy, retain_graph=True)
             run.record("softmax_bwd", rows, n, dtype, who, "autograd.grad",
                        lambda y=y: torch.autograd.grad(y, x, dy, retain_graph=True))
-            if who == "treefold" and not SMOKE:
-                _profile(run, f"autograd.grad {rows}x{n}", lambda y=y: torch.autograd.grad(y, x, dy, retain_graph=True))
         except Exception as e:  # noqa: BLE001
             run.error(f"{who} backward {rows}x{n}: {type(e).__name__}: {str(e)[:160]}")
-
-
-def _profile(run, label, fn):
-    """The kernels one call launches and their device times (torch.profiler, 5 calls)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    _sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            fn()
-        _sync()
-    rows = [{"name": e.key[:90], "calls": e.count, "device_us_per_call": e.device_time_total / 5,
-             "cpu_us_per_call": e.cpu_time_total / 5}
-            for e in prof.key_averages() if e.device_time_total > 0 or e.count >= 5]
-    rows.sort(key=lambda r: -r["device_us_per_call"])
-    run.result.setdefault("profiles", {})[label] = rows[:12]
-    print(f"profile {label}:", "; ".join(f"{r['name'][:50]} x{r['calls'] // 5} {r['device_us_per_call']:.1f} us"
-                                        for r in rows[:6] if r["device_us_per_call"] > 0), flush=True)
 
 
 def _time_peers(run, peers, op, rows, n, dtype):

@@ -295,11 +295,14 @@ def test_extremes(strategy):
         assert compare(ls[row], torch.log_softmax(EXTREME[row].double(), -1)).ok
         assert compare(lse[row], torch.logsumexp(EXTREME[row].double(), -1)).ok
     # the rules hold with longer rows too, where the -inf segments meet finite ones in the tree
-    long = torch.full((2, 9000), float("-inf"))
+    # (a segment that is all -inf gets a zero factor, not exp(0 - M), which overflows for M = -1e4)
+    long = torch.full((3, 9000), float("-inf"))
     long[1, 8999] = -3.0
+    long[2, 8990:] = -1e4
     out = ops.softmax_forward(long, strategy=strategy)
     assert torch.all(out[0] == 0) and out[1, 8999] == 1.0 and torch.all(out[1, :8999] == 0)
-    assert torch.equal(ops.logsumexp_forward(long, strategy=strategy), torch.tensor([float("-inf"), -3.0]))
+    assert torch.all(out[2, :8990] == 0) and torch.all(out[2, 8990:] == 0.1)
+    assert torch.equal(ops.logsumexp_forward(long, strategy=strategy)[:2], torch.tensor([float("-inf"), -3.0]))
 
 
 def test_reference_follows_the_same_rules():

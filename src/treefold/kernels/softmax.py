@@ -12,7 +12,10 @@ Forward, for each segment s of the (temperature-scaled, float32) row x:
            m_s otherwise (padded lanes give exp(-inf) = 0),
 and the S states (m_s, s_s), padded to next_pow2(S) with (-inf, 0), meet in ``tree_max_sum``,
 giving (M, Z). With M' = 0 when M = -inf and M otherwise:
-    softmax      y = exp(x - M') * (1 / Z)        (1 / Z rounded once per row, 0 when Z = 0)
+    softmax      y = exp(x - m_s') * f_s,  f_s = exp(m_s' - M') * (1 / Z)
+                 (1 / Z rounded once per row, 0 when Z = 0; f_s = 0 for a segment that is all
+                 -inf; the exp(x - m_s') are those the segment sum already took, so each element
+                 meets one exp; for rows of one segment f_s = 1 / Z)
     log_softmax  y = (x - M') - log(Z)            (log(Z) replaced by 0 when Z = 0)
     logsumexp      M + log(Z)                     (+inf when the row holds +inf and no NaN)
 A row that is entirely -inf has M = -inf and Z = 0: softmax gives 0, log_softmax and logsumexp
@@ -51,6 +54,7 @@ Bytes each launch must move (rows x N elements, b_in / b_out bytes per element):
 """
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
 from .combine import gdc_launch_dependents, gdc_wait, round_to, tree_max_sum, tree_sum
@@ -58,6 +62,13 @@ from .combine import gdc_launch_dependents, gdc_wait, round_to, tree_max_sum, tr
 #: Triton's interpreter truncates float32 -> bfloat16; outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
 SOFT_BF16 = tl.constexpr(INTERPRETED)
+
+#: The exp of every element, compiled: one FMUL and one MUFU.EX2 with results below 2^-126 flushed
+#: to zero (libdevice's fast_expf). Triton's tl.exp is the same approximation plus three
+#: instructions per element that keep such results as subnormals, and these kernels sit near the
+#: H200's instruction budget of about 32 per element. The interpreter has no libdevice: there it
+#: is NumPy's exp. The per-segment merges keep tl.exp.
+FAST_EXP = tl.constexpr(not INTERPRETED)
 
 #: Which function: the OP constexpr.
 SOFTMAX = tl.constexpr(0)
@@ -77,6 +88,15 @@ FINISH = tl.constexpr(2)
 #: values it holds (one read of the row instead of two). Forward logsumexp, with one output per
 #: row, waits for no one: the row's last program to arrive writes it.
 COOPERATIVE = tl.constexpr(3)
+
+
+@triton.jit
+def _exp(x):
+    """exp of every element of a block (see FAST_EXP)."""
+    if FAST_EXP:
+        return libdevice.fast_expf(x)
+    else:
+        return tl.exp(x)
 
 
 @triton.jit
@@ -153,10 +173,29 @@ def _segment_partials(a, b, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS:
         q = p
     else:
         p = tl.max(tl.max(a, axis=2), axis=1)
-        shift = tl.where((p == float("-inf")) | (p == float("inf")), 0.0, p)
-        q = _lane_tree_sum(tl.exp(a - shift[:, None, None]), OUTER, LOG2_OUTER, SEGS, INNER, GROUP,
-                           LOG2_GROUP, LOG2_INNER_GROUPS)
+        q = _lane_tree_sum(_segment_exp(a, p), OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
+                           LOG2_INNER_GROUPS)
     return p, q
+
+
+@triton.jit
+def _segment_exp(a, p):
+    """exp(x - m_s') over a ``[SEGS, OUTER, INNER]`` block, from its segment maxima p = m_s ([SEGS])."""
+    shift = tl.where((p == float("-inf")) | (p == float("inf")), 0.0, p)
+    return _exp(a - shift[:, None, None])
+
+
+@triton.jit
+def _softmax_factors(p, c0, c1):
+    """Per-segment factors f_s = exp(m_s' - M') * (1 / Z) of the softmax output y = exp(x - m_s') * f_s,
+    from the segment maxima p = m_s and the row constants (c0, c1) = (M', 1 / Z), all of one shape.
+
+    A segment that is entirely -inf gets 0 (its exp(x - m_s') are 0, and exp(0 - M') could
+    overflow). For a row of one segment m_s' = M' (or the row is -inf, +inf or NaN, where
+    1 / Z is 0 or NaN), so f = 1 / Z exactly.
+    """
+    shift = tl.where((p == float("-inf")) | (p == float("inf")), 0.0, p)
+    return tl.where(p == float("-inf"), 0.0, tl.exp(shift - c0)) * c1
 
 
 @triton.jit
@@ -191,21 +230,23 @@ def _merge_partials(p, q, ROWS: tl.constexpr, SEG_POW2: tl.constexpr, LOG2_SEG_P
 
 
 @triton.jit
-def _outputs(a, b, c0, c1, inv_temperature, OP: tl.constexpr, BACKWARD: tl.constexpr,
+def _outputs(a, b, e, f, c0, c1, inv_temperature, OP: tl.constexpr, BACKWARD: tl.constexpr,
              HAS_TEMPERATURE: tl.constexpr):
-    """The elementwise outputs from the loaded block (a, b) and the row constants (c0, c1)."""
+    """The elementwise outputs from the loaded block (a, b) and the row constants (c0, c1); the
+    forward softmax is y = e * f from the block's exp(x - m_s') (``_segment_exp``) and its
+    segments' factors (``_softmax_factors``), so that each element meets one exp."""
     if BACKWARD:
         if OP == SOFTMAX:
             out = a * (b - c0)
         elif OP == LOG_SOFTMAX:
-            out = b - tl.exp(a) * c0
+            out = b - _exp(a) * c0
         else:
-            out = c1 * tl.exp(a - c0)
+            out = c1 * _exp(a - c0)
         if HAS_TEMPERATURE:
             out = out * inv_temperature
     else:
         if OP == SOFTMAX:
-            out = tl.exp(a - c0) * c1
+            out = e * f
         else:
             out = (a - c0) - c1
     return out
@@ -362,7 +403,14 @@ def softmax_kernel(
         if LSE_FORWARD:
             tl.store(dst_ptr + rows_idx, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16), mask=rows_idx < rows)
         else:
-            out = _outputs(a, b, c0[:, None, None, None], c1[:, None, None, None], inv_temperature, OP,
+            e, f = a, c1[:, None, None, None]
+            if OP == SOFTMAX and not BACKWARD:
+                # the partials' exp tile (the same operations on the same values: computed once)
+                e = tl.reshape(_segment_exp(tl.reshape(a, [HELD, OUTER, INNER]), p),
+                               [ROWS_PER_PROGRAM, SEG_POW2, OUTER, INNER])
+                f = _softmax_factors(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]), c0[:, None],
+                                     c1[:, None])[:, :, None, None]
+            out = _outputs(a, b, e, f, c0[:, None, None, None], c1[:, None, None, None], inv_temperature, OP,
                            BACKWARD, HAS_TEMPERATURE)
             tl.store(dst_ptr + rows64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
     else:
@@ -404,7 +452,11 @@ def softmax_kernel(
                 _wait_for_row(arrivals_ptr, row, arrived, programs_per_row)
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                   LOG2_SEG_POW2, OP, BACKWARD, ".cg")
-                out = _outputs(a, b, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
+                e, f = a, c1[:, None, None]
+                if OP == SOFTMAX and not BACKWARD:
+                    e = _segment_exp(a, p)  # the partials' exp tile, computed once
+                    f = _softmax_factors(p, c0, c1)[:, None, None]
+                out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
                                HAS_TEMPERATURE)
                 tl.store(dst_ptr + row64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16),
                          mask=mask)
@@ -455,6 +507,17 @@ def softmax_kernel(
                     mask = cols < n
                     a, b = _load_tiles(src_row + cols, grad_row + cols, mask, inv_temperature, False,
                                        OP, BACKWARD, HAS_TEMPERATURE, SECOND_READ_POLICY)
-                    out = _outputs(a, b, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
+                    e, f = a, c1[:, None, None]
+                    if OP == SOFTMAX and not BACKWARD:
+                        # the segment maxima of this block, from the buffers or the online array
+                        if PHASE == FINISH:
+                            segments = first_segment + block * SEG_BLOCK + block_segments
+                            p = tl.load(part_p_ptr + row64 * num_segments + segments,
+                                        mask=segments < num_segments, other=float("-inf"))
+                        else:
+                            p = tl.max(tl.where(block_ids == block, p_all, float("-inf")), axis=0)
+                        e = _segment_exp(a, p)
+                        f = _softmax_factors(p, c0, c1)[:, None, None]
+                    out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
                                    HAS_TEMPERATURE)
                     tl.store(dst_row + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16), mask=mask)

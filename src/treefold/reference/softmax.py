@@ -126,6 +126,13 @@ def order_states(x, temperature: float = 1.0, dtype=None):
 
     ``dtype`` is the dtype the kernel reads (it sets the group width); default ``x.dtype``.
     """
+    _, _, big_m, z, has_nan = _states(x, temperature, dtype)
+    return big_m, z, has_nan
+
+
+def _states(x, temperature: float = 1.0, dtype=None):
+    """``order_states`` with the segments' maxima m_s [rows, S'] and exp(x - m_s') tiles
+    [rows, S', C] first (S' = next_pow2(S), padding -inf and 0)."""
     group = order.group(np.shape(x)[-1] if np.ndim(x) else 1, order.itemsize(_dtype_of(_read_dtype(x, dtype))))
     a = _rows32(x, temperature)
     tiles = _pad_segments(a, float("-inf"))
@@ -135,8 +142,10 @@ def order_states(x, temperature: float = 1.0, dtype=None):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN segment: NaN, as intended
             m = np.nanmax(tiles, axis=-1).astype(np.float32)
+        segment_max = m
         shift = np.where(np.isinf(m), np.float32(0), m).astype(np.float32)
-        s = order.grouped_tree(np.exp(tiles - shift[..., None]), group)
+        exps = np.exp(tiles - shift[..., None])
+        s = order.grouped_tree(exps, group)
         has_nan = np.isnan(s).any(axis=-1)
         w = m.shape[-1]
         while w > 1:
@@ -147,7 +156,7 @@ def order_states(x, temperature: float = 1.0, dtype=None):
             s = sa * np.exp(ma - m_safe) + sb * np.exp(mb - m_safe)
         big_m, z = m[:, 0], s[:, 0]
         z = np.where(big_m == np.inf, np.float32(np.nan), z).astype(np.float32)
-    return big_m, z, has_nan
+    return segment_max, exps, big_m, z, has_nan
 
 
 def order_forward(x, op: str = "softmax", temperature: float = 1.0, dtype=None) -> np.ndarray:
@@ -156,15 +165,19 @@ def order_forward(x, op: str = "softmax", temperature: float = 1.0, dtype=None) 
     ``dtype``: the dtype the kernel reads (default ``x.dtype``), which sets the group width.
     """
     a = _rows32(x, temperature if op != "logsumexp" else 1.0)
-    m, z, has_nan = order_states(a, dtype=_read_dtype(x, dtype))
+    segment_max, exps, m, z, has_nan = _states(a, dtype=_read_dtype(x, dtype))
     with np.errstate(all="ignore"):
         if op == "logsumexp":
             lse = (m + np.log(z)).astype(np.float32)
             return np.where((m == np.inf) & ~has_nan, np.float32(np.inf), lse).astype(np.float32)
         c0 = np.where(m == -np.inf, np.float32(0), m).astype(np.float32)[:, None]
         if op == "softmax":
+            # y = exp(x - m_s') * f_s, f_s = exp(m_s' - M') * (1 / Z), 0 for an all -inf segment
             c1 = np.where(z == 0, np.float32(0), np.float32(1) / z).astype(np.float32)[:, None]
-            return (np.exp(a - c0) * c1).astype(np.float32)
+            shift = np.where(np.isinf(segment_max), np.float32(0), segment_max).astype(np.float32)
+            f = np.where(segment_max == -np.inf, np.float32(0), np.exp(shift - c0)).astype(np.float32) * c1
+            y = (exps * f[..., None]).astype(np.float32).reshape(a.shape[0], -1)
+            return y[:, :a.shape[1]]
         c1 = np.where(z == 0, np.float32(0), np.log(z)).astype(np.float32)[:, None]
         return ((a - c0) - c1).astype(np.float32)
 
