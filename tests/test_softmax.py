@@ -445,24 +445,25 @@ def test_reference_path_without_the_interpreter(monkeypatch):
 def test_launch_plans_are_cached_and_explain_themselves():
     p = ops.plan(0, False, 151936, 64, 132, 2)
     assert p is ops.plan(0, False, 151936, 64, 132, 2)  # one dictionary lookup per eager call
-    # rows longer than the forward register tile are shared by programs that run at once
-    assert p.strategy == "cooperative" and len(p.phases) == 1 and p.partials == "pq" and p.arrivals
-    assert p.phases[0].grid == (64 * 19,)  # 38 segments of 4096, 2 per program
-    assert ops.plan(0, False, 151936, 1024, 132, 2).strategy == "cooperative"
+    # decode batches of long rows: two launches, the second reading the rows again from L2
+    assert p.strategy == "split" and len(p.phases) == 2 and p.partials == "pq"
+    assert p.phases[0].grid == (64 * 38,)  # one segment of 4096 per program
+    # larger batches: programs that share a row and run at once, one read
+    coop = ops.plan(0, False, 151936, 1024, 132, 2)
+    assert coop.strategy == "cooperative" and len(coop.phases) == 1 and coop.partials == "pq" and coop.arrivals
+    assert coop.phases[0].grid == (1024 * 19,)  # 38 segments, 2 per program
     assert ops.plan(0, False, 32768, 4096, 132, 2).strategy == "cooperative"
     # a row never gets more programs than SMs: 38 segments on 8 SMs, 8 segments per program
-    assert ops.plan(0, False, 151936, 1, 8, 2).phases[0].grid == (5,)
-    # in the interpreter, whose programs run one after another: a second launch or a second read
-    split = ops.plan(0, False, 151936, 64, 132, 2, concurrent=False)
-    assert split.strategy == "split" and len(split.phases) == 2 and split.partials == "pq"
+    assert ops.plan(0, False, 151936, 1, 8, 2, "cooperative").phases[0].grid == (5,)
+    # in the interpreter, whose programs run one after another: a second read
     assert ops.plan(0, False, 151936, 1024, 132, 2, concurrent=False).strategy == "online"
     assert ops.plan(0, False, 4096, 8192, 132, 2).strategy == "block"
     assert ops.plan(0, False, 512, 8192, 132, 2).strategy == "warp"
     # the backward keeps y and dy in registers up to twice the forward's tile
     assert ops.plan(0, True, 32768, 4096, 132, 2).strategy == "block"
-    assert ops.plan(0, True, 151936, 64, 132, 2).strategy == "cooperative"
-    assert ops.plan(2, False, 151936, 64, 132, 2).strategy == "cooperative"
-    assert ops.plan(2, True, 151936, 64, 132, 2).strategy == "split"  # elementwise, from the saved lse
+    assert ops.plan(0, True, 151936, 256, 132, 2).strategy == "cooperative"
+    assert ops.plan(2, False, 151936, 256, 132, 2).strategy == "cooperative"
+    assert ops.plan(2, True, 151936, 256, 132, 2).strategy == "online"  # elementwise, from the saved lse
     assert ops.plan(2, False, 4096, 8192, 132, 2).num_warps == 8  # logsumexp only reads: more warps
     lse_backward = ops.plan(2, True, 151936, 1, 132, 2, "split")  # elementwise: no partials
     assert len(lse_backward.phases) == 1 and lse_backward.partials == ""

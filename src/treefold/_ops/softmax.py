@@ -65,16 +65,19 @@ WARP_PROGRAM_ELEMENTS = 1024
 #: logsumexp, which only reads, aims at fewer per thread (more warps: more loads in flight).
 BLOCK_ELEMENTS_PER_THREAD = 32
 BLOCK_ELEMENTS_PER_THREAD_LOGSUMEXP = 16
-#: Rows that do not fit in registers: "split" while rows * this <= number of SMs, else "online".
+#: Rows that do not fit in registers: "split" while rows * this <= number of SMs (decode batches:
+#: its second read hits L2, and it measured faster than "cooperative" at 1 and 64 rows of
+#: 151936), else "cooperative" (one read), else "online".
 SPLIT_ROWS_PER_SM = 2
-#: "split": total programs aimed at, per SM.
-SPLIT_PROGRAMS_PER_SM = 4
+#: "split": total programs aimed at, per SM (64 x 151936 bf16 ran best at one segment per program).
+SPLIT_PROGRAMS_PER_SM = 32
 #: "cooperative": held elements per program (forward; the backward holds y and dy, so half as
-#: many of each) and warps. A row's programs must all fit on the device at once, so a row never
-#: gets more programs than there are SMs (the segments per program grow instead, up to the
+#: many of each) and warps (best of 2-16 warps and 4096-32768 elements at 4096 x 32768 and
+#: 256 x 131072 bf16 on the H200). A row's programs must all fit on the device at once, so a row
+#: never gets more programs than there are SMs (the segments per program grow instead, up to the
 #: register limit; beyond it "online" or "split" take the row).
 COOPERATIVE_ELEMENTS = 8192
-COOPERATIVE_WARPS = 8
+COOPERATIVE_WARPS = 4
 #: "online" / "split": held elements per streamed block, and warps.
 ONLINE_BLOCK_ELEMENTS = 8192
 ONLINE_WARPS = 8
@@ -175,10 +178,10 @@ def _auto_strategy(op: int, backward: bool, n: int, rows: int, sms: int, concurr
         return "warp"
     if held <= (REGISTER_ELEMENTS_BACKWARD if backward else REGISTER_ELEMENTS):
         return "block"
-    if not (op == _LOGSUMEXP and backward) and concurrent and _cooperative_segments(n, factor, sms, None):
-        return "cooperative"
     if rows * SPLIT_ROWS_PER_SM <= sms:
         return "split"
+    if not (op == _LOGSUMEXP and backward) and concurrent and _cooperative_segments(n, factor, sms, None):
+        return "cooperative"
     return "online"
 
 
