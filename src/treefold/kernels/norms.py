@@ -91,6 +91,14 @@ def norm_forward_kernel(
     mask = (row3 < rows) & (col3 < n)
     v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0,
                 eviction_policy="evict_first").to(tl.float32)
+    # The weight and bias are read with the row, not after its reduction: their latency (an L2
+    # hit for every row but the first) then overlaps the row's instead of adding to it.
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + col, mask=col < n, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        if HAS_OFFSET:
+            w = w + offset
+    if HAS_BIAS:
+        b = tl.load(b_ptr + col, mask=col < n, other=0.0, eviction_policy="evict_last").to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0,
                     eviction_policy="evict_first").to(tl.float32)
@@ -120,12 +128,8 @@ def norm_forward_kernel(
             normalised = round_to(normalised, x_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
     out = normalised
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + col, mask=col < n, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        if HAS_OFFSET:
-            w = w + offset
         out = out * w[None, :, :]
     if HAS_BIAS:
-        b = tl.load(b_ptr + col, mask=col < n, other=0.0, eviction_policy="evict_last").to(tl.float32)
         out = out + b[None, :, :]
     tl.store(y_ptr + row3 * stride_y + col3, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
 
