@@ -40,6 +40,7 @@ import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 import treefold  # noqa: E402
+from treefold import order  # noqa: E402
 from treefold._ops import norms as ops  # noqa: E402
 from treefold.reference import norms as ref  # noqa: E402
 
@@ -157,14 +158,27 @@ def roof_gbs() -> float:
 # --------------------------------------------------------------------------------------------
 
 def fwd_variants(m: int, n: int, quick: bool, is_rms: bool = True):
-    """Up to three (rows_per_program, num_warps) launches besides the default: half the warps
-    (64 elements per thread), twice the rows and warps (same elements per thread, a bigger tile),
-    and twice the warps; tiles up to 32768 elements, and only rows the batch has."""
+    """Up to three (name, launch keywords) besides the default. Whole rows per program: half the
+    warps (64 elements per thread), twice the rows and warps (same elements per thread, a bigger
+    tile), and twice the warps; tiles up to 32768 elements, and only rows the batch has. Rows
+    shared among programs: the whole row in one program, and shares of half and twice the size."""
     if quick:
         return []
-    rpp, warps = ops.forward_config(n, is_rms)
+    rpp, warps, held = ops.forward_config(n, is_rms)
+    if held:
+        lanes, block = order.lanes(n), ops.row_block(n)
+        out = [(f"r1 w{ops._warps_for(block)}", dict(rows_per_program=1))]
+        out += [(f"spp{h} w{ops._warps_for(h * lanes)}", dict(segments_per_program=h))
+                for h in (held // 2, held * 2) if h >= 1 and h * lanes < block]
+        return out
     out = [(rpp, warps // 2), (rpp * 2, warps * 2), (rpp, warps * 2)]
-    return [(r, w) for r, w in out if 1 <= w <= 32 and r * ops.row_block(n) <= 32768 and r <= max(m, 1)]
+    return [(f"r{r} w{w}", dict(rows_per_program=r, num_warps=w))
+            for r, w in out if 1 <= w <= 32 and r * ops.row_block(n) <= 32768 and r <= max(m, 1)]
+
+
+def _default_name(n: int, is_rms: bool) -> str:
+    rpp, warps, held = ops.forward_config(n, is_rms)
+    return f"spp{held} w{warps}" if held else f"r{rpp} w{warps}"
 
 
 def rms_forward_case(m, n, dtype, residual, roof, peers, args, compile_hf=False):
@@ -206,8 +220,7 @@ def rms_forward_case(m, n, dtype, residual, roof, peers, args, compile_hf=False)
     record(op, shape, dtype, "torch eager (F.rms_norm)", torch_fn, nbytes, roof, optional=False, kind="torch")
     record(op, shape, dtype, "treefold", (lambda: treefold.rms_norm(x, w, EPS, residual=r)), nbytes, roof,
            optional=False, kind="treefold")
-    rpp0, nw0 = ops.forward_config(n, True)
-    record(op, shape, dtype, f"treefold default r{rpp0} w{nw0} (impl)", lambda: run_tf(), nbytes, roof,
+    record(op, shape, dtype, f"treefold default {_default_name(n, True)} (impl)", lambda: run_tf(), nbytes, roof,
            optional=False, kind="treefold-impl")
     if m * n <= 8192:
         try:
@@ -219,16 +232,16 @@ def rms_forward_case(m, n, dtype, residual, roof, peers, args, compile_hf=False)
         except Exception as e:  # noqa: BLE001
             note(f"FAILED {op} {shape} cuda graph: {type(e).__name__}: {str(e)[:200]}")
     line = []
-    for rpp, nw in fwd_variants(m, n, args.quick):
-        name = f"treefold r{rpp} w{nw}"
+    for label, launch in fwd_variants(m, n, args.quick):
+        name = f"treefold {label}"
         try:
-            y, h, _ = run_tf(rows_per_program=rpp, num_warps=nw)
+            y, h, _ = run_tf(**launch)
             ok = same_bits(y, base_y) and (r is None or same_bits(h, base_h))
             check(f"{op} {shape} {name} = default bits", ok)
         except Exception as e:  # noqa: BLE001
             note(f"FAILED {op} {shape} {name}: {type(e).__name__}: {str(e)[:200]}")
             continue
-        row = record(op, shape, dtype, name, (lambda rpp=rpp, nw=nw: run_tf(rows_per_program=rpp, num_warps=nw)),
+        row = record(op, shape, dtype, name, (lambda launch=launch: run_tf(**launch)),
                      nbytes, roof, kind="variant", budget=args.budget)
         if row:
             line.append(f"{name[9:]} {row['pct_roof']:.1f}%")
@@ -294,18 +307,17 @@ def ln_forward_case(m, n, dtype, roof, peers, args):
            optional=False, kind="torch")
     record(op, shape, dtype, "treefold", lambda: treefold.layer_norm(x, n, w, b), nbytes, roof, optional=False,
            kind="treefold")
-    rpp0, nw0 = ops.forward_config(n, False)
-    record(op, shape, dtype, f"treefold default r{rpp0} w{nw0} (impl)", lambda: run_tf(), nbytes, roof,
+    record(op, shape, dtype, f"treefold default {_default_name(n, False)} (impl)", lambda: run_tf(), nbytes, roof,
            optional=False, kind="treefold-impl")
     line = []
-    for rpp, nw in fwd_variants(m, n, args.quick, is_rms=False):
-        name = f"treefold r{rpp} w{nw}"
+    for label, launch in fwd_variants(m, n, args.quick, is_rms=False):
+        name = f"treefold {label}"
         try:
-            check(f"{op} {shape} {name} = default bits", same_bits(run_tf(rows_per_program=rpp, num_warps=nw), base))
+            check(f"{op} {shape} {name} = default bits", same_bits(run_tf(**launch), base))
         except Exception as e:  # noqa: BLE001
             note(f"FAILED {op} {shape} {name}: {type(e).__name__}: {str(e)[:200]}")
             continue
-        row = record(op, shape, dtype, name, (lambda rpp=rpp, nw=nw: run_tf(rows_per_program=rpp, num_warps=nw)),
+        row = record(op, shape, dtype, name, (lambda launch=launch: run_tf(**launch)),
                      nbytes, roof, kind="variant", budget=args.budget)
         if row:
             line.append(f"{name[9:]} {row['pct_roof']:.1f}%")

@@ -14,7 +14,7 @@ import treefold
 import treefold.nn as tnn
 from treefold import order
 from treefold._ops import norms as ops
-from treefold.backend import use_kernel
+from treefold.backend import INTERPRETED, use_kernel
 from treefold.reference import norms as ref
 
 LENGTHS_CPU = [1, 33, 4095, 5120]
@@ -387,6 +387,36 @@ def test_bits_independent_of_batch_position_and_launch(n):
         assert_bits(treefold.layer_norm(x[i:i + 1], n, w, w), ln[i:i + 1])
 
 
+def test_rows_shared_among_programs_give_the_same_bits():
+    # The interpreter runs programs one after another, so there a row is "shared" by one program
+    # (the exchange through memory and the arrival counter, without waiting); the GPU tier shares
+    # rows among several. Rows of 2 and 3 segments (the 3 padded to 4 in the tree).
+    for n in (5120, 9000):
+        x = randn((5, n), torch.bfloat16, seed=n)
+        kernel_or_skip(x)
+        w, b = weight_like(n, torch.bfloat16), randn(n, torch.bfloat16, seed=4)
+        r = randn((5, n), torch.bfloat16, seed=n + 1)
+        whole = 1 << (order.num_segments(n) - 1).bit_length()
+        for casting in ("llama", "gemma"):
+            want = ops.rms_norm_impl(x, w, r, 1e-6, 1.0, casting, torch.bfloat16)
+            got = ops.rms_norm_impl(x, w, r, 1e-6, 1.0, casting, torch.bfloat16, segments_per_program=whole)
+            for g, g_want in zip(got, want):
+                assert_bits(g, g_want)
+        want = ops.layer_norm_impl(x, w, b, 1e-5)
+        got = ops.layer_norm_impl(x, w, b, 1e-5, segments_per_program=whole)
+        for g, g_want in zip(got, want):
+            assert_bits(g, g_want)
+        xi, ri = x.clone(), r.clone()
+        ops.fused_add_rms_norm_impl(xi, ri, w, 1e-6, segments_per_program=whole)
+        assert_bits(xi, treefold.rms_norm(x, w, residual=r)[0])
+        assert_bits(ri, (x.float() + r.float()).bfloat16())
+    if INTERPRETED:
+        with pytest.raises(ValueError, match="shares rows of 3 segments among programs that must run at once"):
+            ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16, segments_per_program=1)
+    with pytest.raises(ValueError, match="segments_per_program must be a power of two >= 1, got 3"):
+        ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16, segments_per_program=3)
+
+
 def test_non_contiguous_inputs():
     n = 33
     wide = randn((6, 2 * n + 3), torch.float16, seed=1)
@@ -714,6 +744,31 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
             ops.launch_forward(x, None, w, b, y, None, None, None, eps=1e-5, offset=0.0, is_rms=False,
                                round_normalised=False, rows_per_program=rows_per_program, num_warps=num_warps)
             assert_bits(y, full_ln)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [5120, 14336, 16384, 65536])
+def test_gpu_rows_shared_among_programs_give_the_same_bits(n):
+    m = 1000 if n <= 16384 else 64
+    x = randn((m, n), torch.bfloat16, seed=n).cuda()
+    r = randn((m, n), torch.bfloat16, seed=n + 1).cuda()
+    w, b = weight_like(n, torch.bfloat16).cuda(), randn(n, torch.bfloat16, seed=3).cuda()
+    segments = order.num_segments(n)
+    want = ops.rms_norm_impl(x, w, r, 1e-6, 1.0, "llama", torch.bfloat16, rows_per_program=1)
+    want_ln = ops.layer_norm_impl(x, w, b, 1e-5, rows_per_program=1)
+    for held in (1, 2, 4):
+        if held >= segments:
+            continue
+        for _ in range(2):  # run to run, the arrival counters new each time
+            got = ops.rms_norm_impl(x, w, r, 1e-6, 1.0, "llama", torch.bfloat16, segments_per_program=held)
+            for g, g_want in zip(got, want):
+                assert_bits(g, g_want)
+            got = ops.layer_norm_impl(x, w, b, 1e-5, segments_per_program=held)
+            for g, g_want in zip(got, want_ln):
+                assert_bits(g, g_want)
+    rows = slice(0, 64)  # the CPU reference, bit for bit
+    want_y, want_h, _ = ref.rms_norm(x[rows].cpu(), w.cpu(), 1e-6, r[rows].cpu(), 1.0, "llama", torch.bfloat16)
+    assert_bits(treefold.rms_norm(x[rows], w, residual=r[rows], offset=1.0)[0].cpu(), want_y)
 
 
 @pytest.mark.gpu

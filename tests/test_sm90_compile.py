@@ -55,6 +55,10 @@ _SCRIPT = textwrap.dedent("""
         lambda: norms.rms_norm_impl(bf16(8, 4096), bf16(4096), bf16(8, 4096), 1e-6, 0.0, "llama", torch.bfloat16),
         lambda: norms.rms_norm_impl(torch.randn(8, 4096), None, None, 1e-6, 1.0, "gemma", torch.float32),
         lambda: norms.layer_norm_impl(bf16(8, 4096), bf16(4096), bf16(4096), 1e-5),
+        # rows shared among programs (the exchange and the counter compile the same for any share)
+        lambda: norms.rms_norm_impl(bf16(8, 16384), bf16(16384), bf16(8, 16384), 1e-6, 1.0, "llama", torch.bfloat16,
+                                    segments_per_program=4),
+        lambda: norms.layer_norm_impl(bf16(8, 16384), bf16(16384), bf16(16384), 1e-5, segments_per_program=4),
     ]
     for call in calls:
         try:

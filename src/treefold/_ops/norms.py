@@ -32,6 +32,11 @@ MAX_ROW_LENGTH = 65536
 #: 4096; eight to a program lost a quarter of the bandwidth), while LayerNorm's 4096-element rows
 #: ran best two to a program.
 _FORWARD_TILE = {True: 4096, False: 8192}
+#: Rows whose on-chip block exceeds this many elements are shared by programs of this many
+#: elements each, which exchange segment sums through memory and a per-row arrival counter (the
+#: same bits: the segment sums meet in the same tree). One program per row of 16384 ran at 65%
+#: of the H200's roof, while programs of 8192 elements ran the 8192-wide rows at 91%.
+SHARED_ROW_ELEMENTS = 8192
 #: Elements per thread: 32 (four 16-byte bfloat16 loads) beat 16 and 8 at every bfloat16 shape
 #: measured on the H200 (rows of 1024 to 16384, forward and backward; float32 was flat).
 _ELEMENTS_PER_THREAD = 32
@@ -69,11 +74,17 @@ def _warps_for(elements: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def forward_config(n: int, is_rms: bool = True) -> tuple[int, int]:
-    """(rows per program, num_warps) for the forward kernel. A launch choice: never changes bits."""
+def forward_config(n: int, is_rms: bool = True, concurrent: bool = True) -> tuple[int, int, int]:
+    """(rows per program, num_warps, segments per program) for the forward kernel; segments per
+    program 0 holds whole rows, more shares each row among programs (``concurrent``: the
+    programs of a launch run at once, as compiled kernels' do and the interpreter's do not). A
+    launch choice: never changes bits."""
     block = row_block(n)
+    if concurrent and block > SHARED_ROW_ELEMENTS:
+        held = SHARED_ROW_ELEMENTS // order.lanes(n)
+        return 1, _warps_for(held * order.lanes(n)), held
     rows = max(1, min(64, _FORWARD_TILE[bool(is_rms)] // block))
-    return rows, _warps_for(rows * block)
+    return rows, _warps_for(rows * block), 0
 
 
 @functools.lru_cache(maxsize=4096)
@@ -103,14 +114,35 @@ _column_sum_kernel = Launcher(column_tree_sum_kernel)
 @functools.lru_cache(maxsize=4096)
 def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, has_weight: bool,
                   has_bias: bool, has_offset: bool, round_normalised: bool, store_stats: bool,
-                  rows_per_program: Optional[int], num_warps: Optional[int]) -> tuple[int, dict]:
-    """(rows per program, the kernel's constexprs and options) for one kind of forward launch."""
-    default_rows, default_warps = forward_config(n, is_rms)
-    rows = rows_per_program or default_rows
-    return rows, dict(
+                  rows_per_program: Optional[int], num_warps: Optional[int],
+                  segments_per_program: Optional[int] = None) -> tuple[int, int, dict]:
+    """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
+    forward launch. ``segments_per_program`` (a power of two) shares each row among programs
+    holding that many segments each (0: whole rows); it excludes ``rows_per_program``."""
+    concurrent = not backend.INTERPRETED
+    default_rows, default_warps, default_held = forward_config(n, is_rms, concurrent)
+    layout = row_layout(n, dtype)
+    segments = order.num_segments(n)
+    if segments_per_program is not None or rows_per_program is not None:
+        held = segments_per_program or 0
+        default_warps = _warps_for(held * layout["LANES"] if held else (rows_per_program or 1) * row_block(n))
+    else:
+        held = default_held
+    if held:
+        if rows_per_program not in (None, 1):
+            raise ValueError(f"norm: rows_per_program={rows_per_program} with segments_per_program={held}: "
+                             f"programs that share a row hold one row")
+        if held & (held - 1) or held < 1:
+            raise ValueError(f"norm: segments_per_program must be a power of two >= 1, got {held}")
+        held = min(held, layout["SEGMENTS"])
+        if order.cdiv(segments, held) > 1 and not concurrent:
+            raise ValueError(f"norm: segments_per_program={held} shares rows of {segments} segments among "
+                             f"programs that must run at once, which Triton's interpreter does not do")
+    rows = 1 if held else (rows_per_program or default_rows)
+    return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
-        SOFT_BF16=backend.INTERPRETED, ROWS=rows, **row_layout(n, dtype),
+        SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
         num_warps=num_warps or default_warps, enable_fp_fusion=False)
 
 
@@ -118,21 +150,30 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    y2: Tensor, h2: Optional[Tensor], mean: Optional[Tensor], rstd: Optional[Tensor], *,
                    eps: float, offset: float, is_rms: bool, round_normalised: bool,
                    rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
-                   prepare_key=None) -> None:
+                   segments_per_program: Optional[int] = None, prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
-    ``rows_per_program`` and ``num_warps`` override the heuristic (the bits do not change).
-    ``prepare_key``: keep the prepared launch under this key in ``_PREPARED`` (no statistics;
-    the slots are x, residual, weight, bias, y, h, those given, in that order).
+    ``rows_per_program``, ``num_warps`` and ``segments_per_program`` override the heuristic (the
+    bits do not change). ``prepare_key``: keep the prepared launch under this key in
+    ``_PREPARED`` (no statistics; the slots are x, residual, weight, bias, y, h, those given, in
+    that order); launches whose programs share rows are not prepared (their counters are new
+    for every call).
     """
     m, n = x2.shape
-    rows, plan = _forward_plan(n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None,
-                               w is not None, b is not None, offset != 0.0, round_normalised,
-                               rstd is not None, rows_per_program, num_warps)
-    grid = ((m + rows - 1) // rows,)
+    rows, programs_per_row, plan = _forward_plan(
+        n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
+        offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program)
+    grid = ((m + rows - 1) // rows * programs_per_row,)
+    segments = order.num_segments(n)
+    if plan["SHARED_ROW"]:
+        part = torch.empty((2 if not is_rms else 1) * m * segments, dtype=torch.float32, device=x2.device)
+        arrivals = torch.zeros(m, dtype=torch.int32, device=x2.device)
+        prepare_key = None
+    else:
+        part = arrivals = y2
     args = (x2, x2 if res2 is None else res2, x2 if w is None else w, x2 if b is None else b,
-            y2, x2 if h2 is None else h2, y2 if mean is None else mean, y2 if rstd is None else rstd,
-            m, n, float(n), eps, offset,
+            y2, x2 if h2 is None else h2, y2 if mean is None else mean, y2 if rstd is None else rstd, part, arrivals,
+            m, n, float(n), eps, offset, segments, programs_per_row,
             x2.stride(0), 0 if res2 is None else res2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0))
     if prepare_key is None:
         _forward_kernel(grid, *args, **plan)

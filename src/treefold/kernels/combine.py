@@ -279,3 +279,33 @@ def pick_later(v_a, i_a, v_b, i_b, IS_MAX: tl.constexpr):
 # --------------------------------------------------------------------------------------------
 # Shared pieces
 # --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# Programs that share a row: an arrival counter per row
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def arrive(arrivals_ptr, row):
+    """Count this program in on its row's arrival counter (int32, zero before the launch), after
+    its partials are written; returns the count, this program included.
+
+    The barrier orders every thread's partial stores before the counter's release (one thread
+    performs a scalar atomic); an acquire that reads the full count (here, or in
+    ``wait_for_arrivals``) orders the partial loads after it. Read the partials with the ".cg"
+    cache modifier: from L2, past an L1 that has not seen other SMs' writes.
+    """
+    tl.debug_barrier()
+    return tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
+
+
+@triton.jit
+def wait_for_arrivals(arrivals_ptr, row, arrived, target):
+    """Wait until the row's counter reaches ``target`` (``arrived``: the count ``arrive`` returned).
+
+    Waiting on other programs of one launch is safe when the programs of a row are consecutive
+    and fewer than fit on the device at once: programs start in order of their index, so every
+    program a waiting one needs has started, or starts as earlier rows finish.
+    """
+    while arrived < target:
+        arrived = tl.atomic_add(arrivals_ptr + row, 0, sem="acquire", scope="gpu")

@@ -18,7 +18,7 @@ uses for segment results. No atomics: the same bits on every run.
 import triton
 import triton.language as tl
 
-from .combine import round_to, tree_sum
+from .combine import arrive, round_to, tree_sum, wait_for_arrivals
 
 
 @triton.jit
@@ -36,17 +36,47 @@ def row_tree_sum(v, ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: t
 
 
 @triton.jit
+def _row_total(v, part_ptr, arrivals_ptr, row, first_segment, num_segments, target, ROWS: tl.constexpr,
+               HELD: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr,
+               LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
+               SHARED_ROW: tl.constexpr):
+    """Row sums of a ``[ROWS, HELD, LANES]`` float32 block in the treefold order; returns ``[ROWS]``.
+
+    Whole rows (HELD = SEGMENTS): ``row_tree_sum``. ``SHARED_ROW``: the block holds HELD segments
+    of one row from ``first_segment`` on; their sums go to ``part_ptr`` [rows, num_segments],
+    the program counts itself in on the row's counter and waits for it to reach ``target``,
+    then reads the whole row's segment sums back and meets them in the same halving tree.
+    """
+    if SHARED_ROW:
+        seg = tree_sum(tl.reshape(v, [HELD, LANES]), HELD, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+        row_id = tl.sum(row, axis=0)  # the one row of the block, as a scalar
+        segments = first_segment + tl.arange(0, HELD)
+        tl.store(part_ptr + row_id * num_segments + segments, seg, mask=segments < num_segments)
+        arrived = arrive(arrivals_ptr, row_id)
+        wait_for_arrivals(arrivals_ptr, row_id, arrived, target)
+        every = tl.arange(0, SEGMENTS)
+        seg = tl.load(part_ptr + row_id * num_segments + every, mask=every < num_segments, other=0.0,
+                      cache_modifier=".cg")
+        return tree_sum(tl.reshape(seg, [1, SEGMENTS]), 1, SEGMENTS, LOG2_SEGMENTS, 1, 0)
+    else:
+        return row_tree_sum(v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+
+
+@triton.jit
 def norm_forward_kernel(
-    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr,
-    rows, n, n_float, eps, offset,
+    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, part_ptr, arrivals_ptr,
+    rows, n, n_float, eps, offset, num_segments, programs_per_row,
     stride_x, stride_res, stride_y, stride_h,
     IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_OFFSET: tl.constexpr, ROUND_NORMALISED: tl.constexpr,
     STORE_STATS: tl.constexpr, SOFT_BF16: tl.constexpr,
     ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
+    SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1,
 ):
-    """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip.
+    """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
+    share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
+    the row, with which it exchanges segment sums (once for RMSNorm, twice for LayerNorm).
 
     RMSNorm:   rstd = 1 / sqrt(tree(v * v) / N + eps), y = (v * rstd) * (w [+ offset]).
     LayerNorm: mean = tree(v) / N, d = v - mean, rstd = 1 / sqrt(tree(d * d) / N + eps),
@@ -56,7 +86,8 @@ def norm_forward_kernel(
     normalised input (h, or x) before the weight multiplies it.
 
     Bytes: reads M x N of x (and of the residual), N of weight and bias; writes M x N of y (and of
-    h), and 4 bytes (8 for LayerNorm) per row of statistics when ``STORE_STATS``.
+    h), and 4 bytes (8 for LayerNorm) per row of statistics when ``STORE_STATS``. A shared row
+    adds 4 bytes per segment written and read by each of its programs (twice for LayerNorm).
 
     Args:
         x_ptr: input rows [rows, n], last dimension contiguous.
@@ -67,11 +98,17 @@ def norm_forward_kernel(
         h_ptr: x + residual rows [rows, n] in the residual's dtype (written with HAS_RESIDUAL).
         mean_ptr: float32 [rows] row means (written by LayerNorm with STORE_STATS).
         rstd_ptr: float32 [rows] reciprocal standard deviations (written with STORE_STATS).
+        part_ptr: SHARED_ROW: float32 [2, rows, num_segments] segment sums (the second half for
+            LayerNorm's centred squares); otherwise unused (any pointer).
+        arrivals_ptr: SHARED_ROW: int32 [rows], zero on entry: arrivals per row (twice per program
+            for LayerNorm); otherwise unused.
         rows: number of rows M.
         n: row length N.
         n_float: N as a float (exact below 2^24), the divisor of the means.
         eps: added to the mean square (variance) before the square root.
         offset: added to the weight (Gemma's 1 + w), used with HAS_OFFSET.
+        num_segments: S(N).
+        programs_per_row: SHARED_ROW: programs sharing a row (grid = rows * this); else unused.
         stride_x, stride_res, stride_y, stride_h: elements between consecutive rows.
         IS_RMS: RMSNorm when true, LayerNorm when false.
         HAS_RESIDUAL: add the residual first and store h.
@@ -83,9 +120,19 @@ def norm_forward_kernel(
         SEGMENTS: S(N) padded to a power of two; LOG2_SEGMENTS its log2.
         LANES: C(N); LOG2_LANES its log2.
         GROUP: G(N, dtype of the normalised row), lanes per group; LOG2_GROUP its log2.
+        SHARED_ROW: programs share rows (ROWS = 1); HELD: the segments each holds.
     """
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    col = tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :]
+    if SHARED_ROW:
+        pid = tl.program_id(0)
+        row = (pid // programs_per_row).to(tl.int64) + tl.arange(0, 1)
+        first_segment = (pid % programs_per_row) * HELD
+        col = (first_segment + tl.arange(0, HELD))[:, None] * LANES + tl.arange(0, LANES)[None, :]
+        stats_row = (row < rows) & (first_segment == 0)  # the row's first program stores them
+    else:
+        row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        first_segment = 0
+        col = tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :]
+        stats_row = row < rows
     row3 = row[:, None, None]
     col3 = col[None, :, :]
     mask = (row3 < rows) & (col3 < n)
@@ -106,21 +153,26 @@ def norm_forward_kernel(
         tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask)
         v = h.to(tl.float32)
     if IS_RMS:
-        total = row_tree_sum(v * v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+        total = _row_total(v * v, part_ptr, arrivals_ptr, row, first_segment, num_segments, programs_per_row,
+                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
         normalised = v * rstd[:, None, None]
     else:
-        total = row_tree_sum(v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+        total = _row_total(v, part_ptr, arrivals_ptr, row, first_segment, num_segments, programs_per_row,
+                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         mean = tl.div_rn(total, n_float)
         d = tl.where(mask, v - mean[:, None, None], 0.0)
-        total_sq = row_tree_sum(d * d, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+        # the second exchange: its own half of the buffer, and the counter's second round
+        total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row, first_segment,
+                              num_segments, 2 * programs_per_row, ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES,
+                              LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         var = tl.div_rn(total_sq, n_float)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
         normalised = d * rstd[:, None, None]
         if STORE_STATS:
-            tl.store(mean_ptr + row, mean, mask=row < rows)
+            tl.store(mean_ptr + row, mean, mask=stats_row)
     if STORE_STATS:
-        tl.store(rstd_ptr + row, rstd, mask=row < rows)
+        tl.store(rstd_ptr + row, rstd, mask=stats_row)
     if ROUND_NORMALISED:
         if HAS_RESIDUAL:
             normalised = round_to(normalised, h_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)

@@ -57,7 +57,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import gdc_launch_dependents, gdc_wait, round_to, tree_max_sum, tree_sum
+from .combine import arrive, gdc_launch_dependents, gdc_wait, round_to, tree_max_sum, tree_sum, wait_for_arrivals
 
 #: Triton's interpreter truncates float32 -> bfloat16; outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
@@ -273,31 +273,6 @@ def _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_PO
 
 
 @triton.jit
-def _arrive(arrivals_ptr, row):
-    """Count this program in on its row's arrival counter, after its partials are written;
-    returns how many programs of the row have arrived, this one included.
-
-    The barrier orders every thread's partial stores before the counter's release (one thread
-    performs a scalar atomic); an acquire that reads the full count orders the partial loads
-    after it.
-    """
-    tl.debug_barrier()
-    return tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
-
-
-@triton.jit
-def _wait_for_row(arrivals_ptr, row, arrived, programs_per_row):
-    """Wait until all ``programs_per_row`` programs of the row have arrived.
-
-    Waiting on other programs of one launch is safe because the programs of a row are
-    consecutive and fewer than fit on the device at once, and programs start in order of their
-    index: every program a waiting program needs has started or will start as earlier rows end.
-    """
-    while arrived < programs_per_row:
-        arrived = tl.atomic_add(arrivals_ptr + row, 0, sem="acquire", scope="gpu")
-
-
-@triton.jit
 def _given_constants(row_ptr, grad_ptr, rows_idx, row_ok):
     """Row constants of the logsumexp backward, read from memory: (lse', dlse)."""
     lse = tl.load(row_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
@@ -441,7 +416,7 @@ def softmax_kernel(
             tl.store(part_p_ptr + part_offsets, p, mask=segments < num_segments)
             if not BACKWARD:
                 tl.store(part_q_ptr + part_offsets, q, mask=segments < num_segments)
-            arrived = _arrive(arrivals_ptr, row)
+            arrived = arrive(arrivals_ptr, row)
             if LSE_FORWARD:
                 # One value per row: the last program to arrive merges and writes it; no one waits.
                 if arrived == programs_per_row:
@@ -449,7 +424,7 @@ def softmax_kernel(
                                                       LOG2_SEG_POW2, OP, BACKWARD, ".cg")
                     tl.store(dst_ptr + one_row, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16))
             else:
-                _wait_for_row(arrivals_ptr, row, arrived, programs_per_row)
+                wait_for_arrivals(arrivals_ptr, row, arrived, programs_per_row)
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                   LOG2_SEG_POW2, OP, BACKWARD, ".cg")
                 e, f = a, c1[:, None, None]
