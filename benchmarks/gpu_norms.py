@@ -158,27 +158,26 @@ def roof_gbs() -> float:
 # --------------------------------------------------------------------------------------------
 
 def fwd_variants(m: int, n: int, quick: bool, is_rms: bool = True):
-    """Up to three (name, launch keywords) besides the default. Whole rows per program: half the
-    warps (64 elements per thread), twice the rows and warps (same elements per thread, a bigger
-    tile), and twice the warps; tiles up to 32768 elements, and only rows the batch has. Rows
-    shared among programs: the whole row in one program, and shares of half and twice the size."""
+    """(name, launch keywords) besides the default: half the warps (twice the elements per
+    thread), twice the rows and warps (same elements per thread, a bigger tile), and twice the
+    warps; tiles up to 32768 elements, and only rows the batch has. Rows wider than 8192 also
+    shared among programs of 4096 and 8192 elements (``segments_per_program``)."""
     if quick:
         return []
-    rpp, warps, held = ops.forward_config(n, is_rms)
-    if held:
-        lanes, block = order.lanes(n), ops.row_block(n)
-        out = [(f"r1 w{ops._warps_for(block)}", dict(rows_per_program=1))]
-        out += [(f"spp{h} w{ops._warps_for(h * lanes)}", dict(segments_per_program=h))
-                for h in (held // 2, held * 2) if h >= 1 and h * lanes < block]
-        return out
+    rpp, warps = ops.forward_config(n, is_rms)
     out = [(rpp, warps // 2), (rpp * 2, warps * 2), (rpp, warps * 2)]
-    return [(f"r{r} w{w}", dict(rows_per_program=r, num_warps=w))
-            for r, w in out if 1 <= w <= 32 and r * ops.row_block(n) <= 32768 and r <= max(m, 1)]
+    variants = [(f"r{r} w{w}", dict(rows_per_program=r, num_warps=w))
+                for r, w in out if 1 <= w <= 32 and r * ops.row_block(n) <= 32768 and r <= max(m, 1)]
+    lanes = order.lanes(n)
+    if ops.row_block(n) > 8192:
+        variants += [(f"spp{h} w{ops._warps_for(h * lanes)}", dict(segments_per_program=h))
+                     for h in (4096 // lanes, 8192 // lanes) if h >= 1]
+    return variants
 
 
 def _default_name(n: int, is_rms: bool) -> str:
-    rpp, warps, held = ops.forward_config(n, is_rms)
-    return f"spp{held} w{warps}" if held else f"r{rpp} w{warps}"
+    rpp, warps = ops.forward_config(n, is_rms)
+    return f"r{rpp} w{warps}"
 
 
 def rms_forward_case(m, n, dtype, residual, roof, peers, args, compile_hf=False):

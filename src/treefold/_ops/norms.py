@@ -32,15 +32,14 @@ MAX_ROW_LENGTH = 65536
 #: 4096; eight to a program lost a quarter of the bandwidth), while LayerNorm's 4096-element rows
 #: ran best two to a program.
 _FORWARD_TILE = {True: 4096, False: 8192}
-#: Rows whose on-chip block exceeds SHARED_ROW_ABOVE elements are shared by programs holding
-#: SHARED_ROW_SHARE elements each, which exchange segment sums through memory and a per-row
-#: arrival counter (the same bits: the segment sums meet in the same tree). RMSNorm 4096 x 16384
-#: bf16 on the H200: one program per row 65.4% of the roof, shares of 8192 63.2%, of 4096 71.3%.
-SHARED_ROW_ABOVE = 8192
-SHARED_ROW_SHARE = 4096
 #: Elements per thread: 32 (four 16-byte bfloat16 loads) beat 16 and 8 at every bfloat16 shape
-#: measured on the H200 (rows of 1024 to 16384, forward and backward; float32 was flat).
+#: measured on the H200 (rows of 1024 to 16384, forward and backward; float32 was flat),
 _ELEMENTS_PER_THREAD = 32
+#: except forward rows wider than this, which take 64 per thread: RMSNorm 4096 x 16384 bf16 ran
+#: at 81.5% of the roof with 8 warps against 65.8% with 16 (and 63-73% with the row shared by
+#: programs of 4096 or 8192 elements, ``segments_per_program``: a launch choice for study).
+_WIDE_ROW = 8192
+_WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: Unroll factor of the backward kernel's row loop (a launch choice; the rows fold in order).
 BACKWARD_UNROLL = 1
 #: The column tree reads at most this many float32 partials per program.
@@ -70,22 +69,18 @@ def row_block(n: int) -> int:
     return order.lanes(n) * order.next_pow2(order.num_segments(n))
 
 
-def _warps_for(elements: int) -> int:
-    return max(1, min(32, elements // (32 * _ELEMENTS_PER_THREAD)))
+def _warps_for(elements: int, per_thread: int = _ELEMENTS_PER_THREAD) -> int:
+    return max(1, min(32, elements // (32 * per_thread)))
 
 
 @functools.lru_cache(maxsize=4096)
-def forward_config(n: int, is_rms: bool = True, concurrent: bool = True) -> tuple[int, int, int]:
-    """(rows per program, num_warps, segments per program) for the forward kernel; segments per
-    program 0 holds whole rows, more shares each row among programs (``concurrent``: the
-    programs of a launch run at once, as compiled kernels' do and the interpreter's do not). A
-    launch choice: never changes bits."""
+def forward_config(n: int, is_rms: bool = True) -> tuple[int, int]:
+    """(rows per program, num_warps) for the forward kernel. A launch choice: never changes bits."""
     block = row_block(n)
-    if concurrent and block > SHARED_ROW_ABOVE:
-        held = max(1, SHARED_ROW_SHARE // order.lanes(n))
-        return 1, _warps_for(held * order.lanes(n)), held
+    if block > _WIDE_ROW:
+        return 1, _warps_for(block, _WIDE_ROW_ELEMENTS_PER_THREAD)
     rows = max(1, min(64, _FORWARD_TILE[bool(is_rms)] // block))
-    return rows, _warps_for(rows * block), 0
+    return rows, _warps_for(rows * block)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -120,23 +115,19 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``."""
-    concurrent = not backend.INTERPRETED
-    default_rows, default_warps, default_held = forward_config(n, is_rms, concurrent)
+    default_rows, default_warps = forward_config(n, is_rms)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
-    if segments_per_program is not None or rows_per_program is not None:
-        held = segments_per_program or 0
-        default_warps = _warps_for(held * layout["LANES"] if held else (rows_per_program or 1) * row_block(n))
-    else:
-        held = default_held
+    held = segments_per_program or 0
     if held:
+        default_warps = _warps_for(held * layout["LANES"])
         if rows_per_program not in (None, 1):
             raise ValueError(f"norm: rows_per_program={rows_per_program} with segments_per_program={held}: "
                              f"programs that share a row hold one row")
         if held & (held - 1) or held < 1:
             raise ValueError(f"norm: segments_per_program must be a power of two >= 1, got {held}")
         held = min(held, layout["SEGMENTS"])
-        if order.cdiv(segments, held) > 1 and not concurrent:
+        if order.cdiv(segments, held) > 1 and backend.INTERPRETED:
             raise ValueError(f"norm: segments_per_program={held} shares rows of {segments} segments among "
                              f"programs that must run at once, which Triton's interpreter does not do")
     rows = 1 if held else (rows_per_program or default_rows)

@@ -1,0 +1,52 @@
+"""RMSNorm rows of 16384 (and softmax rows of 4096) under several launch choices and the default, each timed three
+times in interleaved rounds (do_bench median, L2 flushed), to separate the choices from the
+run-to-run spread: python benchmarks/probe_shared_rows.py (CUDA)."""
+import torch
+import triton
+
+import treefold
+from treefold._ops import norms
+from treefold._ops import softmax as sm
+
+
+def main():
+    torch.manual_seed(0)
+    x = torch.randn(4096, 16384, device="cuda").bfloat16()
+    w = (1 + 0.1 * torch.randn(16384, device="cuda")).bfloat16()
+    xs = (torch.randn(8192, 4096, device="cuda") * 3).bfloat16()
+    rms = {
+        "rms 4096x16384 whole row, 16 warps": dict(rows_per_program=1),
+        "rms 4096x16384 whole row, 8 warps": dict(rows_per_program=1, num_warps=8),
+        "rms 4096x16384 shares of 4096, 4 warps": dict(segments_per_program=1),
+        "rms 4096x16384 shares of 4096, 2 warps": dict(segments_per_program=1, num_warps=2),
+        "rms 4096x16384 shares of 8192, 8 warps": dict(segments_per_program=2),
+        "rms 4096x16384 shares of 8192, 4 warps": dict(segments_per_program=2, num_warps=4),
+    }
+    calls = {name: (lambda kw=kw: norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16,
+                                                         store_stats=False, **kw)) for name, kw in rms.items()}
+    calls["rms 4096x16384 treefold.rms_norm (default)"] = lambda: (treefold.rms_norm(x, w),)
+    for name, t in {"softmax 8192x4096 block 4 warps, 1 row": sm.Tuning(num_warps=4, rows_per_program=1),
+                    "softmax 8192x4096 block 8 warps, 2 rows": sm.Tuning(num_warps=8, rows_per_program=2),
+                    "softmax 8192x4096 block 4 warps, 2 rows": sm.Tuning(num_warps=4, rows_per_program=2)}.items():
+        calls[name] = lambda t=t: sm.softmax_forward(xs, strategy="block", tuning=t)
+    want = calls["rms 4096x16384 whole row, 16 warps"]()[0]
+    for name, fn in calls.items():
+        out = fn()
+        out = out[0] if isinstance(out, tuple) else out
+        if name.startswith("rms"):
+            assert torch.equal(out, want), name
+    times = {name: [] for name in calls}
+    for _ in range(3):
+        for name, fn in calls.items():
+            times[name].append(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3)
+    src = torch.empty(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    roof = 2 * src.numel() * 4 / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
+    print(f"roof {roof:.0f} GB/s; bits of every rms launch equal")
+    for name, ts in times.items():
+        nbytes = 2 * (x.numel() if name.startswith("rms") else xs.numel()) * 2
+        print(f"{name:44s} " + "  ".join(f"{t:7.1f} us {100 * nbytes / t / 1e3 / roof:5.1f}%" for t in ts))
+
+
+if __name__ == "__main__":
+    main()
