@@ -15,7 +15,7 @@ def main():
     w = (1 + 0.1 * torch.randn(16384, device="cuda")).bfloat16()
     xs = (torch.randn(8192, 4096, device="cuda") * 3).bfloat16()
     rms = {
-        "rms 4096x16384 whole row, 16 warps": dict(rows_per_program=1),
+        "rms 4096x16384 whole row, 16 warps": dict(rows_per_program=1, num_warps=16),
         "rms 4096x16384 whole row, 8 warps": dict(rows_per_program=1, num_warps=8),
         "rms 4096x16384 shares of 4096, 4 warps": dict(segments_per_program=1),
         "rms 4096x16384 shares of 4096, 2 warps": dict(segments_per_program=1, num_warps=2),
