@@ -1,4 +1,4 @@
-"""RMSNorm rows of 16384 (and softmax rows of 4096) under several launch choices and the default, each timed three
+"""RMSNorm rows of 16384 and softmax rows of 4096 to 131072 under several launch choices and the default, each timed three
 times in interleaved rounds (do_bench median, L2 flushed), to separate the choices from the
 run-to-run spread: python benchmarks/probe_shared_rows.py (CUDA)."""
 import torch
@@ -29,6 +29,19 @@ def main():
                     "softmax 8192x4096 block 8 warps, 2 rows": sm.Tuning(num_warps=8, rows_per_program=2),
                     "softmax 8192x4096 block 4 warps, 2 rows": sm.Tuning(num_warps=4, rows_per_program=2)}.items():
         calls[name] = lambda t=t: sm.softmax_forward(xs, strategy="block", tuning=t)
+    long_rows = {(4096, 32768): (torch.randn(4096, 32768, device="cuda") * 3).bfloat16(),
+                 (256, 131072): (torch.randn(256, 131072, device="cuda") * 3).bfloat16()}
+    for (rows, n), xl in long_rows.items():
+        for label, strategy, t in (("online", "online", sm.Tuning()),
+                                   ("cooperative 8192 per program, 4 warps", "cooperative",
+                                    sm.Tuning(segments_per_program=2, num_warps=4)),
+                                   ("cooperative 4096 per program, 4 warps", "cooperative",
+                                    sm.Tuning(segments_per_program=1, num_warps=4)),
+                                   ("block 16 warps", "block", sm.Tuning(num_warps=16))):
+            if strategy == "block" and n > 32768:
+                continue
+            calls[f"softmax {rows}x{n} {label}"] = (lambda xl=xl, strategy=strategy, t=t:
+                                                    sm.softmax_forward(xl, strategy=strategy, tuning=t))
     want = calls["rms 4096x16384 whole row, 16 warps"]()[0]
     for name, fn in calls.items():
         out = fn()
@@ -44,7 +57,11 @@ def main():
     roof = 2 * src.numel() * 4 / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
     print(f"roof {roof:.0f} GB/s; bits of every rms launch equal")
     for name, ts in times.items():
-        nbytes = 2 * (x.numel() if name.startswith("rms") else xs.numel()) * 2
+        numel = x.numel() if name.startswith("rms") else xs.numel()
+        for (rows, n), xl in long_rows.items():
+            if f" {rows}x{n} " in name:
+                numel = xl.numel()
+        nbytes = 2 * numel * 2
         print(f"{name:44s} " + "  ".join(f"{t:7.1f} us {100 * nbytes / t / 1e3 / roof:5.1f}%" for t in ts))
 
 
