@@ -457,7 +457,8 @@ def test_launch_plans_are_cached_and_explain_themselves():
     assert ops.plan(0, False, 151936, 1, 8, 2, "cooperative").phases[0].grid == (5,)
     # in the interpreter, whose programs run one after another: a second read
     assert ops.plan(0, False, 151936, 1024, 132, 2, concurrent=False).strategy == "online"
-    assert ops.plan(0, False, 4096, 8192, 132, 2).strategy == "block"
+    block = ops.plan(0, False, 4096, 8192, 132, 2)
+    assert block.strategy == "block" and block.rows_per_program == 2 and block.num_warps == 8
     assert ops.plan(0, False, 512, 8192, 132, 2).strategy == "warp"
     # the backward keeps y and dy in registers up to twice the forward's tile
     assert ops.plan(0, True, 32768, 4096, 132, 2).strategy == "block"
