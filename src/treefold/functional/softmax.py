@@ -28,6 +28,9 @@ _COMMON_DOC = """
             torch, ``x`` is not rounded to ``dtype`` first: the result is computed from ``x``
             in float32 and rounded once to ``dtype``.
 
+    On the GPU the per-element exp is the hardware's fast one, which returns 0 for results below
+    2^-126 (float32's smallest normal): outputs smaller than about 1.2e-38 are 0, not subnormal.
+
     Rows of at most 2^24 elements. A row that is entirely -inf (fully masked) gives {masked}.
     A row holding NaN gives NaN for the whole row, as does a row holding +inf (as in torch).
     Differentiable (the backward pass is a Triton kernel too, with its row sums in the same
