@@ -230,6 +230,26 @@ def _merge_partials(p, q, ROWS: tl.constexpr, SEG_POW2: tl.constexpr, LOG2_SEG_P
 
 
 @triton.jit
+def _exp_and_factors(a, p, c0, c1, OP: tl.constexpr, BACKWARD: tl.constexpr):
+    """The (e, f) that ``_outputs`` takes for a ``[SEGS, OUTER, INNER]`` block with segment maxima
+    p ([SEGS]) and row constants (c0, c1) ([1]): for the forward softmax, exp(x - m_s') and the
+    segments' factors; for the other ops, which use neither, (a, c1)."""
+    if OP == SOFTMAX and not BACKWARD:
+        return _segment_exp(a, p), _softmax_factors(p, c0, c1)[:, None, None]
+    else:
+        return a, c1[:, None, None]
+
+
+@triton.jit
+def _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q, BACKWARD: tl.constexpr):
+    """Write the partials (p, q) of ``segments`` of a row (q only forward; backward has one)."""
+    part_offsets = row64 * num_segments + segments
+    tl.store(part_p_ptr + part_offsets, p, mask=segments < num_segments)
+    if not BACKWARD:
+        tl.store(part_q_ptr + part_offsets, q, mask=segments < num_segments)
+
+
+@triton.jit
 def _outputs(a, b, e, f, c0, c1, inv_temperature, OP: tl.constexpr, BACKWARD: tl.constexpr,
              HAS_TEMPERATURE: tl.constexpr):
     """The elementwise outputs from the loaded block (a, b) and the row constants (c0, c1); the
@@ -412,10 +432,7 @@ def softmax_kernel(
                                BACKWARD, HAS_TEMPERATURE, "")
             p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
                                      LOG2_INNER_GROUPS, OP, BACKWARD)
-            part_offsets = row64 * num_segments + segments
-            tl.store(part_p_ptr + part_offsets, p, mask=segments < num_segments)
-            if not BACKWARD:
-                tl.store(part_q_ptr + part_offsets, q, mask=segments < num_segments)
+            _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q, BACKWARD)
             arrived = arrive(arrivals_ptr, row)
             if LSE_FORWARD:
                 # One value per row: the last program to arrive merges and writes it; no one waits.
@@ -427,10 +444,7 @@ def softmax_kernel(
                 wait_for_arrivals(arrivals_ptr, row, arrived, programs_per_row)
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                   LOG2_SEG_POW2, OP, BACKWARD, ".cg")
-                e, f = a, c1[:, None, None]
-                if OP == SOFTMAX and not BACKWARD:
-                    e = _segment_exp(a, p)  # the partials' exp tile, computed once
-                    f = _softmax_factors(p, c0, c1)[:, None, None]
+                e, f = _exp_and_factors(a, p, c0, c1, OP, BACKWARD)  # the partials' exp tile, computed once
                 out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
                                HAS_TEMPERATURE)
                 tl.store(dst_ptr + row64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16),
@@ -443,10 +457,7 @@ def softmax_kernel(
                                    OP, BACKWARD, HAS_TEMPERATURE, FIRST_READ_POLICY)
                 p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
                                          LOG2_INNER_GROUPS, OP, BACKWARD)
-                part_offsets = row64 * num_segments + segments
-                tl.store(part_p_ptr + part_offsets, p, mask=segments < num_segments)
-                if not BACKWARD:
-                    tl.store(part_q_ptr + part_offsets, q, mask=segments < num_segments)
+                _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q, BACKWARD)
         else:
             if LSE_BACKWARD:
                 c0, c1 = _given_constants(row_ptr, grad_ptr, one_row, one_row < rows)
@@ -482,7 +493,7 @@ def softmax_kernel(
                     mask = cols < n
                     a, b = _load_tiles(src_row + cols, grad_row + cols, mask, inv_temperature, False,
                                        OP, BACKWARD, HAS_TEMPERATURE, SECOND_READ_POLICY)
-                    e, f = a, c1[:, None, None]
+                    p = c0  # segment maxima: read by the softmax forward alone, set below
                     if OP == SOFTMAX and not BACKWARD:
                         # the segment maxima of this block, from the buffers or the online array
                         if PHASE == FINISH:
@@ -491,8 +502,7 @@ def softmax_kernel(
                                         mask=segments < num_segments, other=float("-inf"))
                         else:
                             p = tl.max(tl.where(block_ids == block, p_all, float("-inf")), axis=0)
-                        e = _segment_exp(a, p)
-                        f = _softmax_factors(p, c0, c1)[:, None, None]
+                    e, f = _exp_and_factors(a, p, c0, c1, OP, BACKWARD)
                     out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
                                    HAS_TEMPERATURE)
                     tl.store(dst_row + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
