@@ -7,7 +7,10 @@ the row being normalised), then a plain halving tree over the segment results: e
 ``treefold.order.reference_sum(values, dtype=that dtype)``.
 Every product and quotient is rounded on its own (launch with ``enable_fp_fusion=False``), and the
 divisions and the square root are IEEE-rounded (``div_rn``, ``sqrt_rn``), so float32 results are
-the bits of the NumPy reference in ``treefold.reference.norms``.
+the bits of the NumPy reference in ``treefold.reference.norms``. A row may also be shared by
+several programs of the forward kernel (a launch choice): each holds some of its segments, and
+the segment results meet in the same tree after an exchange through memory (an atomic counter
+orders the exchange; no value is summed by atomics).
 
 The weight and bias gradients are column sums over all rows. The backward kernel gives each
 program a fixed block of rows (``treefold.reference.norms.weight_grad_rows_per_block``: a function
