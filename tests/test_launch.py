@@ -34,6 +34,24 @@ def test_spec_separates_what_triton_specialises_on():
     assert _spec(True) != _spec(1) and _spec(2.0) != _spec(2)
 
 
+def test_integers_are_keyed_as_triton_specialises_them():
+    # a seed or an offset that changes on every call keeps its compiled launch
+    assert _spec(12345) == _spec(12347) and _spec(-5) == _spec(7) and _spec(32) == _spec(4096)
+    assert _spec(0) == _spec(16) and _spec((1 << 31) + 1) == _spec((1 << 40) + 3)
+    try:
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+    except ImportError:
+        pytest.skip("this Triton has no native_specialize_impl")
+    values = [0, 1, 2, 3, 15, 16, 17, 31, 32, -1, -16, -17, (1 << 31) - 16, (1 << 31) - 1, 1 << 31,
+              (1 << 31) + 16, -(1 << 31), -(1 << 31) - 1, -(1 << 31) - 16, (1 << 62) + 5, (1 << 63) - 16,
+              1 << 63, (1 << 63) + 1, (1 << 64) - 16]
+    triton_key = {v: native_specialize_impl(BaseBackend, v, False, True, True) for v in values}
+    for a in values:
+        for b in values:
+            assert (_spec(a) == _spec(b)) == (triton_key[a] == triton_key[b]), (a, b, triton_key[a], triton_key[b])
+
+
 def test_tensors_are_passed_as_their_addresses():
     a = torch.empty(8, dtype=torch.float32)
     _, run = _specialise((a, 3, 0.5))

@@ -5,9 +5,11 @@ result on every call: 20-40 us of host time per launch in Triton 3.6 for kernels
 constexpr arguments, which is most of what a decode-sized call costs. ``Launcher`` keeps the
 compiled kernel per specialisation key and calls it directly.
 
-The key holds everything Triton specialises on, conservatively: for each tensor its dtype and
-whether its address is 16-byte aligned; each integer's value; the type of any other value; the
-device; and the constexpr values and launch options. Tensors are passed to the compiled launcher
+The key holds everything Triton specialises on: for each tensor its dtype and whether its
+address is 16-byte aligned; for each integer what Triton 3.6 specialises it on (equal to 1,
+divisible by 16, and whether it needs 32 or 64 bits, signed or not), so that an argument that
+changes on every call (a seed, an offset) does not miss the cache every time; the type of any
+other value; the device; and the constexpr values and launch options. Tensors are passed to the compiled launcher
 as their addresses, and with Triton 3.6 its C entry point is called directly. A new key goes through Triton's own path once (which
 compiles or finds the kernel) and is then cached.
 
@@ -32,8 +34,10 @@ from ..backend import INTERPRETED
 from ..kernels.combine import HAS_DEPENDENT_LAUNCH
 
 _TRITON_VERSION = triton.__version__
-#: Cached specialisations per kernel before the cache is emptied (integers are keyed by value).
+#: Cached specialisations per kernel before the cache is emptied.
 _MAX_ENTRIES = 4096
+_INT32_END = 1 << 31
+_INT64_END = 1 << 63
 _PLAIN = INTERPRETED or os.environ.get("TREEFOLD_TRITON_LAUNCH", "0") not in ("", "0")
 
 
@@ -47,14 +51,16 @@ def _active(hook):
 def _specialise(args):
     """(key, run arguments): each tensor becomes its address (the compiled launcher then reads it
     directly instead of calling ``data_ptr()`` and querying the driver about the pointer), keyed
-    by dtype, 16-byte alignment and device index; each integer by its value (which decides everything Triton
-    specialises an integer on); a bool tagged apart from the integers 0 and 1; any other value by
-    its type."""
+    by dtype, 16-byte alignment and device index; each integer by what Triton specialises it on
+    (``_int_key``); a bool tagged apart from the integers 0 and 1; any other value by its type."""
     key, run = [], []
     for value in args:
         cls = value.__class__
-        if cls is int:
-            key.append(value)
+        if cls is int:  # _int_key, its common cases inlined (this runs for every launch)
+            if value != 1 and -_INT32_END <= value < _INT32_END:
+                key.append("i32" if value & 15 else "i32/16")
+            else:
+                key.append(_int_key(value))
             run.append(value)
         elif isinstance(value, torch.Tensor):
             # the device index too: addresses skip the launcher's own check that they are
@@ -69,6 +75,17 @@ def _specialise(args):
             key.append(cls)
             run.append(value)
     return tuple(key), tuple(run)
+
+
+def _int_key(value: int):
+    """What Triton 3.6 specialises an integer argument on (its ``native_specialize_impl``): the
+    value 1 (made a constant), divisibility by 16, and the type: i32 inside [-2^31, 2^31), u64
+    from 2^63, i64 otherwise."""
+    if value == 1:
+        return "1"
+    if -_INT32_END <= value < _INT32_END:
+        return "i32" if value & 15 else "i32/16"
+    return ("u64" if value >= _INT64_END else "i64", value & 15 == 0)
 
 
 @functools.lru_cache(maxsize=64)
