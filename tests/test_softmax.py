@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import treefold
-from treefold import backend
+from treefold import backend, order
 from treefold._ops import softmax as ops
 from treefold.numerics import compare
 from treefold.reference import softmax as reference
@@ -468,6 +468,24 @@ def test_launch_plans_are_cached_and_explain_themselves():
     assert ops.plan(2, False, 4096, 8192, 132, 2).num_warps == 8  # logsumexp only reads: more warps
     lse_backward = ops.plan(2, True, 151936, 1, 132, 2, "split")  # elementwise: no partials
     assert len(lse_backward.phases) == 1 and lse_backward.partials == ""
+
+
+def test_cooperative_rows_never_get_more_programs_than_sms():
+    # The programs of a row wait for one another, so all of them must fit on the device at once.
+    for n in (4097, 9000, 32768, 131072, 151936, 262144, 1 << 20, 1 << 24):
+        for sms in (8, 132):
+            for backward in (False, True):
+                factor = 2 if backward else 1
+                try:
+                    p = ops.plan(0, backward, n, 4096, sms, 2, "cooperative")
+                except ValueError as e:  # rows too long for sms programs of register-sized shares
+                    assert "held by at most" in str(e)
+                    assert order.next_pow2(order.cdiv(order.num_segments(n), sms)) * order.lanes(n) * factor \
+                        > ops.REGISTER_ELEMENTS_LIMIT
+                    continue
+                assert p.phases[0].programs_per_row <= sms
+                assert p.segments_per_program * order.lanes(n) * factor <= ops.REGISTER_ELEMENTS_LIMIT
+                assert p.phases[0].grid == (4096 * p.phases[0].programs_per_row,)
 
 
 # ---- bad inputs ----------------------------------------------------------------------------
