@@ -5,12 +5,12 @@ backward launcher called directly.
 
     python benchmarks/probe_backward_host.py
 """
-import time
-
 import torch
 
 import treefold
 from treefold._ops import softmax as ops
+
+from host_overhead import per_call_us  # noqa: E402 (this folder: the same timing loop)
 
 
 class _Identity(torch.autograd.Function):
@@ -21,17 +21,6 @@ class _Identity(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad
-
-
-def _per_call(fn, calls=2000):
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls * 1e6
 
 
 def main():
@@ -51,7 +40,7 @@ def main():
             "treefold.softmax forward with grad": lambda: treefold.softmax(x),
         }
         for name, fn in pieces.items():
-            print(f"{rows}x{n} bf16  {name:40s} {_per_call(fn, 2000 if rows == 1 else 200):8.1f} us per call")
+            print(f"{rows}x{n} bf16  {name:40s} {per_call_us(fn, 2000 if rows == 1 else 200):8.1f} us per call")
 
 
 if __name__ == "__main__":

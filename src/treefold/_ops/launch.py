@@ -56,11 +56,8 @@ def _specialise(args):
     key, run = [], []
     for value in args:
         cls = value.__class__
-        if cls is int:  # _int_key, its common cases inlined (this runs for every launch)
-            if value != 1 and -_INT32_END <= value < _INT32_END:
-                key.append("i32" if value & 15 else "i32/16")
-            else:
-                key.append(_int_key(value))
+        if cls is int:
+            key.append(_int_key(value))
             run.append(value)
         elif isinstance(value, torch.Tensor):
             # the device index too: addresses skip the launcher's own check that they are

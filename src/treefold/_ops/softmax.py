@@ -141,7 +141,11 @@ class Plan:
     num_segments: int
     phases: tuple
     partials: str = ""  # "" (none), "p" (backward: one float32 per segment) or "pq" (forward)
-    arrivals: bool = False  # a zeroed int32 arrival counter per row ("cooperative")
+
+    @property
+    def arrivals(self) -> bool:
+        """Whether the launch needs a zeroed int32 arrival counter per row ("cooperative")."""
+        return self.strategy == "cooperative"
 
 
 def _pow2(fn: str, name: str, value: int) -> int:
@@ -270,7 +274,7 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
             common, PHASE=kernels.COOPERATIVE.value, IN_REGISTERS=False, ROWS_PER_PROGRAM=1, SEG_BLOCK=spp,
             SEGMENTS_PER_PROGRAM=spp, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY=""))
         return Plan(strategy, num_warps, 1, spp, spp, inner, False, segments, (phase,),
-                    "p" if backward else "pq", arrivals=True)
+                    "p" if backward else "pq")
 
     # split
     num_warps = tuning.num_warps or SPLIT_WARPS

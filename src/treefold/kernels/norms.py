@@ -55,20 +55,19 @@ def _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT: tl.constexpr, HAS_OF
 
 
 @triton.jit
-def _row_total(v, part_ptr, arrivals_ptr, row, first_segment, num_segments, target, ROWS: tl.constexpr,
+def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, target, ROWS: tl.constexpr,
                HELD: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr,
                LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
                SHARED_ROW: tl.constexpr):
     """Row sums of a ``[ROWS, HELD, LANES]`` float32 block in the treefold order; returns ``[ROWS]``.
 
     Whole rows (HELD = SEGMENTS): ``row_tree_sum``. ``SHARED_ROW``: the block holds HELD segments
-    of one row from ``first_segment`` on; their sums go to ``part_ptr`` [rows, num_segments],
+    of row ``row_id`` from ``first_segment`` on; their sums go to ``part_ptr`` [rows, num_segments],
     the program counts itself in on the row's counter and waits for it to reach ``target``,
     then reads the whole row's segment sums back and meets them in the same halving tree.
     """
     if SHARED_ROW:
         seg = tree_sum(tl.reshape(v, [HELD, LANES]), HELD, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
-        row_id = tl.sum(row, axis=0)  # the one row of the block, as a scalar
         segments = first_segment + tl.arange(0, HELD)
         tl.store(part_ptr + row_id * num_segments + segments, seg, mask=segments < num_segments)
         arrived = arrive(arrivals_ptr, row_id)
@@ -143,12 +142,14 @@ def norm_forward_kernel(
     """
     if SHARED_ROW:
         pid = tl.program_id(0)
-        row = (pid // programs_per_row).to(tl.int64) + tl.arange(0, 1)
+        row_id = (pid // programs_per_row).to(tl.int64)
+        row = row_id + tl.arange(0, 1)
         first_segment = (pid % programs_per_row) * HELD
         col = (first_segment + tl.arange(0, HELD))[:, None] * LANES + tl.arange(0, LANES)[None, :]
         stats_row = (row < rows) & (first_segment == 0)  # the row's first program stores them
     else:
         row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_id = 0  # unused: whole rows exchange nothing
         first_segment = 0
         col = tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :]
         stats_row = row < rows
@@ -170,17 +171,17 @@ def norm_forward_kernel(
         tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask)
         v = h.to(tl.float32)
     if IS_RMS:
-        total = _row_total(v * v, part_ptr, arrivals_ptr, row, first_segment, num_segments, programs_per_row,
+        total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
                            ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
         normalised = v * rstd[:, None, None]
     else:
-        total = _row_total(v, part_ptr, arrivals_ptr, row, first_segment, num_segments, programs_per_row,
+        total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
                            ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         mean = tl.div_rn(total, n_float)
         d = tl.where(mask, v - mean[:, None, None], 0.0)
         # the second exchange: its own half of the buffer, and the counter's second round
-        total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row, first_segment,
+        total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
                               num_segments, 2 * programs_per_row, ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES,
                               LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         var = tl.div_rn(total_sq, n_float)
