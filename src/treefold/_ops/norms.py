@@ -42,6 +42,8 @@ _WIDE_ROW = 8192
 _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: Unroll factor of the backward kernel's row loop (a launch choice; the rows fold in order).
 BACKWARD_UNROLL = 1
+#: Whether the backward kernel loads each row's successor before working on the row.
+BACKWARD_PREFETCH = False
 #: The column tree reads at most this many float32 partials per program.
 _COLUMN_TILE = 8192
 
@@ -111,10 +113,12 @@ _column_sum_kernel = Launcher(column_tree_sum_kernel)
 def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, has_weight: bool,
                   has_bias: bool, has_offset: bool, round_normalised: bool, store_stats: bool,
                   rows_per_program: Optional[int], num_warps: Optional[int],
-                  segments_per_program: Optional[int] = None) -> tuple[int, int, dict]:
-    """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
+                  segments_per_program: Optional[int] = None, persistent: bool = False,
+                  prefetch: Optional[bool] = None) -> tuple[int, int, dict]:
+    """(rows per tile, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
-    holding that many segments each (0: whole rows); it excludes ``rows_per_program``."""
+    holding that many segments each (0: whole rows); it excludes ``rows_per_program``,
+    ``persistent`` (programs loop over tiles) and ``prefetch`` (they load the next one ahead)."""
     default_rows, default_warps = forward_config(n, is_rms)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -127,6 +131,9 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         if held & (held - 1) or held < 1:
             raise ValueError(f"norm: segments_per_program must be a power of two >= 1, got {held}")
         held = min(held, layout["SEGMENTS"])
+        if prefetch or persistent:
+            raise ValueError(f"norm: programs or prefetch with segments_per_program={held}: a program "
+                             f"holding a share of a row takes no other tile")
         if order.cdiv(segments, held) > 1 and backend.INTERPRETED:
             raise ValueError(f"norm: segments_per_program={held} shares rows of {segments} segments among "
                              f"programs that must run at once, which Triton's interpreter does not do")
@@ -135,6 +142,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
+        PERSISTENT=bool(persistent), PREFETCH=bool(prefetch),
         num_warps=num_warps or default_warps, enable_fp_fusion=False)
 
 
@@ -142,11 +150,14 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    y2: Tensor, h2: Optional[Tensor], mean: Optional[Tensor], rstd: Optional[Tensor], *,
                    eps: float, offset: float, is_rms: bool, round_normalised: bool,
                    rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
-                   segments_per_program: Optional[int] = None, prepare_key=None) -> None:
+                   segments_per_program: Optional[int] = None, programs: Optional[int] = None,
+                   prefetch: Optional[bool] = None, prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
-    ``rows_per_program``, ``num_warps`` and ``segments_per_program`` override the heuristic (the
-    bits do not change). ``prepare_key``: keep the prepared launch under this key in
+    ``rows_per_program`` (rows per tile), ``num_warps``, ``segments_per_program``, ``programs``
+    (at most this many programs, each taking every programs-th tile; default one per tile) and
+    ``prefetch`` (load a program's next tile before working on the current one) override the
+    heuristic (the bits do not change). ``prepare_key``: keep the prepared launch under this key in
     ``_PREPARED`` (no statistics; the slots are x, residual, weight, bias, y, h, those given, in
     that order); launches whose programs share rows are not prepared (their counters are new
     for every call).
@@ -154,8 +165,13 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     m, n = x2.shape
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
-        offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program)
+        offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
+        programs is not None or bool(prefetch), prefetch)
     grid = ((m + rows - 1) // rows * programs_per_row,)
+    if programs is not None and not plan["SHARED_ROW"]:
+        if programs < 1:
+            raise ValueError(f"norm: programs must be >= 1, got {programs}")
+        grid = (min(grid[0], programs),)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:
         part = torch.empty((2 if not is_rms else 1) * m * segments, dtype=torch.float32, device=x2.device)
@@ -182,7 +198,8 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
 def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out: bool, has_weight: bool,
                    has_offset: bool, round_normalised: bool, store_dres: bool, weight_grad: bool,
                    bias_grad: bool, rows_per_block: int, num_warps: Optional[int],
-                   num_stages: Optional[int], unroll: Optional[int] = None) -> dict:
+                   num_stages: Optional[int], unroll: Optional[int] = None,
+                   prefetch: Optional[bool] = None) -> dict:
     """The kernel's constexprs and options for one kind of backward launch."""
     _, default_warps, default_stages = backward_config(m, n)
     stages = num_stages or default_stages
@@ -190,7 +207,8 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         IS_RMS=is_rms, HAS_DH_OUT=has_dh_out, HAS_WEIGHT=has_weight, HAS_OFFSET=has_offset,
         ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
-        **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL, num_warps=num_warps or default_warps,
+        **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL,
+        PREFETCH=BACKWARD_PREFETCH if prefetch is None else bool(prefetch), num_warps=num_warps or default_warps,
         enable_fp_fusion=False, **({} if stages is None else {"num_stages": stages}))
 
 
@@ -199,7 +217,7 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
                     dw_part: Optional[Tensor], db_part: Optional[Tensor], *, offset: float, is_rms: bool,
                     round_normalised: bool, rows_per_block: int,
                     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-                    unroll: Optional[int] = None) -> None:
+                    unroll: Optional[int] = None, prefetch: Optional[bool] = None) -> None:
     """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs.
 
     ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
@@ -208,7 +226,7 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     m, n = x2.shape
     plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
                           round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
-                          rows_per_block, num_warps, num_stages, unroll)
+                          rows_per_block, num_warps, num_stages, unroll, prefetch)
     _backward_kernel(
         ((m + rows_per_block - 1) // rows_per_block,),
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,
