@@ -481,14 +481,16 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
     seeds = torch.tensor([5, 6, 7], device=device)
     configs = (dict(), dict(top_p=0.9), dict(top_k=20, top_p=0.8), dict(min_p=0.05))
 
-    def outputs(programs_per_row=None):
+    def outputs(programs_per_row=None, prefetch=None):
+        launch = dict(programs_per_row=programs_per_row, prefetch=prefetch)
         out = []
         for c in configs:
             args = (c.get("top_k"), c.get("top_p"), c.get("min_p"))
-            out.append(ops.sample_rows(x, 0.8, *args, seeds, 3, programs_per_row=programs_per_row))
+            out.append(ops.sample_rows(x, 0.8, *args, seeds, 3, **launch))
             if c:
-                out.append(ops.filter_rows(x, *args, probs=True, programs_per_row=programs_per_row))
-        out.extend(ops.top_k_rows(x, 40, programs_per_row=programs_per_row))
+                out.append(ops.filter_rows(x, *args, probs=True, **launch))
+        out.append(ops.sample_rows(x, 0.0, None, None, None, seeds, 3, **launch))  # greedy: the race alone
+        out.extend(ops.top_k_rows(x, 40, **launch))
         return out
 
     ops.plan.cache_clear()
@@ -501,8 +503,9 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
         monkeypatch.setattr(ops, "MAX_WIDTH", 32)
         ops.plan.cache_clear()
         for ppr in (1, 3, 10):
-            got = outputs(ppr)
-            assert all(torch.equal(a, b) for a, b in zip(got, want)), ppr
+            for prefetch in (False, True):  # segments loaded one step ahead, or not
+                got = outputs(ppr, prefetch)
+                assert all(torch.equal(a, b) for a, b in zip(got, want)), (ppr, prefetch)
     finally:
         monkeypatch.undo()
         ops.plan.cache_clear()
@@ -626,7 +629,8 @@ def test_gpu_batch_invariance_64(dtype, config):
     for ppr in (1, 3, 40):
         args = (config.get("temperature", 1.0), config.get("top_k"), config.get("top_p"),
                 config.get("min_p"), seeds, offsets)
-        assert torch.equal(ops.sample_rows(x, *args, programs_per_row=ppr), batch)
+        for prefetch in (False, True):
+            assert torch.equal(ops.sample_rows(x, *args, programs_per_row=ppr, prefetch=prefetch), batch)
     assert torch.equal(treefold.sample(x, seed=seeds, offset=offsets, **config), batch)
     want = ref.sample(x.cpu(), seed=seeds.cpu(), offset=offsets.cpu(), **config)
     assert (batch.cpu() == want).float().mean() >= 0.95

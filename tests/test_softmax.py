@@ -124,7 +124,6 @@ def test_kernel_follows_the_order_bit_for_bit(op, n):
 STUDY = [
     ("warp", ops.Tuning()), ("warp", ops.Tuning(rows_per_program=4, inner=8)),
     ("block", ops.Tuning()), ("block", ops.Tuning(num_warps=8, inner=32)),
-    ("block", ops.Tuning(programs_per_sm=1, prefetch=True)),
     ("online", ops.Tuning()), ("online", ops.Tuning(seg_block=1, hints=False)),
     ("split", ops.Tuning()), ("split", ops.Tuning(segments_per_program=1)),
     ("split", ops.Tuning(segments_per_program=4, seg_block=2)),
@@ -529,33 +528,6 @@ def test_bad_inputs_are_named(call, error, message):
         call()
 
 
-@needs_kernel
-@pytest.mark.parametrize("n", [33, 4095])
-def test_programs_that_take_several_tiles_give_the_same_bits(n):
-    # 11 rows over at most 4 programs per SM-count (4 in the interpreter): programs loop over
-    # tiles, with and without loading the next tile ahead
-    x = _data((11, n), torch.bfloat16, seed=n)
-    dy = _data((11, n), torch.float32, seed=n + 1)
-    for op in ("softmax", "log_softmax", "logsumexp"):
-        kw = {} if op == "logsumexp" else {"out_dtype": torch.float32}
-        want = _study_forward(op, x, "block", ops.Tuning(), **kw)
-        for strategy in ("warp", "block"):
-            for tuning in (ops.Tuning(rows_per_program=1, programs_per_sm=1, prefetch=True),
-                           ops.Tuning(rows_per_program=2, programs_per_sm=1, prefetch=False),
-                           ops.Tuning(rows_per_program=1, programs_per_sm=2, prefetch=True)):
-                got = _study_forward(op, x, strategy, tuning, **kw)
-                assert_same_bits(got, want, f"{op} {strategy} {tuning}")
-                if op == "logsumexp":
-                    continue
-                dx = ops.softmax_backward(dy, want, log=op == "log_softmax", x_dtype=torch.float32,
-                                          strategy=strategy, tuning=tuning)
-                dx_want = ops.softmax_backward(dy, want, log=op == "log_softmax", x_dtype=torch.float32,
-                                               strategy="block")
-                assert_same_bits(dx, dx_want, f"{op} backward {strategy} {tuning}")
-    with pytest.raises(ValueError, match="programs_per_sm must be >= 1, got 0"):
-        ops.softmax_forward(x, strategy="block", tuning=ops.Tuning(programs_per_sm=0))
-
-
 # ---- long rows (interpreter time matters: one row of a decode vocabulary) -------------------
 
 @needs_kernel
@@ -594,9 +566,6 @@ def _gpu_configs(n, held_factor=1, every=True):
     if held <= ops.REGISTER_ELEMENTS:
         configs += [("block", ops.Tuning(num_warps=w)) for w in ((8, 16) if every else (16,))
                     if held // (32 * w) <= 128]
-        if every:  # programs that loop over tiles, fetching the next one ahead or not
-            configs += [("block", ops.Tuning(programs_per_sm=1, prefetch=True)),
-                        ("block", ops.Tuning(programs_per_sm=3, prefetch=False))]
     return configs
 
 

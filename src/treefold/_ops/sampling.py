@@ -60,6 +60,8 @@ MAX_WIDTH = 1024
 SURE_LIST_MAX = 16
 #: Warps of the one-program-per-row resolve pass.
 RESOLVE_WARPS = 8
+#: Whether the row passes load each segment before working on the previous one.
+PREFETCH = False
 
 Scalar = Union[int, float]
 
@@ -80,6 +82,7 @@ class Plan:
     programs_per_row: int
     parts_pow2: int
     num_warps: int
+    prefetch: bool
 
 
 @functools.lru_cache(maxsize=64)
@@ -91,9 +94,11 @@ def _sm_count(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=512)
 def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int] = None,
-         programs_per_sm: Optional[int] = None) -> Plan:
+         programs_per_sm: Optional[int] = None, prefetch: Optional[bool] = None) -> Plan:
     """Segments of ``width`` tokens, ``segments_per_program`` of them per program. The programs
-    per row are given, or aimed at ``programs_per_sm`` (default FILTER_PROGRAMS_PER_SM) per SM."""
+    per row are given, or aimed at ``programs_per_sm`` (default FILTER_PROGRAMS_PER_SM) per SM.
+    ``prefetch``: the row passes load each segment before working on the previous one (default
+    PREFETCH)."""
     width = min(max(order.next_pow2(n), MIN_WIDTH), MAX_WIDTH)
     segments = order.cdiv(n, width)
     if programs_per_row is None:
@@ -103,7 +108,7 @@ def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int
     spp = order.cdiv(segments, programs_per_row)
     programs_per_row = order.cdiv(segments, spp)
     return Plan(width, spp, programs_per_row, order.next_pow2(programs_per_row),
-                max(1, min(4, width // 256)))
+                max(1, min(4, width // 256)), PREFETCH if prefetch is None else bool(prefetch))
 
 
 def _param(value) -> tuple:
@@ -134,11 +139,12 @@ def _common(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> 
 
 
 def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, offset, *,
-              all_values: bool, outputs: dict, k_out: int, programs_per_row: Optional[int]):
+              all_values: bool, outputs: dict, k_out: int, programs_per_row: Optional[int],
+              prefetch: Optional[bool] = None):
     """segment max -> histogram -> compaction -> resolve (the filtered path)."""
     rows, n = x.shape
     dev = x.device
-    g = plan(rows, n, dev, programs_per_row)
+    g = plan(rows, n, dev, programs_per_row, None, prefetch)
     c = _common(x, temperature, top_k, top_p, min_p, seed, offset)
     t, k, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags"]
@@ -157,19 +163,19 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     _SEGMENT_MAX(
         grid, x, n, x.stride(0), part_max, hist, fine, counter, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
-        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, num_warps=g.num_warps)
+        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, num_warps=g.num_warps)
     _HISTOGRAM(
         grid, x, n, x.stride(0), part_max, part_total, hist, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, num_warps=g.num_warps)
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PREFETCH=g.prefetch, num_warps=g.num_warps)
     _COMPACT(
         grid, x, n, x.stride(0), part_max, part_total, hist, fine, counter, plan_rows, boundary, n,
         part_mass, part_kept, part_score, part_index, g.programs_per_row, t, k, p, mp, filters,
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width, SURE_LIST_MAX=SURE_LIST_MAX,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
-        num_warps=g.num_warps)
+        PREFETCH=g.prefetch, num_warps=g.num_warps)
     spare = counter  # pointer arguments a mode does not use
     _RESOLVE(
         (rows,), x, n, x.stride(0), part_max, part_total, fine, counter, plan_rows, boundary, n,
@@ -185,8 +191,9 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
 
 
 def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None, seed=0,
-                offset=0, *, programs_per_row: Optional[int] = None) -> torch.Tensor:
-    """Token ids [rows] (int64) of logits [rows, n] with the Triton kernels."""
+                offset=0, *, programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None) -> torch.Tensor:
+    """Token ids [rows] (int64) of logits [rows, n] with the Triton kernels (``programs_per_row``
+    and ``prefetch``: launch choices, see ``plan``)."""
     rows, n = x.shape
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
@@ -197,10 +204,10 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
     if filtered and not (greedy and not tensors):
         _pipeline(x, kernels.MODE_SAMPLE.value, temperature, top_k, top_p, min_p, seed, offset,
                   all_values=False, outputs={"token": out}, k_out=0,
-                  programs_per_row=programs_per_row)
+                  programs_per_row=programs_per_row, prefetch=prefetch)
         return out
     # no filter, or greedy with scalar filters (they never remove the top token): one race
-    g = plan(rows, n, x.device, programs_per_row, RACE_PROGRAMS_PER_SM)
+    g = plan(rows, n, x.device, programs_per_row, RACE_PROGRAMS_PER_SM, prefetch)
     t, t_row = _param(temperature)
     s, s_stride, s_tensor = _random(0 if greedy else seed)
     o, o_stride, o_tensor = _random(0 if greedy else offset)
@@ -211,14 +218,15 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
         o_stride,
         T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
-        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, num_warps=g.num_warps)
+        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch, num_warps=g.num_warps)
     _RACE_COMBINE(
         (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
         PROGRAMS_POW2=g.parts_pow2, num_warps=1)
     return out
 
 
-def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None):
+def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None,
+               prefetch: Optional[bool] = None):
     """(values, indices) of the k largest of each row of x [rows, n], k <= TOP_K_KERNEL_MAX."""
     rows, n = x.shape
     values = torch.empty((rows, k), dtype=x.dtype, device=x.device)
@@ -226,12 +234,12 @@ def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = Non
     if rows:
         _pipeline(x, kernels.MODE_TOPK.value, 1.0, k, None, None, 0, 0, all_values=True,
                   outputs={"values": values, "indices": indices}, k_out=k,
-                  programs_per_row=programs_per_row)
+                  programs_per_row=programs_per_row, prefetch=prefetch)
     return values, indices
 
 
 def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool = False, *,
-                programs_per_row: Optional[int] = None) -> torch.Tensor:
+                programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None) -> torch.Tensor:
     """Masked logits or renormalised probabilities of x [rows, n] (filters as in sample)."""
     rows, n = x.shape
     out = torch.empty((rows, n), dtype=torch.float32 if probs else x.dtype, device=x.device)
@@ -244,7 +252,8 @@ def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool
                "max": torch.empty(rows, dtype=torch.float32, device=dev),
                "mass": torch.empty(rows, dtype=torch.float32, device=dev)}
     g = _pipeline(x, kernels.MODE_THRESHOLD.value, 1.0, top_k, top_p, min_p, 0, 0,
-                  all_values=False, outputs=outputs, k_out=0, programs_per_row=programs_per_row)
+                  all_values=False, outputs=outputs, k_out=0, programs_per_row=programs_per_row,
+                  prefetch=prefetch)
     mp, mp_row = _param(min_p)
     _APPLY(
         (rows * g.programs_per_row,), x, n, x.stride(0), out, out.stride(0), outputs["lo"],

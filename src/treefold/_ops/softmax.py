@@ -96,12 +96,9 @@ _SOFTMAX, _LOG_SOFTMAX, _LOGSUMEXP = _OPS["softmax"], _OPS["log_softmax"], _OPS[
 @dataclass(frozen=True)
 class Tuning:
     """Launch parameters for study (``None``: the heuristic's choice). Powers of two, except
-    ``hints`` (eviction policies on the two reads of "online" / "split"), ``dependent_launch``
+    ``hints`` (eviction policies on the two reads of "online" / "split") and ``dependent_launch``
     (True / False: "split" launches FINISH as a programmatic dependent launch, where the device
-    has it, or not; None: when PARTIALS fits in one wave), and, for "warp" and "block",
-    ``programs_per_sm`` (any integer >= 1: at most this many programs per SM, each taking every
-    P-th tile of rows; None: one program per tile) and ``prefetch`` (a program loads its next
-    tile before working on the current one)."""
+    has it, or not; None: when PARTIALS fits in one wave)."""
     num_warps: Optional[int] = None
     rows_per_program: Optional[int] = None
     seg_block: Optional[int] = None
@@ -109,8 +106,6 @@ class Tuning:
     inner: Optional[int] = None
     hints: Optional[bool] = None
     dependent_launch: Optional[bool] = None
-    programs_per_sm: Optional[int] = None
-    prefetch: Optional[bool] = None
 
 
 _DEFAULT_TUNING = Tuning()
@@ -245,15 +240,9 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
             rpp = tuning.rows_per_program or (1 if lse or backward else max(1, min(
                 BLOCK_PROGRAM_ELEMENTS // tile, order.next_pow2(rows))))
             num_warps = tuning.num_warps or max(4, min(16, rpp * tile * factor // (32 * per_thread)))
-        programs = order.cdiv(rows, rpp)
-        if tuning.programs_per_sm is not None:
-            if tuning.programs_per_sm < 1:
-                raise ValueError(f"{fn}: programs_per_sm must be >= 1, got {tuning.programs_per_sm}")
-            programs = min(programs, tuning.programs_per_sm * sms)
-        phase = _phase(programs, 1, num_warps, dict(
+        phase = _phase(order.cdiv(rows, rpp), 1, num_warps, dict(
             common, PHASE=kernels.WHOLE_ROWS.value, IN_REGISTERS=True, ROWS_PER_PROGRAM=rpp,
-            SEG_BLOCK=1, SEGMENTS_PER_PROGRAM=1, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY="",
-            PERSISTENT=tuning.programs_per_sm is not None or bool(tuning.prefetch), PREFETCH=bool(tuning.prefetch)))
+            SEG_BLOCK=1, SEGMENTS_PER_PROGRAM=1, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY=""))
         return Plan(strategy, num_warps, rpp, 1, 1, inner, False, segments, (phase,))
 
     if strategy == "online":

@@ -81,70 +81,6 @@ def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, t
 
 
 @triton.jit
-def _load_rows(x_ptr, res_ptr, row3, col3, mask, stride_x, stride_res, HAS_RESIDUAL: tl.constexpr):
-    """The rows of x (and of the residual) at ``row3``/``col3``, in their own dtypes (widened
-    where used, so a row fetched ahead holds as few registers as it can); masked lanes 0."""
-    v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy="evict_first")
-    r = v
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0, eviction_policy="evict_first")
-    return v, r
-
-
-@triton.jit
-def _norm_rows(v, r, w, row, row3, col, col3, mask, stats_row, row_id, first_segment,
-               w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, part_ptr, arrivals_ptr,
-               rows, n, n_float, eps, offset, num_segments, programs_per_row, stride_y, stride_h,
-               x_dtype: tl.constexpr, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-               HAS_BIAS: tl.constexpr, HAS_OFFSET: tl.constexpr, ROUND_NORMALISED: tl.constexpr,
-               STORE_STATS: tl.constexpr, SOFT_BF16: tl.constexpr,
-               ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
-               LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-               SHARED_ROW: tl.constexpr, HELD: tl.constexpr):
-    """Normalise the loaded rows (v, r) (see ``_load_rows``) and store y, h and the statistics;
-    ``w`` is RMSNorm's weight, read ahead (LayerNorm reads its affine terms here)."""
-    v = v.to(tl.float32)
-    if HAS_RESIDUAL:
-        h = round_to(v + r.to(tl.float32), h_ptr.dtype.element_ty, SOFT_BF16)
-        tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask)
-        v = h.to(tl.float32)
-    if IS_RMS:
-        total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
-                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
-        rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
-        normalised = v * rstd[:, None, None]
-    else:
-        total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
-                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
-        mean = tl.div_rn(total, n_float)
-        d = tl.where(mask, v - mean[:, None, None], 0.0)
-        # the second exchange: its own half of the buffer, and the counter's second round
-        total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
-                              num_segments, 2 * programs_per_row, ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES,
-                              LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
-        var = tl.div_rn(total_sq, n_float)
-        rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
-        normalised = d * rstd[:, None, None]
-        if STORE_STATS:
-            tl.store(mean_ptr + row, mean, mask=stats_row)
-    if STORE_STATS:
-        tl.store(rstd_ptr + row, rstd, mask=stats_row)
-    if ROUND_NORMALISED:
-        if HAS_RESIDUAL:
-            normalised = round_to(normalised, h_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
-        else:
-            normalised = round_to(normalised, x_dtype, SOFT_BF16).to(tl.float32)
-    out = normalised
-    if not IS_RMS:
-        w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, HAS_BIAS)
-    if HAS_WEIGHT:
-        out = out * w[None, :, :]
-    if HAS_BIAS:
-        out = out + b[None, :, :]
-    tl.store(y_ptr + row3 * stride_y + col3, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
-
-
-@triton.jit
 def norm_forward_kernel(
     x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, part_ptr, arrivals_ptr,
     rows, n, n_float, eps, offset, num_segments, programs_per_row,
@@ -154,17 +90,11 @@ def norm_forward_kernel(
     STORE_STATS: tl.constexpr, SOFT_BF16: tl.constexpr,
     ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-    SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, PERSISTENT: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
+    SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1,
 ):
-    """RMSNorm (``IS_RMS``) or LayerNorm of tiles of ROWS rows, the whole row on chip, or of one
+    """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
     the row, with which it exchanges segment sums (once for RMSNorm, twice for LayerNorm).
-
-    Whole rows: program p takes tile p, or with ``PERSISTENT`` tiles p, p + P, p + 2P, ...
-    (P programs). With ``PREFETCH`` it then issues the loads of its next tile before it reduces
-    and writes the current one, so that it keeps bytes in flight through its reductions and
-    stores (the next tile's rows wait in registers in their own dtype).
 
     RMSNorm:   rstd = 1 / sqrt(tree(v * v) / N + eps), y = (v * rstd) * (w [+ offset]).
     LayerNorm: mean = tree(v) / N, d = v - mean, rstd = 1 / sqrt(tree(d * d) / N + eps),
@@ -173,10 +103,9 @@ def norm_forward_kernel(
     With ``ROUND_NORMALISED`` (the "llama" casting), v * rstd is rounded to the dtype of the
     normalised input (h, or x) before the weight multiplies it.
 
-    Bytes: reads M x N of x (and of the residual), N of weight and bias per tile (from L2 after
-    the first); writes M x N of y (and of h), and 4 bytes (8 for LayerNorm) per row of statistics
-    when ``STORE_STATS``. A shared row adds 4 bytes per segment written and read by each of its
-    programs (twice for LayerNorm).
+    Bytes: reads M x N of x (and of the residual), N of weight and bias; writes M x N of y (and of
+    h), and 4 bytes (8 for LayerNorm) per row of statistics when ``STORE_STATS``. A shared row
+    adds 4 bytes per segment written and read by each of its programs (twice for LayerNorm).
 
     Args:
         x_ptr: input rows [rows, n], last dimension contiguous.
@@ -205,16 +134,12 @@ def norm_forward_kernel(
         ROUND_NORMALISED: round v * rstd to the input dtype before the weight ("llama").
         STORE_STATS: write mean/rstd (needed for the backward pass).
         SOFT_BF16: round to bfloat16 on the bits (interpreter only, see ``round_to``).
-        ROWS: rows per tile (a launch choice; the bits do not depend on it).
+        ROWS: rows per program (a launch choice; the bits do not depend on it).
         SEGMENTS: S(N) padded to a power of two; LOG2_SEGMENTS its log2.
         LANES: C(N); LOG2_LANES its log2.
         GROUP: G(N, dtype of the normalised row), lanes per group; LOG2_GROUP its log2.
         SHARED_ROW: programs share rows (ROWS = 1); HELD: the segments each holds.
-        PERSISTENT: whole rows: each program loops over every P-th tile (P programs).
-        PREFETCH: with PERSISTENT, load each program's next tile before working on the current
-            one. Both are launch choices; the bits do not depend on them.
     """
-    x_dtype: tl.constexpr = x_ptr.dtype.element_ty
     if SHARED_ROW:
         pid = tl.program_id(0)
         row_id = (pid // programs_per_row).to(tl.int64)
@@ -222,69 +147,63 @@ def norm_forward_kernel(
         first_segment = (pid % programs_per_row) * HELD
         col = (first_segment + tl.arange(0, HELD))[:, None] * LANES + tl.arange(0, LANES)[None, :]
         stats_row = (row < rows) & (first_segment == 0)  # the row's first program stores them
-        row3 = row[:, None, None]
-        col3 = col[None, :, :]
-        mask = (row3 < rows) & (col3 < n)
-        v, r = _load_rows(x_ptr, res_ptr, row3, col3, mask, stride_x, stride_res, HAS_RESIDUAL)
-        w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT and IS_RMS, HAS_OFFSET, False)
-        _norm_rows(v, r, w, row, row3, col, col3, mask, stats_row, row_id, first_segment,
-                   w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, part_ptr, arrivals_ptr,
-                   rows, n, n_float, eps, offset, num_segments, programs_per_row, stride_y, stride_h,
-                   x_dtype, IS_RMS, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, HAS_OFFSET, ROUND_NORMALISED,
-                   STORE_STATS, SOFT_BF16, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP,
-                   SHARED_ROW, HELD)
     else:
+        row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_id = 0  # unused: whole rows exchange nothing
+        first_segment = 0
         col = tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :]
-        col3 = col[None, :, :]
-        tile_rows = tl.arange(0, ROWS)
-        # LayerNorm, which holds the centred row as well, reads weight and bias after its
-        # reductions (``_norm_rows``): held through them, they took its registers from 94 to 126
-        # per thread at 8192 elements and it fell from 83% to 59% of the roof.
-        if PERSISTENT:
-            # RMSNorm reads its weight once, before its first tile.
-            w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT and IS_RMS, HAS_OFFSET, False)
-            tiles = tl.cdiv(rows, ROWS)
-            step = tl.num_programs(0)
-            tile = tl.program_id(0)
-            if PREFETCH:
-                next_row3 = (tile.to(tl.int64) * ROWS + tile_rows)[:, None, None]
-                next_v, next_r = _load_rows(x_ptr, res_ptr, next_row3, col3, (next_row3 < rows) & (col3 < n),
-                                            stride_x, stride_res, HAS_RESIDUAL)
-            # a while loop: Triton's interpreter cannot take a runtime bound in a range
-            while tile < tiles:
-                row = tile.to(tl.int64) * ROWS + tile_rows
-                row3 = row[:, None, None]
-                mask = (row3 < rows) & (col3 < n)
-                if PREFETCH:
-                    v, r = next_v, next_r
-                    next_row3 = row3 + step * ROWS
-                    next_v, next_r = _load_rows(x_ptr, res_ptr, next_row3, col3, (next_row3 < rows) & (col3 < n),
-                                                stride_x, stride_res, HAS_RESIDUAL)
-                else:
-                    v, r = _load_rows(x_ptr, res_ptr, row3, col3, mask, stride_x, stride_res, HAS_RESIDUAL)
-                _norm_rows(v, r, w, row, row3, col, col3, mask, row < rows, 0, 0,
-                           w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, part_ptr, arrivals_ptr,
-                           rows, n, n_float, eps, offset, num_segments, programs_per_row, stride_y, stride_h,
-                           x_dtype, IS_RMS, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, HAS_OFFSET, ROUND_NORMALISED,
-                           STORE_STATS, SOFT_BF16, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP,
-                           LOG2_GROUP, SHARED_ROW, HELD)
-                tile += step
+        stats_row = row < rows
+    row3 = row[:, None, None]
+    col3 = col[None, :, :]
+    mask = (row3 < rows) & (col3 < n)
+    v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0,
+                eviction_policy="evict_first").to(tl.float32)
+    # RMSNorm reads the weight with the row, not after its reduction: its latency (an L2 hit for
+    # every row but the first) then overlaps the row's. LayerNorm, which holds the centred row
+    # as well, reads weight and bias after its reductions: held through them, they took its
+    # registers from 94 to 126 per thread at 8192 elements and it fell from 83% to 59% of the roof.
+    if IS_RMS:
+        w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
+        tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask)
+        v = h.to(tl.float32)
+    if IS_RMS:
+        total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
+                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
+        normalised = v * rstd[:, None, None]
+    else:
+        total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
+                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
+        mean = tl.div_rn(total, n_float)
+        d = tl.where(mask, v - mean[:, None, None], 0.0)
+        # the second exchange: its own half of the buffer, and the counter's second round
+        total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
+                              num_segments, 2 * programs_per_row, ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES,
+                              LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
+        var = tl.div_rn(total_sq, n_float)
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+        normalised = d * rstd[:, None, None]
+        if STORE_STATS:
+            tl.store(mean_ptr + row, mean, mask=stats_row)
+    if STORE_STATS:
+        tl.store(rstd_ptr + row, rstd, mask=stats_row)
+    if ROUND_NORMALISED:
+        if HAS_RESIDUAL:
+            normalised = round_to(normalised, h_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
         else:
-            # One tile per program, without a loop (inside one, the compiler held more registers:
-            # LayerNorm at 8192 elements went from 64 to 78 per thread and lost a fifth of its speed).
-            row = tl.program_id(0).to(tl.int64) * ROWS + tile_rows
-            row3 = row[:, None, None]
-            mask = (row3 < rows) & (col3 < n)
-            v, r = _load_rows(x_ptr, res_ptr, row3, col3, mask, stride_x, stride_res, HAS_RESIDUAL)
-            # RMSNorm reads the weight with the row: its latency (an L2 hit for every row but the
-            # first) then overlaps the row's.
-            w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT and IS_RMS, HAS_OFFSET, False)
-            _norm_rows(v, r, w, row, row3, col, col3, mask, row < rows, 0, 0,
-                       w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, part_ptr, arrivals_ptr,
-                       rows, n, n_float, eps, offset, num_segments, programs_per_row, stride_y, stride_h,
-                       x_dtype, IS_RMS, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, HAS_OFFSET, ROUND_NORMALISED,
-                       STORE_STATS, SOFT_BF16, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP,
-                       SHARED_ROW, HELD)
+            normalised = round_to(normalised, x_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
+    out = normalised
+    if not IS_RMS:
+        w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, HAS_BIAS)
+    if HAS_WEIGHT:
+        out = out * w[None, :, :]
+    if HAS_BIAS:
+        out = out + b[None, :, :]
+    tl.store(y_ptr + row3 * stride_y + col3, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
 
 
 @triton.jit

@@ -269,11 +269,53 @@ def _scaled(x, inv_t):
 
 
 @triton.jit
-def _logits_at(x_ptr, row, stride_x, offsets, mask, inv_t):
-    """A row's logits at ``offsets`` as float32 (0 where masked off), whether each is finite,
-    and their scaled values y (``_scaled``): how every pass reads the logits."""
-    x = tl.load(x_ptr + row * stride_x + offsets, mask=mask, other=0.0).to(tl.float32)
+def _logits_from(raw, mask, inv_t):
+    """Loaded logits (0 where masked off) as float32, whether each is finite, and their scaled
+    values y (``_scaled``)."""
+    x = raw.to(tl.float32)
     return x, mask & (tl.abs(x) < float("inf")), _scaled(x, inv_t)
+
+
+@triton.jit
+def _logits_at(x_ptr, row, stride_x, offsets, mask, inv_t):
+    """A row's logits at ``offsets``: ``_logits_from`` of their load. How every pass reads them."""
+    return _logits_from(tl.load(x_ptr + row * stride_x + offsets, mask=mask, other=0.0), mask, inv_t)
+
+
+@triton.jit
+def _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, next_raw,
+                    SEGMENTS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr, PREFETCH: tl.constexpr):
+    """Segment j of a program's consecutive segments: (columns, x, finite, y) as ``_logits_at``
+    gives them, and the loaded logits of segment j + 1 (in their own dtype).
+
+    With ``PREFETCH`` the segment's logits are ``next_raw``, loaded by the previous step, and
+    this step issues the next segment's loads before the caller works on this one, so that a
+    program keeps bytes in flight through its arithmetic (none past its last segment).
+    Otherwise it loads segment j and returns ``next_raw`` unchanged.
+    """
+    cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
+    in_row = cols < n
+    if PREFETCH:
+        raw = next_raw
+        following = cols + WIDTH
+        next_raw = tl.load(x_ptr + row * stride_x + following, mask=(following < n) & (j + 1 < SEGMENTS_PER_PROGRAM),
+                           other=0.0)
+    else:
+        raw = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0)
+    x, finite, y = _logits_from(raw, in_row, inv_t)
+    return cols, x, finite, y, next_raw
+
+
+@triton.jit
+def _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr,
+                   PREFETCH: tl.constexpr):
+    """The loaded logits of a program's first segment with ``PREFETCH`` (a placeholder of the same
+    type otherwise), for ``_segment_logits``."""
+    cols = prog * SEGMENTS_PER_PROGRAM * WIDTH + lanes
+    if PREFETCH:
+        return tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0)
+    else:
+        return tl.zeros([WIDTH], x_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -439,7 +481,8 @@ def _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, min
 def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
                 temperature, seed, seed_stride, offset, offset_stride,
                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
-                NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr):
+                NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                PREFETCH: tl.constexpr = False):
     """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
 
     Bytes: reads the row's logits once; writes 12 bytes per program.
@@ -458,6 +501,8 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
         NOISE: add the race noise (False: greedy argmax).
         WIDTH: tokens per segment (a power of two >= 32; a launch choice).
         SEGMENTS_PER_PROGRAM: consecutive segments one program reads.
+        PREFETCH: load each segment before working on the previous one (``_segment_logits``; a
+            launch choice, as in every row pass).
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
@@ -469,10 +514,11 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     lanes = tl.arange(0, WIDTH)
     lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
     lane_index = tl.full([WIDTH], n, tl.int32)
+    raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
     for j in range(SEGMENTS_PER_PROGRAM):
         start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
-        cols = start + lanes
-        x, valid, y = _logits_at(x_ptr, row, stride_x, cols, cols < n, inv_t)
+        cols, x, valid, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
+                                                 SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         if NOISE:
             y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
         take = valid & (y > lane_score)
@@ -518,7 +564,7 @@ def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_ro
 def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, counter_ptr,
                        programs_per_row, temperature,
                        T_ROW: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                       NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr):
+                       NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr, PREFETCH: tl.constexpr = False):
     """Maximum of y = x / t over the finite tokens of each program's segments; the first program
     of a row also clears the row's histograms and list counter. Grid rows * programs_per_row.
 
@@ -535,7 +581,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         counter_ptr: int64 [rows], cleared here.
         programs_per_row: programs sharing a row.
         temperature, T_ROW: as in ``race_kernel``.
-        WIDTH, SEGMENTS_PER_PROGRAM: as in ``race_kernel``.
+        WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as in ``race_kernel``.
         NUM_BINS, FINE_BINS: bins of the histogram and sub-bins of the boundary bins.
     """
     pid = tl.program_id(0).to(tl.int64)
@@ -549,9 +595,10 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         tl.store(counter_ptr + row, 0)
     lanes = tl.arange(0, WIDTH)
     lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
+    raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
     for j in range(SEGMENTS_PER_PROGRAM):
-        cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
-        x, finite, y = _logits_at(x_ptr, row, stride_x, cols, cols < n, inv_t)
+        cols, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
+                                                  SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
     tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
 
@@ -562,7 +609,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                          T_ROW: tl.constexpr, WIDTH: tl.constexpr,
                          SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
                          NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
-                         ALL_VALUES: tl.constexpr):
+                         ALL_VALUES: tl.constexpr, PREFETCH: tl.constexpr = False):
     """Bin histogram of the row (integer atomics) and the fixed-point mass of each program's
     tokens (per-lane integer sums, one reduction per program). Grid rows * programs_per_row.
 
@@ -575,7 +622,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         part_total_ptr: int64 [rows, programs_per_row] out: the sum of w * 2^40 (truncated),
             w = exp(y - m), over the program's finite tokens.
         hist_ptr: int32 [rows, NUM_BINS], accumulated.
-        programs_per_row, temperature, T_ROW, WIDTH, SEGMENTS_PER_PROGRAM: as above.
+        programs_per_row, temperature, T_ROW, WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as above.
         PARTS_POW2: next power of two of programs_per_row.
         NUM_BINS, BINS_PER_NAT: the bins (see ``_bin_of``).
         ALL_VALUES: count non-finite logits too (top_k orders every value).
@@ -588,10 +635,11 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     counts = tl.zeros([NUM_BINS], tl.int32)
     lane_mass = tl.zeros([WIDTH], tl.int64)
     lanes = tl.arange(0, WIDTH)
+    raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
     for j in range(SEGMENTS_PER_PROGRAM):
-        cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
+        cols, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
+                                                  SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         in_row = cols < n
-        x, finite, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t)
         valid = in_row if ALL_VALUES else finite
         counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES),
                                NUM_BINS, mask=valid)
@@ -612,7 +660,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                    SURE_LIST_MAX: tl.constexpr,
                    PARTS_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
-                   ALL_VALUES: tl.constexpr):
+                   ALL_VALUES: tl.constexpr, PREFETCH: tl.constexpr = False):
     """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling, the race among
     them: a segment with at most SURE_LIST_MAX of them writes their indices from the end of the
     row's list (``resolve_kernel`` races them, drawing noise for those tokens alone, not for the
@@ -643,7 +691,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         filters: which filters the call uses: 1 top-k, 2 top-p, 4 min-p (a runtime value: one
             compiled kernel serves every combination).
         MODE: MODE_SAMPLE, MODE_THRESHOLD or MODE_TOPK.
-        WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2: as above.
+        WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2, PREFETCH: as above.
         SURE_LIST_MAX: sure-kept tokens a segment lists at most (sampling); more are raced here.
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
         FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
@@ -672,11 +720,12 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     fine = tl.zeros([FINE_BINS], tl.int32)
     lanes = tl.arange(0, WIDTH)
     if valid_row & (n_valid > 0):
+        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         for j in range(SEGMENTS_PER_PROGRAM):
             start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
-            cols = start + lanes
+            cols, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
+                                                      SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
             in_row = cols < n
-            x, finite, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t)
             valid = in_row if ALL_VALUES else finite
             b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
             above = valid & (b < lo)

@@ -126,49 +126,32 @@ def _lane_tree_sum(x, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS: tl.co
 
 
 @triton.jit
-def _load_raw(src_ptrs, grad_ptrs, mask, FOR_PARTIALS: tl.constexpr, OP: tl.constexpr, BACKWARD: tl.constexpr,
-              POLICY: tl.constexpr):
-    """Load one block of a row in the tensors' own dtypes: returns (a, b) for ``_widen``.
+def _load_tiles(src_ptrs, grad_ptrs, mask, inv_temperature, FOR_PARTIALS: tl.constexpr,
+                OP: tl.constexpr, BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
+                POLICY: tl.constexpr):
+    """Load one block of a row as float32: returns (a, b).
 
-    Forward: a = x (masked lanes -inf), b = a. Backward softmax / log_softmax: a = y, b = dy
-    (masked lanes 0; for the partials of log_softmax, which need dy only, y is not read and
-    a = b). Backward logsumexp: a = x (masked lanes 0), b = a.
+    Forward: a = x * inv_temperature (masked lanes -inf), b = a (unused).
+    Backward softmax / log_softmax: a = y, b = dy (masked lanes 0); for the partials of
+    log_softmax, which need dy only, y is not read and a = b.
+    Backward logsumexp: a = x (masked lanes 0), b = a (unused).
     """
     if BACKWARD:
         if OP == LOGSUMEXP:
-            a = tl.load(src_ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
+            a = tl.load(src_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
             b = a
         else:
-            b = tl.load(grad_ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
+            b = tl.load(grad_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
             if FOR_PARTIALS and OP == LOG_SOFTMAX:
                 a = b
             else:
-                a = tl.load(src_ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
+                a = tl.load(src_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
     else:
-        a = tl.load(src_ptrs, mask=mask, other=float("-inf"), eviction_policy=POLICY)
-        b = a
-    return a, b
-
-
-@triton.jit
-def _widen(a, b, inv_temperature, BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr):
-    """The loaded block (``_load_raw``) as float32, the forward x scaled by 1 / temperature."""
-    a = a.to(tl.float32)
-    b = b.to(tl.float32)
-    if not BACKWARD:
+        a = tl.load(src_ptrs, mask=mask, other=float("-inf"), eviction_policy=POLICY).to(tl.float32)
         if HAS_TEMPERATURE:
             a = a * inv_temperature
         b = a
     return a, b
-
-
-@triton.jit
-def _load_tiles(src_ptrs, grad_ptrs, mask, inv_temperature, FOR_PARTIALS: tl.constexpr,
-                OP: tl.constexpr, BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
-                POLICY: tl.constexpr):
-    """Load one block of a row as float32: returns (a, b) (``_load_raw``, then ``_widen``)."""
-    a, b = _load_raw(src_ptrs, grad_ptrs, mask, FOR_PARTIALS, OP, BACKWARD, POLICY)
-    return _widen(a, b, inv_temperature, BACKWARD, HAS_TEMPERATURE)
 
 
 @triton.jit
@@ -318,37 +301,6 @@ def _given_constants(row_ptr, grad_ptr, rows_idx, row_ok):
 
 
 @triton.jit
-def _whole_rows(a, b, rows_idx, rows64, cols, mask, dst_ptr, row_ptr, grad_ptr, rows, stride_dst, inv_temperature,
-                OP: tl.constexpr, BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
-                ROWS_PER_PROGRAM: tl.constexpr, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, INNER: tl.constexpr,
-                GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, LOG2_INNER_GROUPS: tl.constexpr,
-                SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr):
-    """WHOLE_ROWS in registers: the outputs of a ``[ROWS_PER_PROGRAM, SEG_POW2, OUTER, INNER]``
-    tile of whole rows, loaded (``_load_raw``) as (a, b); rows ``rows_idx``."""
-    HELD: tl.constexpr = ROWS_PER_PROGRAM * SEG_POW2
-    a, b = _widen(a, b, inv_temperature, BACKWARD, HAS_TEMPERATURE)
-    if OP == LOGSUMEXP and BACKWARD:
-        c0, c1 = _given_constants(row_ptr, grad_ptr, rows_idx, rows_idx < rows)
-    else:
-        p, q = _segment_partials(tl.reshape(a, [HELD, OUTER, INNER]), tl.reshape(b, [HELD, OUTER, INNER]),
-                                 OUTER, LOG2_OUTER, HELD, INNER, GROUP, LOG2_GROUP, LOG2_INNER_GROUPS, OP, BACKWARD)
-        c0, c1 = _merge_partials(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]), tl.reshape(q, [ROWS_PER_PROGRAM, SEG_POW2]),
-                                 ROWS_PER_PROGRAM, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
-    if OP == LOGSUMEXP and not BACKWARD:
-        tl.store(dst_ptr + rows_idx, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16), mask=rows_idx < rows)
-    else:
-        e, f = a, c1[:, None, None, None]
-        if OP == SOFTMAX and not BACKWARD:
-            # the partials' exp tile (the same operations on the same values: computed once)
-            e = tl.reshape(_segment_exp(tl.reshape(a, [HELD, OUTER, INNER]), p),
-                           [ROWS_PER_PROGRAM, SEG_POW2, OUTER, INNER])
-            f = _softmax_factors(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]), c0[:, None], c1[:, None])[:, :, None, None]
-        out = _outputs(a, b, e, f, c0[:, None, None, None], c1[:, None, None, None], inv_temperature, OP, BACKWARD,
-                       HAS_TEMPERATURE)
-        tl.store(dst_ptr + rows64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
-
-
-@triton.jit
 def softmax_kernel(
     src_ptr, grad_ptr, dst_ptr, row_ptr, part_p_ptr, part_q_ptr, arrivals_ptr,
     rows, n, num_segments, programs_per_row,
@@ -361,7 +313,6 @@ def softmax_kernel(
     SEG_BLOCK: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, ONLINE_BLOCKS: tl.constexpr,
     FIRST_READ_POLICY: tl.constexpr, SECOND_READ_POLICY: tl.constexpr,
     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
-    PERSISTENT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     """The softmax family: one kernel, specialised by the constexpr flags.
 
@@ -411,10 +362,6 @@ def softmax_kernel(
             the PARTIALS launch's writes before reading the partials (``gdc_wait``).
         RELEASE_DEPENDENTS: PARTIALS lets the dependent FINISH launch start its programs early
             (``gdc_launch_dependents``); they still wait for this launch's writes.
-        PERSISTENT: WHOLE_ROWS in registers: each program loops over every P-th tile of rows
-            (P programs) instead of taking one.
-        PREFETCH: with PERSISTENT, load each program's next tile before working on the current
-            one. Both are launch choices; the bits do not depend on them.
 
     A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
     segment s, i.e. column s * LANES + k * INNER + j of the row.
@@ -432,49 +379,35 @@ def softmax_kernel(
         # onto it with expand_dims alone. (Reshaping them to one value per held segment first made
         # the compiler compute the outputs in the constants' layout and move the whole tile through
         # shared memory: 2000+ shared stores per program at N = 4096.)
+        HELD: tl.constexpr = ROWS_PER_PROGRAM * SEG_POW2
+        rows_idx = pid * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
         cols = (tl.arange(0, SEG_POW2) * LANES)[None, :, None, None] + lane_cols[None, :, :, :]
-        tile_rows = tl.arange(0, ROWS_PER_PROGRAM)
-        if PERSISTENT:
-            # Program p takes tiles p, p + P, ... (P programs); with PREFETCH it loads its next
-            # tile before it works on the current one, keeping bytes in flight through the
-            # reductions and stores.
-            tiles = tl.cdiv(rows, ROWS_PER_PROGRAM)
-            step = tl.num_programs(0)
-            tile = pid
-            if PREFETCH:
-                next_idx = (tile * ROWS_PER_PROGRAM + tile_rows).to(tl.int64)[:, None, None, None]
-                next_a, next_b = _load_raw(src_ptr + next_idx * stride_src + cols,
-                                           grad_ptr + next_idx * stride_grad + cols,
-                                           (next_idx < rows) & (cols < n), False, OP, BACKWARD, "")
-            # a while loop: Triton's interpreter cannot take a runtime bound in a range
-            while tile < tiles:
-                rows_idx = tile * ROWS_PER_PROGRAM + tile_rows
-                rows64 = rows_idx.to(tl.int64)[:, None, None, None]
-                mask = (rows_idx < rows)[:, None, None, None] & (cols < n)
-                if PREFETCH:
-                    a, b = next_a, next_b
-                    next_idx = rows64 + step * ROWS_PER_PROGRAM
-                    next_a, next_b = _load_raw(src_ptr + next_idx * stride_src + cols,
-                                               grad_ptr + next_idx * stride_grad + cols,
-                                               (next_idx < rows) & (cols < n), False, OP, BACKWARD, "")
-                else:
-                    a, b = _load_raw(src_ptr + rows64 * stride_src + cols, grad_ptr + rows64 * stride_grad + cols,
-                                     mask, False, OP, BACKWARD, "")
-                _whole_rows(a, b, rows_idx, rows64, cols, mask, dst_ptr, row_ptr, grad_ptr, rows, stride_dst,
-                            inv_temperature, OP, BACKWARD, HAS_TEMPERATURE, ROWS_PER_PROGRAM, OUTER, LOG2_OUTER,
-                            INNER, GROUP, LOG2_GROUP, LOG2_INNER_GROUPS, SEG_POW2, LOG2_SEG_POW2)
-                tile += step
+        mask = (rows_idx < rows)[:, None, None, None] & (cols < n)
+        rows64 = rows_idx.to(tl.int64)[:, None, None, None]
+        a, b = _load_tiles(src_ptr + rows64 * stride_src + cols, grad_ptr + rows64 * stride_grad + cols,
+                           mask, inv_temperature, False, OP, BACKWARD, HAS_TEMPERATURE, "")
+        if LSE_BACKWARD:
+            c0, c1 = _given_constants(row_ptr, grad_ptr, rows_idx, rows_idx < rows)
         else:
-            # One tile per program, without a loop (inside one, the compiler held more registers,
-            # and 32768 x 8192 bf16 fell from 97% to 87% of the roof).
-            rows_idx = pid * ROWS_PER_PROGRAM + tile_rows
-            rows64 = rows_idx.to(tl.int64)[:, None, None, None]
-            mask = (rows_idx < rows)[:, None, None, None] & (cols < n)
-            a, b = _load_raw(src_ptr + rows64 * stride_src + cols, grad_ptr + rows64 * stride_grad + cols,
-                             mask, False, OP, BACKWARD, "")
-            _whole_rows(a, b, rows_idx, rows64, cols, mask, dst_ptr, row_ptr, grad_ptr, rows, stride_dst,
-                        inv_temperature, OP, BACKWARD, HAS_TEMPERATURE, ROWS_PER_PROGRAM, OUTER, LOG2_OUTER,
-                        INNER, GROUP, LOG2_GROUP, LOG2_INNER_GROUPS, SEG_POW2, LOG2_SEG_POW2)
+            p, q = _segment_partials(tl.reshape(a, [HELD, OUTER, INNER]), tl.reshape(b, [HELD, OUTER, INNER]),
+                                     OUTER, LOG2_OUTER, HELD, INNER, GROUP, LOG2_GROUP,
+                                     LOG2_INNER_GROUPS, OP, BACKWARD)
+            c0, c1 = _merge_partials(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]),
+                                     tl.reshape(q, [ROWS_PER_PROGRAM, SEG_POW2]),
+                                     ROWS_PER_PROGRAM, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
+        if LSE_FORWARD:
+            tl.store(dst_ptr + rows_idx, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16), mask=rows_idx < rows)
+        else:
+            e, f = a, c1[:, None, None, None]
+            if OP == SOFTMAX and not BACKWARD:
+                # the partials' exp tile (the same operations on the same values: computed once)
+                e = tl.reshape(_segment_exp(tl.reshape(a, [HELD, OUTER, INNER]), p),
+                               [ROWS_PER_PROGRAM, SEG_POW2, OUTER, INNER])
+                f = _softmax_factors(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]), c0[:, None],
+                                     c1[:, None])[:, :, None, None]
+            out = _outputs(a, b, e, f, c0[:, None, None, None], c1[:, None, None, None], inv_temperature, OP,
+                           BACKWARD, HAS_TEMPERATURE)
+            tl.store(dst_ptr + rows64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
     else:
         # One row per program in the streaming phases; blocks of SEG_BLOCK segments.
         if PHASE == WHOLE_ROWS:
