@@ -662,9 +662,10 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
                    ALL_VALUES: tl.constexpr, PREFETCH: tl.constexpr = False):
     """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling, the race among
-    them: a segment with at most SURE_LIST_MAX of them writes their indices from the end of the
-    row's list (``resolve_kernel`` races them, drawing noise for those tokens alone, not for the
-    whole segment); a denser segment races them here, into the program's partial winner.
+    them: in a row whose sure-kept bins hold at most SURE_LIST_MAX tokens, their indices are
+    written from the end of the row's list (``resolve_kernel`` races them, drawing noise for
+    those tokens alone); in a row with more, each segment holding some races them here (noise
+    for the whole segment, in parallel), into the program's partial winner.
     Boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
     more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row.
 
@@ -692,7 +693,8 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
             compiled kernel serves every combination).
         MODE: MODE_SAMPLE, MODE_THRESHOLD or MODE_TOPK.
         WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2, PREFETCH: as above.
-        SURE_LIST_MAX: sure-kept tokens a segment lists at most (sampling); more are raced here.
+        SURE_LIST_MAX: sampling: a row whose sure-kept bins hold at most this many tokens lists
+            them all for ``resolve_kernel``; a row with more races them here.
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
         FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
             will be longer than FINE_ABOVE tokens.
@@ -741,8 +743,9 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
             packed = listed.to(tl.int32) + sure.to(tl.int32) * 65536
             counts = tl.sum(packed, axis=0)
             if MODE == MODE_SAMPLE:
-                if counts // 65536 > SURE_LIST_MAX:
-                    # dense: the whole segment's noise costs less than listing its tokens
+                if (counts >= 65536) & (count_above > SURE_LIST_MAX):
+                    # too many for the resolve pass's one program: race them here (the whole
+                    # segment's noise, drawn in parallel)
                     score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
                     take = sure & (score > lane_score)
                     lane_score = tl.where(take, score, lane_score)

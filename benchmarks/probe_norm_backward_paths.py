@@ -1,0 +1,50 @@
+"""The norm backward through its paths, bf16 on the H200: the implementation called directly,
+and torch.autograd.grad through treefold.rms_norm / layer_norm (the bench's measure), three
+interleaved rounds (do_bench median, L2 flushed); bytes: read x and dy, write dx.
+
+    python benchmarks/probe_norm_backward_paths.py (CUDA)
+"""
+import torch
+import triton
+
+import treefold
+from treefold._ops import norms
+
+
+def main():
+    torch.manual_seed(0)
+    calls = {}
+    for m, n in ((32768, 4096), (16384, 8192)):
+        x = torch.randn(m, n, device="cuda").bfloat16()
+        w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
+        b = (0.1 * torch.randn(n, device="cuda")).bfloat16()
+        dy = torch.randn(m, n, device="cuda").bfloat16()
+        _, _, rstd = norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype)
+        xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+        y = treefold.rms_norm(xg, wg)
+        y_ln = treefold.layer_norm(xg, n, wg, bg)
+        _, mean, rstd_ln = norms.layer_norm_impl(x, w, b, 1e-5)
+        shape = f"{m}x{n}"
+        calls[f"rms {shape} impl"] = lambda dy=dy, x=x, w=w, rstd=rstd: norms.rms_norm_backward_impl(
+            dy, None, x, w, rstd, 0.0, "llama", x.dtype, None, True)
+        calls[f"rms {shape} autograd.grad (x, w)"] = lambda y=y, xg=xg, wg=wg, dy=dy: torch.autograd.grad(
+            y, (xg, wg), dy, retain_graph=True)
+        calls[f"ln {shape} impl"] = lambda dy=dy, x=x, w=w, mean=mean, r=rstd_ln: norms.layer_norm_backward_impl(
+            dy, x, w, mean, r, True, x.dtype)
+        calls[f"ln {shape} autograd.grad (x, w, b)"] = lambda y=y_ln, xg=xg, wg=wg, bg=bg, dy=dy: torch.autograd.grad(
+            y, (xg, wg, bg), dy, retain_graph=True)
+    times = {k: [] for k in calls}
+    for _ in range(3):
+        for k, fn in calls.items():
+            times[k].append(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3)
+    src = torch.empty(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    roof = 2 * src.numel() * 4 / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
+    print(f"roof {roof:.0f} GB/s")
+    for k, ts in times.items():
+        numel = 32768 * 4096
+        print(f"{k:36s} " + "  ".join(f"{t:7.1f} us {100 * 3 * numel * 2 / t / 1e3 / roof:5.1f}%" for t in ts))
+
+
+if __name__ == "__main__":
+    main()
