@@ -59,13 +59,14 @@ _SCRIPT = textwrap.dedent("""
         lambda: norms.rms_norm_impl(bf16(8, 16384), bf16(16384), bf16(8, 16384), 1e-6, 1.0, "llama", torch.bfloat16,
                                     segments_per_program=4),
         lambda: norms.layer_norm_impl(bf16(8, 16384), bf16(16384), bf16(16384), 1e-5, segments_per_program=4),
-        # the backward kernel, loading each row's successor ahead (the default up to 8192) and not
-        lambda: norms.rms_norm_backward_impl(bf16(8, 4096), None, bf16(8, 4096), bf16(4096), torch.ones(8), 0.0,
-                                             "llama", torch.bfloat16, None, True),
-        lambda: norms.rms_norm_backward_impl(bf16(8, 4096), None, bf16(8, 4096), bf16(4096), torch.ones(8), 0.0,
-                                             "llama", torch.bfloat16, None, True, prefetch=False),
-        lambda: norms.layer_norm_backward_impl(bf16(8, 8192), bf16(8, 8192), bf16(8192), torch.zeros(8),
-                                               torch.ones(8), True, torch.bfloat16),
+        # the backward kernel, loading each row's successor ahead (the default at these lengths) and
+        # not; 1024 rows, so that each block folds several (4) rows in its loop
+        lambda: norms.rms_norm_backward_impl(bf16(1024, 4096), None, bf16(1024, 4096), bf16(4096), torch.ones(1024),
+                                             0.0, "llama", torch.bfloat16, None, True),
+        lambda: norms.rms_norm_backward_impl(bf16(1024, 4096), None, bf16(1024, 4096), bf16(4096), torch.ones(1024),
+                                             0.0, "llama", torch.bfloat16, None, True, prefetch=False),
+        lambda: norms.layer_norm_backward_impl(bf16(1024, 8192), bf16(1024, 8192), bf16(8192), torch.zeros(1024),
+                                               torch.ones(1024), True, torch.bfloat16),
     ]
     for call in calls:
         try:

@@ -42,9 +42,10 @@ _WIDE_ROW = 8192
 _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: Unroll factor of the backward kernel's row loop (a launch choice; the rows fold in order).
 BACKWARD_UNROLL = 1
-#: The backward kernel loads each row's successor ahead for rows of up to this many elements,
-#: with this many elements per thread and at most this many warps (``backward_config``).
-_BACKWARD_PREFETCH_ROW = 8192
+#: The backward kernel loads each row's successor ahead for rows whose on-chip block holds this
+#: many elements (N from 2049 to 8192: the lengths measured), with this many elements per
+#: thread and at most this many warps (``backward_config``).
+_BACKWARD_PREFETCH_ROWS = (4096, 8192)
 _BACKWARD_PREFETCH_ELEMENTS_PER_THREAD = 16
 _BACKWARD_PREFETCH_MAX_WARPS = 8
 #: The column tree reads at most this many float32 partials per program.
@@ -93,19 +94,20 @@ def backward_config(m: int, n: int) -> tuple[int, int, Optional[int], bool]:
     """(rows per block, num_warps, num_stages, prefetch) for the backward kernel.
 
     The rows per block fix the weight-gradient order, so they come from the shape alone
-    (``treefold.reference.norms.weight_grad_rows_per_block``). Rows of up to 8192 elements load
-    each row's successor ahead (``prefetch``), with 16 elements per thread up to 8 warps: on the
-    H200 (three interleaved rounds, bf16) RMSNorm 32768 x 4096 went from 72.9% to 89.0% of the
-    roof, 16384 x 8192 from 65.2% to 85.1%, LayerNorm 16384 x 8192 from 54.3% to 67.5% (16 warps
-    at 8192: 79.9%, and 47.4% for LayerNorm). Wider rows keep 32 elements per thread and no
-    prefetch (not measured with it). num_stages None leaves Triton's default software pipelining
-    of the row loop; rows over 16384 elements turn it off, as buffering several of them would not
-    fit in shared memory.
+    (``treefold.reference.norms.weight_grad_rows_per_block``). Rows of 2049 to 8192 elements (a
+    block of 4096 or 8192) load each row's successor ahead (``prefetch``), with 16 elements per
+    thread up to 8 warps: on the H200 (three interleaved rounds, bf16) RMSNorm 32768 x 4096 went
+    from 72.9% to 89.0% of the roof, 16384 x 8192 from 65.2% to 85.1%, LayerNorm 16384 x 8192 from
+    54.3% to 67.5% (16 warps at 8192: 79.9%, and 47.4% for LayerNorm). Shorter and wider rows
+    keep 32 elements per thread and no prefetch (not measured with it). num_stages: None leaves
+    Triton's default; rows over 16384 elements ask for 1 (compiled for sm_90, the row loop's
+    code is the same for 1 and 3 stages at 4096 and 8192: Triton does not stage these loads).
     """
     block = row_block(n)
     rows_per_block = ref.weight_grad_rows_per_block(m, n)
-    if block <= _BACKWARD_PREFETCH_ROW:
-        return rows_per_block, min(_BACKWARD_PREFETCH_MAX_WARPS, _warps_for(block, _BACKWARD_PREFETCH_ELEMENTS_PER_THREAD)), None, True
+    if _BACKWARD_PREFETCH_ROWS[0] <= block <= _BACKWARD_PREFETCH_ROWS[1]:
+        warps = min(_BACKWARD_PREFETCH_MAX_WARPS, _warps_for(block, _BACKWARD_PREFETCH_ELEMENTS_PER_THREAD))
+        return rows_per_block, warps, None, True
     return rows_per_block, _warps_for(block), (None if block <= 16384 else 1), False
 
 
