@@ -56,10 +56,9 @@ MAX_WIDTH = 1024
 #: the compaction pass) lists them all for the one program per row of the resolve pass, which
 #: draws noise for those tokens alone; a row with more has every segment race its own sure-kept
 #: tokens in the compaction pass (noise for the whole segment, in parallel). On the H200 (64 rows
-#: of 151936 fp32, CUDA graph, L2 flushed) listing every sure-kept token took top-p 0.9 from 203
-#: to 162 us and min-p 0.05 from 134 to 115 us against a rule of 16 per segment, while a flat row
-#: kept whole (p = 1 as a tensor) took 456 us listed against 152 us raced in place: the resolve
-#: pass races about 0.5 tokens per ns per row.
+#: of 151936 fp32, CUDA graph, L2 flushed, one run): top-p 0.9 202.6 us (all raced in place:
+#: 216.4), min-p 0.05 134.1 (128.8), and rows kept whole (flat logits, p = 1 as a tensor) 150.9 us
+#: where listing them all took 494: the resolve pass races about 0.5 tokens per ns per row.
 SURE_LIST_MAX = 8192
 #: Warps of the one-program-per-row resolve pass.
 RESOLVE_WARPS = 8
