@@ -619,6 +619,28 @@ def test_gpu_run_to_run_and_cuda_graph_capture():
 
 
 @pytest.mark.gpu
+def test_gpu_cooperative_launch_inside_cuda_graph_capture():
+    # "cooperative" zeroes its per-row arrival counters on every call: captured, that is a memset
+    # node before the kernel, so every replay starts from zero (a second replay on new data
+    # would wait forever, or merge stale partials, if it did not)
+    x = _data((256, 32768), torch.bfloat16, seed=34).cuda()
+    assert ops.plan(ops._OPS["softmax"], False, 32768, 256, torch.cuda.get_device_properties(0).multi_processor_count
+                    ).strategy == "cooperative"
+    static_y = torch.empty_like(x)
+    static_lse = torch.empty(256, dtype=x.dtype, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y.copy_(ops.softmax_forward(x, strategy="cooperative"))
+        static_lse.copy_(ops.logsumexp_forward(x, strategy="cooperative"))
+    for seed in (35, 36):
+        x.copy_(_data((256, 32768), torch.bfloat16, seed=seed).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same_bits(static_y, ops.softmax_forward(x, strategy="block"), f"graph replay, data {seed}")
+        assert_same_bits(static_lse, ops.logsumexp_forward(x, strategy="online"), f"graph replay lse, data {seed}")
+
+
+@pytest.mark.gpu
 def test_gpu_torch_compile_and_gradients():
     x = _data((256, 4096), torch.bfloat16, seed=33).cuda().requires_grad_()
 
