@@ -2,8 +2,12 @@
 and torch.autograd.grad through treefold.rms_norm / layer_norm (the bench's measure), three
 interleaved rounds (do_bench median, L2 flushed); bytes: read x and dy, write dx.
 
-    python benchmarks/probe_norm_backward_paths.py (CUDA)
+    python benchmarks/probe_norm_backward_paths.py (CUDA); with WITH_PEERS=1 (and the peers
+    installed: source .peers/activate.sh), treefold's calls are timed again after Liger's and
+    QuACK's RMSNorm backward ran in the same process.
 """
+import os
+
 import torch
 import triton
 
@@ -37,6 +41,22 @@ def main():
     for _ in range(3):
         for k, fn in calls.items():
             times[k].append(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3)
+    if os.environ.get("WITH_PEERS"):
+        # the bench process had run Liger's and QuACK's backward passes before treefold's next
+        # shape: run them here (each once), then time treefold's calls again
+        from liger_kernel.transformers.functional import liger_rms_norm
+        from quack.rmsnorm import rmsnorm
+        for m, n in ((32768, 4096), (16384, 8192)):
+            xg = torch.randn(m, n, device="cuda").bfloat16().requires_grad_()
+            wg = torch.ones(n, device="cuda").bfloat16().requires_grad_()
+            dy = torch.randn(m, n, device="cuda").bfloat16()
+            torch.autograd.grad(liger_rms_norm(xg, wg, 1e-6, offset=0.0, casting_mode="llama", in_place=False),
+                                (xg, wg), dy)
+            torch.autograd.grad(rmsnorm(xg, wg, eps=1e-6), (xg, wg), dy)
+        torch.cuda.synchronize()
+        for k, fn in list(calls.items()):
+            times[k + " (after peers)"] = [triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
+                                           for _ in range(3)]
     src = torch.empty(1 << 28, device="cuda")
     dst = torch.empty_like(src)
     roof = 2 * src.numel() * 4 / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6

@@ -2,7 +2,8 @@
 against not, at the default programs per row and at half of them, for 151936 logits (the
 gpu_sampling inputs) at batch 1 and 64, fp32 and bf16. With SURE_LIST=1 in the environment,
 instead: where the sure-kept tokens of top-p and min-p race (``SURE_LIST_MAX``: 0, all raced in
-the compaction pass; 2^20, all listed for the resolve pass), 64 rows, fp32, peaked and flat logits.
+the compaction pass; 2^20, all listed for the resolve pass), with and without prefetch for
+peaked logits, 64 rows, fp32, peaked and flat logits.
 
 Every variant's tokens (top_k: values and indices) are first checked equal to the default's, then
 each is timed replayed from a CUDA graph (do_bench median, L2 flushed) in three interleaved
@@ -58,7 +59,8 @@ def main(out_dir):
         seeds = torch.arange(64, device="cuda", dtype=torch.int64) * 7919 + 1
         for config in ("top-p 0.9", "min-p 0.05"):
             cases[("float32", 64, config)] = {
-                f"SURE_LIST_MAX {m}": listing(m, caller(x, seeds, config)) for m in (0, 8192, 1 << 20)}
+                f"SURE_LIST_MAX {m}, prefetch {pf}": listing(m, caller(x, seeds, config, prefetch=pf))
+                for m in (0, 8192, 1 << 20) for pf in (False, True)}
         # rows that keep most of their tokens: flat logits, top-p 0.9 and top-p 1 as a per-row tensor
         flat = logits(64, torch.float32, scale=FLAT)
         every = torch.ones(64, device="cuda")
