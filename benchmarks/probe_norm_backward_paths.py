@@ -9,10 +9,11 @@ interleaved rounds (do_bench median, L2 flushed); bytes: read x and dy, write dx
 import os
 
 import torch
-import triton
 
 import treefold
 from treefold._ops import norms
+from treefold.bench.roofs import measure_copy_roof
+from treefold.bench.timing import CudaTimer, interleaved_us
 
 
 def main():
@@ -37,10 +38,8 @@ def main():
             dy, x, w, mean, r, True, x.dtype)
         calls[f"ln {shape} autograd.grad (x, w, b)"] = lambda y=y_ln, xg=xg, wg=wg, bg=bg, dy=dy: torch.autograd.grad(
             y, (xg, wg, bg), dy, retain_graph=True)
-    times = {k: [] for k in calls}
-    for _ in range(3):
-        for k, fn in calls.items():
-            times[k].append(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3)
+    timer = CudaTimer(warmup_ms=10, rep_ms=50)
+    times = interleaved_us(calls, timer)
     if os.environ.get("WITH_PEERS"):
         # the bench process had run Liger's and QuACK's backward passes before treefold's next
         # shape: run them here (each once), then time treefold's calls again
@@ -54,12 +53,8 @@ def main():
                                 (xg, wg), dy)
             torch.autograd.grad(rmsnorm(xg, wg, eps=1e-6), (xg, wg), dy)
         torch.cuda.synchronize()
-        for k, fn in list(calls.items()):
-            times[k + " (after peers)"] = [triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
-                                           for _ in range(3)]
-    src = torch.empty(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    roof = 2 * src.numel() * 4 / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
+        times.update({k + " (after peers)": ts for k, ts in interleaved_us(calls, timer).items()})
+    roof = measure_copy_roof(torch.device("cuda"), CudaTimer()).gbs
     print(f"roof {roof:.0f} GB/s")
     for k, ts in times.items():
         numel = 32768 * 4096

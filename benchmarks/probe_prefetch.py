@@ -17,9 +17,10 @@ import os
 import sys
 
 import torch
-import triton
 
 from treefold._ops import norms
+from treefold.bench.roofs import measure_copy_roof
+from treefold.bench.timing import CudaTimer, interleaved_us
 
 ROUNDS = 3
 
@@ -56,14 +57,10 @@ def main(out_dir):
             except Exception as error:  # a variant that does not compile or fit is reported, not timed
                 checks[f"{label} | {name}"] = f"failed: {error!r:.160}"
                 del calls[name]
-    times = {label: {name: [] for name in calls} for label, (_, calls) in cases.items()}
-    for _ in range(ROUNDS):
-        for label, (_, calls) in cases.items():
-            for name, fn in calls.items():
-                times[label][name].append(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3)
-    src = torch.empty(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    roof = 2 * src.numel() * 4 / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
+    timed = interleaved_us({(label, name): fn for label, (_, calls) in cases.items() for name, fn in calls.items()},
+                           CudaTimer(warmup_ms=10, rep_ms=50), ROUNDS)
+    times = {label: {name: timed[(label, name)] for name in calls} for label, (_, calls) in cases.items()}
+    roof = measure_copy_roof(torch.device("cuda"), CudaTimer()).gbs
     result = {"device": torch.cuda.get_device_name(), "roof_GBps": roof, "checks": checks, "times_us": times}
     if out_dir:
         with open(os.path.join(out_dir, "probe-prefetch.json"), "w") as f:

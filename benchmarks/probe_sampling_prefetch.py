@@ -15,8 +15,8 @@ import os
 import sys
 
 import torch
-import triton
 
+from treefold.bench.timing import CudaTimer, interleaved_us
 from gpu_sampling import FLAT, VOCAB, graphed, logits
 from treefold._ops import sampling as ops
 
@@ -89,10 +89,7 @@ def main(out_dir):
             want = want or got
             checks[f"{key} {name}"] = all(torch.equal(a, b) for a, b in zip(got, want))
             replays[(key, name)] = graphed(fn)
-    times = {k: [] for k in replays}
-    for _ in range(ROUNDS):
-        for k, replay in replays.items():
-            times[k].append(triton.testing.do_bench(replay, warmup=10, rep=40, return_mode="median") * 1e3)
+    times = interleaved_us(replays, CudaTimer(warmup_ms=10, rep_ms=40), ROUNDS)
     bad = [k for k, v in checks.items() if not v]
     print(f"device {torch.cuda.get_device_name()}; {len(checks)} variants, tokens not equal to the first: {bad or 'none'}")
     print("graph replay, L2 flushed, us (three rounds)")

@@ -2,11 +2,12 @@
 times in interleaved rounds (do_bench median, L2 flushed), to separate the choices from the
 run-to-run spread: python benchmarks/probe_shared_rows.py (CUDA)."""
 import torch
-import triton
 
 import treefold
 from treefold._ops import norms
 from treefold._ops import softmax as sm
+from treefold.bench.roofs import measure_copy_roof
+from treefold.bench.timing import CudaTimer, interleaved_us
 
 
 def main():
@@ -48,13 +49,8 @@ def main():
         out = out[0] if isinstance(out, tuple) else out
         if name.startswith("rms"):
             assert torch.equal(out, want), name
-    times = {name: [] for name in calls}
-    for _ in range(3):
-        for name, fn in calls.items():
-            times[name].append(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3)
-    src = torch.empty(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    roof = 2 * src.numel() * 4 / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
+    times = interleaved_us(calls, CudaTimer(warmup_ms=10, rep_ms=60))
+    roof = measure_copy_roof(torch.device("cuda"), CudaTimer()).gbs
     print(f"roof {roof:.0f} GB/s; bits of every rms launch equal")
     for name, ts in times.items():
         numel = x.numel() if name.startswith("rms") else xs.numel()

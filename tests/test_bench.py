@@ -19,7 +19,7 @@ from treefold.bench.progress import Progress
 from treefold.bench.providers import (Impl, LigerProvider, Provider, QuackProvider, TorchProvider,
                                       TreefoldProvider, Unsupported, parse_peers)
 from treefold.bench.runner import BenchConfig, run_bench, summarize
-from treefold.bench.timing import CpuTimer, count_distinct, host_overhead_us
+from treefold.bench.timing import CpuTimer, count_distinct, host_overhead_us, interleaved_us
 
 CPU = torch.device("cpu")
 
@@ -151,6 +151,21 @@ def test_cpu_timer_and_host_overhead():
     calls.clear()
     per_call = host_overhead_us(lambda: calls.append(1), CPU, calls=20, warmup_calls=5)
     assert per_call >= 0 and len(calls) == 25
+
+
+def test_interleaved_rounds_visit_every_call_once_per_round():
+    order = []
+    fake_clock = iter(range(1, 100))
+
+    def timer(fn):
+        fn()
+        return next(fake_clock)
+
+    times = interleaved_us({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, timer, rounds=3)
+    assert order == ["a", "b"] * 3
+    assert times == {"a": [1.0, 3.0, 5.0], "b": [2.0, 4.0, 6.0]}
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        interleaved_us({}, timer, rounds=0)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,12 +10,13 @@ Two timers share one interface (``timer(fn) -> microseconds``):
 
 ``cuda_graph_us`` times a call with the host out of the way: at decode sizes an eager call is
 bound by its Python and launch cost, and do_bench then measures the host, not the kernels.
+``interleaved_us`` times several calls in rounds, the way launch choices are compared.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import torch
 
@@ -85,6 +86,22 @@ def cuda_graph_us(fn: Callable[[], Any], calls: int = 20, replays: int = 21) -> 
         times.append(start.elapsed_time(end) * 1e3 / calls)
     del graph
     return statistics.median(times)
+
+
+def interleaved_us(calls: dict[Hashable, Callable[[], Any]], timer: Callable[[Callable[[], Any]], float],
+                   rounds: int = 3) -> dict[Hashable, list[float]]:
+    """Each call timed ``rounds`` times, round-robin: every call once per round, in order, before
+    the next round. Launch choices are chosen on these: one timing of each, one after the other,
+    confounds a choice with whatever drifted between them (clocks, another process, the memory
+    the previous call left behind), while a choice that wins every round wins. Returns the times
+    in microseconds per key of ``calls``, in round order."""
+    if rounds < 1:
+        raise ValueError(f"interleaved_us: rounds must be >= 1, got {rounds}")
+    times: dict[Hashable, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(float(timer(fn)))
+    return times
 
 
 def synchronize(device: torch.device) -> None:
