@@ -231,6 +231,25 @@ def test_weight_gradient_over_many_blocks_matches_reference_bits():
                                               prefetch=prefetch)
         for g, g_want in zip(got_ln, want_ln):
             assert_bits(g, g_want)
+    # rows of 2049..8192 load ahead by default: blocks of two rows, with a residual stream whose
+    # gradient is stored in its own dtype, and LayerNorm's three gradients
+    assert ops.backward_config(m, 2100)[3]
+    x2 = randn((m, 2100), torch.bfloat16, seed=3).requires_grad_()
+    w2 = weight_like(2100, torch.bfloat16).requires_grad_()
+    r2 = randn((m, 2100), torch.float32, seed=4).requires_grad_()
+    y2, h2 = treefold.rms_norm(x2, w2, residual=r2, offset=0.5)
+    dy2, dh2 = randn(y2.shape, torch.bfloat16, seed=5), randn(h2.shape, torch.float32, seed=6)
+    got = torch.autograd.grad((y2, h2), (x2, w2, r2), (dy2, dh2))
+    _, want_h, rstd2 = ref.rms_norm(x2, w2, 1e-6, r2, 0.5, "llama", torch.bfloat16)
+    want_dx, want_dr, want_dw = ref.rms_norm_backward(dy2, want_h, w2, rstd2, offset=0.5, dh_out=dh2,
+                                                      x_dtype=torch.bfloat16, residual_dtype=torch.float32)
+    for g, g_want in zip(got, (want_dx, want_dw, want_dr)):
+        assert_bits(g, g_want)
+    b2 = randn(2100, torch.bfloat16, seed=7).requires_grad_()
+    got = torch.autograd.grad(treefold.layer_norm(x2, 2100, w2, b2), (x2, w2, b2), dy2)
+    _, mean2, rstd_ln2 = ref.layer_norm(x2, w2, b2, 1e-5)
+    for g, g_want in zip(got, ref.layer_norm_backward(dy2, x2, w2, mean2, rstd_ln2, bias_dtype=torch.bfloat16)):
+        assert_bits(g, g_want)
     # a different block size is a different order: the rule, not the launch, fixes it
     other = ref.column_sum(dy.numpy() * (x.detach().numpy() * rstd.numpy()[:, None]), 1)
     assert other.tobytes() != dw.numpy().tobytes()
