@@ -27,8 +27,9 @@ Finding the prefix boundary without a sort (the filtered path: four launches, fi
 3. ``compact_kernel``: from the histogram, bounds on the probability mass of every bin prefix
    locate the bins that can hold the prefix boundary (``_plan``). Tokens in bins before them are
    kept for sure: their mass is summed and, when sampling, their indices are written from the
-   end of the row's list. Tokens in the boundary bins are written from the front; when they are
-   many, a histogram of sub-bins of the boundary bins is counted too.
+   end of the row's list (a row with more of them than the resolve pass races cheaply races
+   them here, drawing noise for whole segments). Tokens in the boundary bins are written from
+   the front; when they are many, a histogram of sub-bins of the boundary bins is counted too.
 4. ``resolve_kernel``: one program per row. When sampling, it first runs the race among the
    sure-kept tokens (their noise is drawn for them alone). A long boundary list is cut down with
    the sub-bins (``_refine``: the same bounds, much narrower bins). The remaining tokens are
