@@ -286,8 +286,9 @@ def _logits_at(x_ptr, row, stride_x, offsets, mask, inv_t):
 @triton.jit
 def _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, next_raw,
                     SEGMENTS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr, PREFETCH: tl.constexpr):
-    """Segment j of a program's consecutive segments: (columns, x, finite, y) as ``_logits_at``
-    gives them, and the loaded logits of segment j + 1 (in their own dtype).
+    """Segment j of a program's consecutive segments: its columns, which of them lie in the row,
+    (x, finite, y) as ``_logits_at`` gives them, and the loaded logits of segment j + 1 (in their
+    own dtype).
 
     With ``PREFETCH`` the segment's logits are ``next_raw``, loaded by the previous step, and
     this step issues the next segment's loads before the caller works on this one, so that a
@@ -304,7 +305,7 @@ def _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, next_raw,
     else:
         raw = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0)
     x, finite, y = _logits_from(raw, in_row, inv_t)
-    return cols, x, finite, y, next_raw
+    return cols, in_row, x, finite, y, next_raw
 
 
 @triton.jit
@@ -518,8 +519,8 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
     for j in range(SEGMENTS_PER_PROGRAM):
         start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
-        cols, x, valid, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                 SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+        cols, in_row, x, valid, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
+                                                         SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         if NOISE:
             y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
         take = valid & (y > lane_score)
@@ -598,8 +599,8 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
     lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
     raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
     for j in range(SEGMENTS_PER_PROGRAM):
-        cols, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                  SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+        cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
+                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
     tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
 
@@ -638,9 +639,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     lanes = tl.arange(0, WIDTH)
     raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
     for j in range(SEGMENTS_PER_PROGRAM):
-        cols, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                  SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
-        in_row = cols < n
+        cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
+                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         valid = in_row if ALL_VALUES else finite
         counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES),
                                NUM_BINS, mask=valid)
@@ -726,9 +726,8 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         for j in range(SEGMENTS_PER_PROGRAM):
             start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
-            cols, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                      SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
-            in_row = cols < n
+            cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t,
+                                                              raw, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
             valid = in_row if ALL_VALUES else finite
             b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
             above = valid & (b < lo)

@@ -179,10 +179,15 @@ def _segment_partials(a, b, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS:
 
 
 @triton.jit
+def _shift(p):
+    """m_s' from segment maxima m_s: 0 where infinite (an all -inf segment, or one holding +inf)."""
+    return tl.where((p == float("-inf")) | (p == float("inf")), 0.0, p)
+
+
+@triton.jit
 def _segment_exp(a, p):
     """exp(x - m_s') over a ``[SEGS, OUTER, INNER]`` block, from its segment maxima p = m_s ([SEGS])."""
-    shift = tl.where((p == float("-inf")) | (p == float("inf")), 0.0, p)
-    return _exp(a - shift[:, None, None])
+    return _exp(a - _shift(p)[:, None, None])
 
 
 @triton.jit
@@ -194,8 +199,7 @@ def _softmax_factors(p, c0, c1):
     overflow). For a row of one segment m_s' = M' (or the row is -inf, +inf or NaN, where
     1 / Z is 0 or NaN), so f = 1 / Z exactly.
     """
-    shift = tl.where((p == float("-inf")) | (p == float("inf")), 0.0, p)
-    return tl.where(p == float("-inf"), 0.0, tl.exp(shift - c0)) * c1
+    return tl.where(p == float("-inf"), 0.0, tl.exp(_shift(p) - c0)) * c1
 
 
 @triton.jit
