@@ -221,19 +221,20 @@ def test_weight_gradient_over_many_blocks_matches_reference_bits():
     dw = torch.autograd.grad(treefold.rms_norm(x, w), w, dy)[0]
     _, _, rstd = ref.rms_norm(x, w, 1e-6)
     assert_bits(dw, ref.rms_norm_backward(dy, x, w, rstd)[2])
-    for prefetch in (False, True):  # loading each block's next row ahead changes no bits
+    # loading each block's next row ahead, in registers or through a pipeline, changes no bits
+    for launch in (dict(prefetch=False, num_stages=1), dict(prefetch=True), dict(prefetch=False, num_stages=3)):
         got = ops.rms_norm_backward_impl(dy, None, x.detach(), w.detach(), rstd, 0.0, "llama", torch.float32,
-                                         None, True, prefetch=prefetch)
+                                         None, True, **launch)
         assert_bits(got[2], dw)
         want_ln = ref.layer_norm_backward(dy, x, w, *ref.layer_norm(x, w, w, 1e-5)[1:], bias_dtype=torch.float32)
         _, mean, rstd_ln = ops.layer_norm_impl(x.detach(), w.detach(), w.detach(), 1e-5)
         got_ln = ops.layer_norm_backward_impl(dy, x.detach(), w.detach(), mean, rstd_ln, True, torch.float32,
-                                              prefetch=prefetch)
+                                              **launch)
         for g, g_want in zip(got_ln, want_ln):
             assert_bits(g, g_want)
-    # rows of 2049..8192 load ahead by default: blocks of two rows, with a residual stream whose
-    # gradient is stored in its own dtype, and LayerNorm's three gradients
-    assert ops.backward_config(m, 2100)[3]
+    # rows of 2049..8192 run a pipelined row loop by default: blocks of two rows, with a residual
+    # stream whose gradient is stored in its own dtype, and LayerNorm's three gradients
+    assert ops.backward_config(m, 2100)[2:] == (3, False)
     x2 = randn((m, 2100), torch.bfloat16, seed=3).requires_grad_()
     w2 = weight_like(2100, torch.bfloat16).requires_grad_()
     r2 = randn((m, 2100), torch.float32, seed=4).requires_grad_()

@@ -59,12 +59,15 @@ _SCRIPT = textwrap.dedent("""
         lambda: norms.rms_norm_impl(bf16(8, 16384), bf16(16384), bf16(8, 16384), 1e-6, 1.0, "llama", torch.bfloat16,
                                     segments_per_program=4),
         lambda: norms.layer_norm_impl(bf16(8, 16384), bf16(16384), bf16(16384), 1e-5, segments_per_program=4),
-        # the backward kernel, loading each row's successor ahead (the default at these lengths) and
-        # not; 1024 rows, so that each block folds several (4) rows in its loop
+        # the backward kernel, its row loop pipelined (the default at these lengths), loading each
+        # row's successor ahead in registers, and neither; 1024 rows, so that each block folds
+        # several (4) rows in its loop
         lambda: norms.rms_norm_backward_impl(bf16(1024, 4096), None, bf16(1024, 4096), bf16(4096), torch.ones(1024),
                                              0.0, "llama", torch.bfloat16, None, True),
         lambda: norms.rms_norm_backward_impl(bf16(1024, 4096), None, bf16(1024, 4096), bf16(4096), torch.ones(1024),
-                                             0.0, "llama", torch.bfloat16, None, True, prefetch=False),
+                                             0.0, "llama", torch.bfloat16, None, True, prefetch=True),
+        lambda: norms.rms_norm_backward_impl(bf16(1024, 4096), None, bf16(1024, 4096), bf16(4096), torch.ones(1024),
+                                             0.0, "llama", torch.bfloat16, None, True, prefetch=False, num_stages=1),
         lambda: norms.layer_norm_backward_impl(bf16(1024, 8192), bf16(1024, 8192), bf16(8192), torch.zeros(1024),
                                                torch.ones(1024), True, torch.bfloat16),
     ]
@@ -85,6 +88,11 @@ _SCRIPT = textwrap.dedent("""
     softmax_ops.softmax_forward(empty(8192, 512), log=True, temperature=0.7, strategy="warp")
     softmax_ops.logsumexp_forward(empty(256, 151936), strategy="online")
     softmax_ops.softmax_backward(empty(4096, 32768), empty(4096, 32768), temperature=0.7, strategy="online")
+    # the streaming loops software-pipelined (asynchronous copies into shared memory)
+    pipelined = softmax_ops.Tuning(stages=3)
+    softmax_ops.softmax_forward(empty(4096, 32768), strategy="online", tuning=pipelined)
+    softmax_ops.softmax_backward(empty(4096, 32768), empty(4096, 32768), strategy="online", tuning=pipelined)
+    softmax_ops.softmax_forward(empty(64, 151936), strategy="split", tuning=pipelined)
     softmax_ops.logsumexp_backward(empty(8), empty(8, 9000), empty(8), strategy="split")
     for pdl in (True, False):
         split = softmax_ops.Tuning(dependent_launch=pdl)

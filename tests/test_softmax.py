@@ -125,7 +125,9 @@ STUDY = [
     ("warp", ops.Tuning()), ("warp", ops.Tuning(rows_per_program=4, inner=8)),
     ("block", ops.Tuning()), ("block", ops.Tuning(num_warps=8, inner=32)),
     ("online", ops.Tuning()), ("online", ops.Tuning(seg_block=1, hints=False)),
+    ("online", ops.Tuning(seg_block=1, stages=3)),
     ("split", ops.Tuning()), ("split", ops.Tuning(segments_per_program=1)),
+    ("split", ops.Tuning(segments_per_program=4, seg_block=1, stages=2)),
     ("split", ops.Tuning(segments_per_program=4, seg_block=2)),
     # the interpreter runs programs one after another: one cooperative program per row, except
     # for logsumexp, whose last program to arrive finishes the row
@@ -452,7 +454,11 @@ def test_launch_plans_are_cached_and_explain_themselves():
     coop = ops.plan(0, False, 151936, 1024, 132, 2)
     assert coop.strategy == "cooperative" and len(coop.phases) == 1 and coop.partials == "pq" and coop.arrivals
     assert coop.phases[0].grid == (1024 * 19,)  # 38 segments, 2 per program
-    assert ops.plan(0, False, 32768, 4096, 132, 2).strategy == "cooperative"
+    # rows of up to 32768 whose second read hits L2: streamed, 4 warps, blocks of 8192 elements
+    online = ops.plan(0, False, 32768, 4096, 132, 2)
+    assert online.strategy == "online" and online.num_warps == 4 and online.seg_block == 2  # 2 x 4096 lanes
+    assert ops.plan(1, False, 32768, 4096, 132, 2).strategy == "online"
+    assert ops.plan(2, False, 32768, 4096, 132, 2).strategy == "cooperative"  # logsumexp reads once
     # a row never gets more programs than SMs: 38 segments on 8 SMs, 8 segments per program
     assert ops.plan(0, False, 151936, 1, 8, 2, "cooperative").phases[0].grid == (5,)
     # in the interpreter, whose programs run one after another: a second read
@@ -520,6 +526,8 @@ def test_cooperative_rows_never_get_more_programs_than_sms():
      "softmax: strategy='cooperative' with 2 programs per row needs them to run at once"),
     (lambda: ops.softmax_forward(torch.ones(2, 8), tuning=ops.Tuning(num_warps=3)), ValueError,
      "softmax: num_warps must be a power of two >= 1, got 3"),
+    (lambda: ops.softmax_forward(torch.ones(2, 8), tuning=ops.Tuning(stages=0)), ValueError,
+     "softmax: stages must be an int >= 1, got 0"),
     (lambda: ops.logsumexp_forward(torch.ones(1, 200000), strategy="block"), ValueError,
      "logsumexp: strategy='block' holds whole rows in registers; a row of 200000 elements"),
 ])
@@ -624,8 +632,6 @@ def test_gpu_cooperative_launch_inside_cuda_graph_capture():
     # node before the kernel, so every replay starts from zero (a second replay on new data
     # would wait forever, or merge stale partials, if it did not)
     x = _data((256, 32768), torch.bfloat16, seed=34).cuda()
-    assert ops.plan(ops._OPS["softmax"], False, 32768, 256, torch.cuda.get_device_properties(0).multi_processor_count
-                    ).strategy == "cooperative"
     static_y = torch.empty_like(x)
     static_lse = torch.empty(256, dtype=x.dtype, device="cuda")
     graph = torch.cuda.CUDAGraph()

@@ -42,12 +42,13 @@ _WIDE_ROW = 8192
 _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: Unroll factor of the backward kernel's row loop (a launch choice; the rows fold in order).
 BACKWARD_UNROLL = 1
-#: The backward kernel loads each row's successor ahead for rows whose on-chip block holds this
-#: many elements (N from 2049 to 8192: the lengths measured), with this many elements per
-#: thread and at most this many warps (``backward_config``).
-_BACKWARD_PREFETCH_ROWS = (4096, 8192)
-_BACKWARD_PREFETCH_ELEMENTS_PER_THREAD = 16
-_BACKWARD_PREFETCH_MAX_WARPS = 8
+#: The backward kernel pipelines its row loop in this many stages for rows whose on-chip block
+#: holds this many elements (N from 2049 to 8192: the lengths measured), with this many elements
+#: per thread and at most this many warps (``backward_config``).
+_BACKWARD_PIPELINED_ROWS = (4096, 8192)
+_BACKWARD_STAGES = 3
+_BACKWARD_PIPELINED_ELEMENTS_PER_THREAD = 16
+_BACKWARD_PIPELINED_MAX_WARPS = 8
 #: The column tree reads at most this many float32 partials per program.
 _COLUMN_TILE = 8192
 
@@ -95,20 +96,21 @@ def backward_config(m: int, n: int) -> tuple[int, int, Optional[int], bool]:
 
     The rows per block fix the weight-gradient order, so they come from the shape alone
     (``treefold.reference.norms.weight_grad_rows_per_block``). Rows of 2049 to 8192 elements (a
-    block of 4096 or 8192) load each row's successor ahead (``prefetch``), with 16 elements per
-    thread up to 8 warps: on the H200 (three interleaved rounds, bf16) RMSNorm 32768 x 4096 went
-    from 72.9% to 89.0% of the roof, 16384 x 8192 from 65.2% to 85.1%, LayerNorm 16384 x 8192 from
-    54.3% to 67.5% (16 warps at 8192: 79.9%, and 47.4% for LayerNorm). Shorter and wider rows
-    keep 32 elements per thread and no prefetch (not measured with it). num_stages: None leaves
-    Triton's default; rows over 16384 elements ask for 1 (compiled for sm_90, the row loop's
-    code is the same for 1 and 3 stages at 4096 and 8192: Triton does not stage these loads).
+    block of 4096 or 8192) run the row loop software-pipelined in 3 stages (the next rows' dy and
+    x are copied into shared memory while a row is worked on) with 16 elements per thread up to
+    8 warps. On the H200 (bf16, three interleaved rounds, ``benchmarks/probe_stages.py``):
+    RMSNorm 32768 x 4096 89.8% of the roof (88.9% loading one row ahead in registers, 72.9% with
+    neither), 16384 x 8192 88.4% (85.1%), LayerNorm 16384 x 8192 76.5% (63.8%), 32768 x 4096
+    60.7% (61.3%); 2 stages and 16 warps were slower everywhere. Shorter and wider rows keep 32
+    elements per thread and a plain loop (not measured pipelined). ``prefetch`` (the row ahead
+    held in registers) stays a launch choice.
     """
     block = row_block(n)
     rows_per_block = ref.weight_grad_rows_per_block(m, n)
-    if _BACKWARD_PREFETCH_ROWS[0] <= block <= _BACKWARD_PREFETCH_ROWS[1]:
-        warps = min(_BACKWARD_PREFETCH_MAX_WARPS, _warps_for(block, _BACKWARD_PREFETCH_ELEMENTS_PER_THREAD))
-        return rows_per_block, warps, None, True
-    return rows_per_block, _warps_for(block), (None if block <= 16384 else 1), False
+    if _BACKWARD_PIPELINED_ROWS[0] <= block <= _BACKWARD_PIPELINED_ROWS[1]:
+        warps = min(_BACKWARD_PIPELINED_MAX_WARPS, _warps_for(block, _BACKWARD_PIPELINED_ELEMENTS_PER_THREAD))
+        return rows_per_block, warps, _BACKWARD_STAGES, False
+    return rows_per_block, _warps_for(block), 1, False
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,14 +201,16 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
                    prefetch: Optional[bool] = None) -> dict:
     """The kernel's constexprs and options for one kind of backward launch."""
     _, default_warps, default_stages, default_prefetch = backward_config(m, n)
-    stages = num_stages or default_stages
+    # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
+    stages = num_stages or (1 if prefetch else default_stages)
     return dict(
         IS_RMS=is_rms, HAS_DH_OUT=has_dh_out, HAS_WEIGHT=has_weight, HAS_OFFSET=has_offset,
         ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
         **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL,
-        PREFETCH=default_prefetch if prefetch is None else bool(prefetch), num_warps=num_warps or default_warps,
-        enable_fp_fusion=False, **({} if stages is None else {"num_stages": stages}))
+        PREFETCH=default_prefetch if prefetch is None else bool(prefetch), STAGES=stages,
+        num_warps=num_warps or default_warps, enable_fp_fusion=False,
+        **({} if stages is None else {"num_stages": stages}))
 
 
 def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[Tensor],

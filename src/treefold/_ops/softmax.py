@@ -71,8 +71,12 @@ BLOCK_ELEMENTS_PER_THREAD_LOGSUMEXP = 16
 BLOCK_PROGRAM_ELEMENTS = 8192
 #: Rows that do not fit in registers: "split" while rows * this <= number of SMs (decode batches:
 #: its second read hits L2, and it measured faster than "cooperative" at 1 and 64 rows of
-#: 151936), else "cooperative" (one read), else "online".
+#: 151936); else softmax and log_softmax rows of up to ONLINE_ELEMENTS stream "online" (the
+#: second read hits L2 while the rows in flight fit there: 4096 x 32768 bf16 on the H200, three
+#: interleaved rounds, online 81.0% of the roof against 76.8% for "cooperative"); else
+#: "cooperative" (one read; 256 x 131072: 59.2% against 47.6% online), else "online".
 SPLIT_ROWS_PER_SM = 2
+ONLINE_ELEMENTS = 32768
 #: "split": total programs aimed at, per SM (64 x 151936 bf16 ran best at one segment per program).
 SPLIT_PROGRAMS_PER_SM = 32
 #: "cooperative": held elements per program (forward; the backward holds y and dy, so half as
@@ -82,11 +86,17 @@ SPLIT_PROGRAMS_PER_SM = 32
 #: register limit; beyond it "online" or "split" take the row).
 COOPERATIVE_ELEMENTS = 8192
 COOPERATIVE_WARPS = 4
-#: "online" / "split": held elements per streamed block, and warps.
+#: "online" / "split": held elements per streamed block, and warps ("online" at 4096 x 32768:
+#: blocks of 8192 and 4 warps 81.0%, 8 warps 78.1%, 16 warps 59.2%, blocks of 4096 53.8-67.3%).
 ONLINE_BLOCK_ELEMENTS = 8192
-ONLINE_WARPS = 8
+ONLINE_WARPS = 4
 SPLIT_BLOCK_ELEMENTS = 4096
 SPLIT_WARPS = 4
+#: "online" / "split": pipelining depth of the streaming loops (``Tuning.stages``). Staging the
+#: next blocks through shared memory was slower at every softmax shape measured (4096 x 32768:
+#: 2-4 stages 60-71% against 81% for 1; 256 x 131072: 55.5% at best against 47.6%, both below
+#: "cooperative"), so the loops issue each block's loads when they reach it.
+STREAM_STAGES = 1
 
 _OPS = {"softmax": kernels.SOFTMAX.value, "log_softmax": kernels.LOG_SOFTMAX.value,
         "logsumexp": kernels.LOGSUMEXP.value}
@@ -98,7 +108,8 @@ class Tuning:
     """Launch parameters for study (``None``: the heuristic's choice). Powers of two, except
     ``hints`` (eviction policies on the two reads of "online" / "split") and ``dependent_launch``
     (True / False: "split" launches FINISH as a programmatic dependent launch, where the device
-    has it, or not; None: when PARTIALS fits in one wave)."""
+    has it, or not; None: when PARTIALS fits in one wave) and ``stages`` (>= 1: the pipelining
+    depth of the streaming loops of "online" and "split", ``kernels.softmax_kernel``'s STAGES)."""
     num_warps: Optional[int] = None
     rows_per_program: Optional[int] = None
     seg_block: Optional[int] = None
@@ -106,6 +117,7 @@ class Tuning:
     inner: Optional[int] = None
     hints: Optional[bool] = None
     dependent_launch: Optional[bool] = None
+    stages: Optional[int] = None
 
 
 _DEFAULT_TUNING = Tuning()
@@ -188,6 +200,8 @@ def _auto_strategy(op: int, backward: bool, n: int, rows: int, sms: int, concurr
         return "block"
     if rows * SPLIT_ROWS_PER_SM <= sms:
         return "split"
+    if not backward and op != _LOGSUMEXP and held <= ONLINE_ELEMENTS:
+        return "online"
     if not (op == _LOGSUMEXP and backward) and concurrent and _cooperative_segments(n, factor, sms, None):
         return "cooperative"
     return "online"
@@ -224,6 +238,10 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
                   LOG2_INNER_GROUPS=order.log2(inner // group),
                   SEG_POW2=seg_pow2, LOG2_SEG_POW2=order.log2(seg_pow2))
     hints = True if tuning.hints is None else bool(tuning.hints)
+    if tuning.stages is not None and (isinstance(tuning.stages, bool) or not isinstance(tuning.stages, int)
+                                      or tuning.stages < 1):
+        raise ValueError(f"{fn}: stages must be an int >= 1, got {tuning.stages!r}")
+    stages = tuning.stages or STREAM_STAGES
     first_policy, second_policy = ("evict_last", "evict_first") if hints else ("", "")
 
     factor = _held_factor(op, backward)
@@ -251,7 +269,7 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
         phase = _phase(rows, 1, num_warps, dict(
             common, PHASE=kernels.WHOLE_ROWS.value, IN_REGISTERS=False, ROWS_PER_PROGRAM=1,
             SEG_BLOCK=seg_block, SEGMENTS_PER_PROGRAM=seg_block, ONLINE_BLOCKS=order.cdiv(segments, seg_block),
-            FIRST_READ_POLICY=first_policy, SECOND_READ_POLICY=second_policy))
+            FIRST_READ_POLICY=first_policy, SECOND_READ_POLICY=second_policy, STAGES=stages))
         return Plan(strategy, num_warps, 1, seg_block, seg_block, inner, hints, segments, (phase,))
 
     if strategy == "cooperative" and lse and backward:
@@ -287,7 +305,7 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
     programs_per_row = order.cdiv(segments, spp)
     split = dict(common, IN_REGISTERS=False, ROWS_PER_PROGRAM=1, SEG_BLOCK=seg_block, SEGMENTS_PER_PROGRAM=spp,
                  ONLINE_BLOCKS=1,
-                 FIRST_READ_POLICY=first_policy, SECOND_READ_POLICY=second_policy)
+                 FIRST_READ_POLICY=first_policy, SECOND_READ_POLICY=second_policy, STAGES=stages)
     phases = []
     partials = ""
     # A dependent FINISH helped only while PARTIALS fits in one wave (its programs then wait on

@@ -233,6 +233,7 @@ def norm_backward_kernel(
     BLOCK_ROWS: tl.constexpr,
     SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
     GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
+    STAGES: tl.constexpr = 1,
 ):
     """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
 
@@ -277,6 +278,10 @@ def norm_backward_kernel(
         UNROLL: unroll factor of the row loop (a launch choice: the rows still fold in order).
         PREFETCH: load each row's successor in the block before working on the row, so that the
             program keeps bytes in flight through its reductions and stores (a launch choice).
+        STAGES: software-pipelining depth of the row loop: with 2 or more the compiler copies the
+            next STAGES - 1 rows' dy and x into shared memory (asynchronous copies) while a row
+            is worked on; an alternative to PREFETCH that holds the rows ahead outside the
+            registers (a launch choice).
     """
     pid = tl.program_id(0).to(tl.int64)
     col = (tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :])[None, :, :]
@@ -290,7 +295,7 @@ def norm_backward_kernel(
     if PREFETCH:
         next_dy, next_v, next_rstd, next_mean = _load_backward_row(
             dy_ptr, x_ptr, mean_ptr, rstd_ptr, pid * BLOCK_ROWS, col, cmask, rows, stride_dy, stride_x, IS_RMS)
-    for i in tl.range(0, BLOCK_ROWS, loop_unroll_factor=UNROLL):
+    for i in tl.range(0, BLOCK_ROWS, loop_unroll_factor=UNROLL, num_stages=STAGES):
         # Rows past the end load as zeros and add +0 to the partials, which changes no bits.
         row = pid * BLOCK_ROWS + i
         live = row < rows

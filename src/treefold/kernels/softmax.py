@@ -317,6 +317,7 @@ def softmax_kernel(
     SEG_BLOCK: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, ONLINE_BLOCKS: tl.constexpr,
     FIRST_READ_POLICY: tl.constexpr, SECOND_READ_POLICY: tl.constexpr,
     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
+    STAGES: tl.constexpr = 1,
 ):
     """The softmax family: one kernel, specialised by the constexpr flags.
 
@@ -366,6 +367,11 @@ def softmax_kernel(
             the PARTIALS launch's writes before reading the partials (``gdc_wait``).
         RELEASE_DEPENDENTS: PARTIALS lets the dependent FINISH launch start its programs early
             (``gdc_launch_dependents``); they still wait for this launch's writes.
+        STAGES: software-pipelining depth of the streaming loops (online, PARTIALS, FINISH): with
+            2 or more, the compiler issues the loads of the next STAGES - 1 blocks into shared
+            memory (asynchronous copies) while the current block is reduced, so a program keeps
+            bytes in flight without holding them in registers. 1: each block's loads are issued
+            when the loop reaches it. Never changes bits.
 
     A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
     segment s, i.e. column s * LANES + k * INNER + j of the row.
@@ -454,7 +460,7 @@ def softmax_kernel(
                 tl.store(dst_ptr + row64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16),
                          mask=mask)
         elif PHASE == PARTIALS:
-            for block in range(block_count):
+            for block in tl.range(block_count, num_stages=STAGES):
                 segments = first_segment + block * SEG_BLOCK + block_segments
                 cols = (first_segment + block * SEG_BLOCK) * LANES + block_cols
                 a, b = _load_tiles(src_row + cols, grad_row + cols, cols < n, inv_temperature, True,
@@ -478,7 +484,7 @@ def softmax_kernel(
                 else:
                     p_all = tl.full([BLOCKS, SEG_BLOCK], float("-inf"), tl.float32)
                 q_all = tl.zeros([BLOCKS, SEG_BLOCK], tl.float32)
-                for block in range(block_count):
+                for block in tl.range(block_count, num_stages=STAGES):
                     cols = block * (SEG_BLOCK * LANES) + block_cols
                     a, b = _load_tiles(src_row + cols, grad_row + cols, cols < n, inv_temperature, True,
                                        OP, BACKWARD, HAS_TEMPERATURE, FIRST_READ_POLICY)
@@ -492,7 +498,7 @@ def softmax_kernel(
                 tl.store(dst_ptr + one_row, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16))
             else:
                 dst_row = dst_ptr + row64 * stride_dst
-                for block in range(block_count):
+                for block in tl.range(block_count, num_stages=STAGES):
                     cols = (first_segment + block * SEG_BLOCK) * LANES + block_cols
                     mask = cols < n
                     a, b = _load_tiles(src_row + cols, grad_row + cols, mask, inv_temperature, False,
