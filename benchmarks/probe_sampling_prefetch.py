@@ -3,9 +3,7 @@ against not, at the default programs per row and at half of them, for 151936 log
 gpu_sampling inputs) at batch 1 and 64, fp32 and bf16. With SURE_LIST=1 in the environment,
 instead: where the sure-kept tokens of top-p and min-p race (``SURE_LIST_MAX``: 0, all raced in
 the compaction pass; 2^20, all listed for the resolve pass), with and without prefetch for
-peaked logits, 64 rows, fp32, peaked and flat logits. With STAGES=1: the race, segment-max and
-histogram passes with their segment loops software-pipelined (2-4 stages, ``sampling.STAGES``)
-against the default register prefetch, batch 1 and 64, fp32 and bf16.
+peaked logits, 64 rows, fp32, peaked and flat logits.
 
 Every variant's tokens (top_k: values and indices) are first checked equal to the default's, then
 each is timed replayed from a CUDA graph (do_bench median, L2 flushed) in three interleaved
@@ -70,15 +68,6 @@ def main(out_dir):
             cases[("float32", 64, label)] = {
                 f"SURE_LIST_MAX {m}": listing(m, lambda p=p: (ops.sample_rows(flat, 1.0, None, p, None, seeds, 0),))
                 for m in (0, 8192, 1 << 20)}
-    if os.environ.get("STAGES"):
-        for dtype in (torch.float32, torch.bfloat16):
-            for batch in (1, 64):
-                x = logits(batch, dtype)
-                seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
-                for config in CONFIGS:
-                    cases[(str(dtype)[6:], batch, config)] = dict(
-                        {"default": caller(x, seeds, config)},
-                        **{f"{st} stages": caller(x, seeds, config, stages=st) for st in (2, 3, 4)})
     for dtype in (torch.float32, torch.bfloat16) if not cases else ():
         for batch in (1, 64):
             x = logits(batch, dtype)

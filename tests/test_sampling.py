@@ -482,8 +482,8 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
     seeds = torch.tensor([5, 6, 7], device=device)
     configs = (dict(), dict(top_p=0.9), dict(top_k=20, top_p=0.8), dict(min_p=0.05))
 
-    def outputs(programs_per_row=None, prefetch=None, stages=None):
-        launch = dict(programs_per_row=programs_per_row, prefetch=prefetch, stages=stages)
+    def outputs(programs_per_row=None, prefetch=None):
+        launch = dict(programs_per_row=programs_per_row, prefetch=prefetch)
         out = []
         for c in configs:
             args = (c.get("top_k"), c.get("top_p"), c.get("min_p"))
@@ -505,10 +505,9 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
         monkeypatch.setattr(ops, "MAX_WIDTH", 32)
         ops.plan.cache_clear()
         for ppr in (1, 3, 10):
-            # segments loaded one step ahead in registers, through a pipeline, or neither
-            for prefetch, stages in ((False, 1), (True, 1), (None, 3)):
-                got = outputs(ppr, prefetch, stages)
-                assert all(torch.equal(a, b) for a, b in zip(got, want)), (ppr, prefetch, stages)
+            for prefetch in (False, True):  # segments loaded one step ahead, or not
+                got = outputs(ppr, prefetch)
+                assert all(torch.equal(a, b) for a, b in zip(got, want)), (ppr, prefetch)
     finally:
         monkeypatch.undo()
         ops.plan.cache_clear()

@@ -116,8 +116,6 @@ _SCRIPT = textwrap.dedent("""
     # the row passes loading each segment ahead (the default where a program reads several)
     sampling.sample_rows(logits, 0.0, prefetch=True)
     sampling.sample_rows(logits, 0.7, top_p=0.9, seed=1, prefetch=True)
-    sampling.sample_rows(logits, 0.7, top_p=0.9, seed=1, stages=3)  # the pipelined segment loops
-    sampling.sample_rows(logits, 0.7, seed=1, stages=3)
     for kernel, args, kwargs in captured:
         params = list(inspect.signature(kernel.fn).parameters)
         runtime = [p for p in params if p not in kwargs]

@@ -68,10 +68,6 @@ RESOLVE_WARPS = 8
 #: 114 -> 108, top-p 0.9 223 -> 203, min-p 150 -> 135 (bf16: 1-7%); at one row (one segment per
 #: program) it only adds a masked load: 0-1.3 us slower.
 PREFETCH = None
-#: Software-pipelining depth of the segment loops of the race, segment-max and histogram passes
-#: (``kernels.sampling``'s STAGES): with 2 or more the next segments are copied into shared
-#: memory while one is worked on, and those passes drop the register prefetch.
-STAGES = 1
 
 Scalar = Union[int, float]
 
@@ -93,12 +89,6 @@ class Plan:
     parts_pow2: int
     num_warps: int
     prefetch: bool
-    stages: int = 1
-
-    @property
-    def pipelined_prefetch(self) -> bool:
-        """PREFETCH for the passes whose loops take ``stages`` (the pipeline replaces it)."""
-        return self.prefetch and self.stages == 1
 
 
 @functools.lru_cache(maxsize=64)
@@ -110,13 +100,11 @@ def _sm_count(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=512)
 def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int] = None,
-         programs_per_sm: Optional[int] = None, prefetch: Optional[bool] = None,
-         stages: Optional[int] = None) -> Plan:
+         programs_per_sm: Optional[int] = None, prefetch: Optional[bool] = None) -> Plan:
     """Segments of ``width`` tokens, ``segments_per_program`` of them per program. The programs
     per row are given, or aimed at ``programs_per_sm`` (default FILTER_PROGRAMS_PER_SM) per SM.
     ``prefetch``: the row passes load each segment before working on the previous one (default:
-    PREFETCH's rule); ``stages``: the pipelining depth of the segment loops of the passes that
-    take it (default STAGES)."""
+    PREFETCH's rule)."""
     width = min(max(order.next_pow2(n), MIN_WIDTH), MAX_WIDTH)
     segments = order.cdiv(n, width)
     if programs_per_row is None:
@@ -125,13 +113,10 @@ def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int
     programs_per_row = max(1, min(segments, programs_per_row))
     spp = order.cdiv(segments, programs_per_row)
     programs_per_row = order.cdiv(segments, spp)
-    stages = STAGES if stages is None else stages
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ValueError(f"sampling: stages must be an int >= 1, got {stages!r}")
     if prefetch is None:
         prefetch = spp > 1 if PREFETCH is None else PREFETCH
     return Plan(width, spp, programs_per_row, order.next_pow2(programs_per_row),
-                max(1, min(4, width // 256)), bool(prefetch), stages)
+                max(1, min(4, width // 256)), bool(prefetch))
 
 
 def _param(value) -> tuple:
@@ -163,11 +148,11 @@ def _common(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> 
 
 def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, offset, *,
               all_values: bool, outputs: dict, k_out: int, programs_per_row: Optional[int],
-              prefetch: Optional[bool] = None, stages: Optional[int] = None):
+              prefetch: Optional[bool] = None):
     """segment max -> histogram -> compaction -> resolve (the filtered path)."""
     rows, n = x.shape
     dev = x.device
-    g = plan(rows, n, dev, programs_per_row, None, prefetch, stages)
+    g = plan(rows, n, dev, programs_per_row, None, prefetch)
     c = _common(x, temperature, top_k, top_p, min_p, seed, offset)
     t, k, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags"]
@@ -186,13 +171,12 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     _SEGMENT_MAX(
         grid, x, n, x.stride(0), part_max, hist, fine, counter, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
-        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.pipelined_prefetch, STAGES=g.stages, num_warps=g.num_warps)
+        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, num_warps=g.num_warps)
     _HISTOGRAM(
         grid, x, n, x.stride(0), part_max, part_total, hist, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PREFETCH=g.pipelined_prefetch, STAGES=g.stages,
-        num_warps=g.num_warps)
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PREFETCH=g.prefetch, num_warps=g.num_warps)
     _COMPACT(
         grid, x, n, x.stride(0), part_max, part_total, hist, fine, counter, plan_rows, boundary, n,
         part_mass, part_kept, part_score, part_index, g.programs_per_row, t, k, p, mp, filters,
@@ -215,10 +199,9 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
 
 
 def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None, seed=0,
-                offset=0, *, programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None,
-                stages: Optional[int] = None) -> torch.Tensor:
-    """Token ids [rows] (int64) of logits [rows, n] with the Triton kernels (``programs_per_row``,
-    ``prefetch`` and ``stages``: launch choices, see ``plan``)."""
+                offset=0, *, programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None) -> torch.Tensor:
+    """Token ids [rows] (int64) of logits [rows, n] with the Triton kernels (``programs_per_row``
+    and ``prefetch``: launch choices, see ``plan``)."""
     rows, n = x.shape
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
@@ -229,10 +212,10 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
     if filtered and not (greedy and not tensors):
         _pipeline(x, kernels.MODE_SAMPLE.value, temperature, top_k, top_p, min_p, seed, offset,
                   all_values=False, outputs={"token": out}, k_out=0,
-                  programs_per_row=programs_per_row, prefetch=prefetch, stages=stages)
+                  programs_per_row=programs_per_row, prefetch=prefetch)
         return out
     # no filter, or greedy with scalar filters (they never remove the top token): one race
-    g = plan(rows, n, x.device, programs_per_row, RACE_PROGRAMS_PER_SM, prefetch, stages)
+    g = plan(rows, n, x.device, programs_per_row, RACE_PROGRAMS_PER_SM, prefetch)
     t, t_row = _param(temperature)
     s, s_stride, s_tensor = _random(0 if greedy else seed)
     o, o_stride, o_tensor = _random(0 if greedy else offset)
@@ -243,8 +226,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
         o_stride,
         T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
-        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.pipelined_prefetch,
-        STAGES=g.stages, num_warps=g.num_warps)
+        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch, num_warps=g.num_warps)
     _RACE_COMBINE(
         (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
         PROGRAMS_POW2=g.parts_pow2, num_warps=1)
@@ -252,7 +234,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
 
 
 def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None,
-               prefetch: Optional[bool] = None, stages: Optional[int] = None):
+               prefetch: Optional[bool] = None):
     """(values, indices) of the k largest of each row of x [rows, n], k <= TOP_K_KERNEL_MAX."""
     rows, n = x.shape
     values = torch.empty((rows, k), dtype=x.dtype, device=x.device)
@@ -260,13 +242,12 @@ def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = Non
     if rows:
         _pipeline(x, kernels.MODE_TOPK.value, 1.0, k, None, None, 0, 0, all_values=True,
                   outputs={"values": values, "indices": indices}, k_out=k,
-                  programs_per_row=programs_per_row, prefetch=prefetch, stages=stages)
+                  programs_per_row=programs_per_row, prefetch=prefetch)
     return values, indices
 
 
 def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool = False, *,
-                programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None,
-                stages: Optional[int] = None) -> torch.Tensor:
+                programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None) -> torch.Tensor:
     """Masked logits or renormalised probabilities of x [rows, n] (filters as in sample)."""
     rows, n = x.shape
     out = torch.empty((rows, n), dtype=torch.float32 if probs else x.dtype, device=x.device)
@@ -280,7 +261,7 @@ def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool
                "mass": torch.empty(rows, dtype=torch.float32, device=dev)}
     g = _pipeline(x, kernels.MODE_THRESHOLD.value, 1.0, top_k, top_p, min_p, 0, 0,
                   all_values=False, outputs=outputs, k_out=0, programs_per_row=programs_per_row,
-                  prefetch=prefetch, stages=stages)
+                  prefetch=prefetch)
     mp, mp_row = _param(min_p)
     _APPLY(
         (rows * g.programs_per_row,), x, n, x.stride(0), out, out.stride(0), outputs["lo"],

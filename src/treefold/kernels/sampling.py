@@ -484,7 +484,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
                 temperature, seed, seed_stride, offset, offset_stride,
                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
                 NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                PREFETCH: tl.constexpr = False, STAGES: tl.constexpr = 1):
+                PREFETCH: tl.constexpr = False):
     """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
 
     Bytes: reads the row's logits once; writes 12 bytes per program.
@@ -505,9 +505,6 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
         SEGMENTS_PER_PROGRAM: consecutive segments one program reads.
         PREFETCH: load each segment before working on the previous one (``_segment_logits``; a
             launch choice, as in every row pass).
-        STAGES: software-pipelining depth of the segment loop (2 or more: the next segments are
-            copied into shared memory while one is worked on; a launch choice, as in every row
-            pass).
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
@@ -520,7 +517,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
     lane_index = tl.full([WIDTH], n, tl.int32)
     raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
-    for j in tl.range(SEGMENTS_PER_PROGRAM, num_stages=STAGES):
+    for j in range(SEGMENTS_PER_PROGRAM):
         start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
         cols, in_row, x, valid, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
@@ -569,8 +566,7 @@ def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_ro
 def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, counter_ptr,
                        programs_per_row, temperature,
                        T_ROW: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                       NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr, PREFETCH: tl.constexpr = False,
-                       STAGES: tl.constexpr = 1):
+                       NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr, PREFETCH: tl.constexpr = False):
     """Maximum of y = x / t over the finite tokens of each program's segments; the first program
     of a row also clears the row's histograms and list counter. Grid rows * programs_per_row.
 
@@ -587,7 +583,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         counter_ptr: int64 [rows], cleared here.
         programs_per_row: programs sharing a row.
         temperature, T_ROW: as in ``race_kernel``.
-        WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH, STAGES: as in ``race_kernel``.
+        WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as in ``race_kernel``.
         NUM_BINS, FINE_BINS: bins of the histogram and sub-bins of the boundary bins.
     """
     pid = tl.program_id(0).to(tl.int64)
@@ -602,7 +598,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
     lanes = tl.arange(0, WIDTH)
     lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
     raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
-    for j in tl.range(SEGMENTS_PER_PROGRAM, num_stages=STAGES):
+    for j in range(SEGMENTS_PER_PROGRAM):
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
                                                           SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
@@ -615,8 +611,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                          T_ROW: tl.constexpr, WIDTH: tl.constexpr,
                          SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
                          NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
-                         ALL_VALUES: tl.constexpr, PREFETCH: tl.constexpr = False,
-                         STAGES: tl.constexpr = 1):
+                         ALL_VALUES: tl.constexpr, PREFETCH: tl.constexpr = False):
     """Bin histogram of the row (integer atomics) and the fixed-point mass of each program's
     tokens (per-lane integer sums, one reduction per program). Grid rows * programs_per_row.
 
@@ -629,8 +624,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         part_total_ptr: int64 [rows, programs_per_row] out: the sum of w * 2^40 (truncated),
             w = exp(y - m), over the program's finite tokens.
         hist_ptr: int32 [rows, NUM_BINS], accumulated.
-        programs_per_row, temperature, T_ROW, WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH, STAGES: as
-            above.
+        programs_per_row, temperature, T_ROW, WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as above.
         PARTS_POW2: next power of two of programs_per_row.
         NUM_BINS, BINS_PER_NAT: the bins (see ``_bin_of``).
         ALL_VALUES: count non-finite logits too (top_k orders every value).
@@ -644,7 +638,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     lane_mass = tl.zeros([WIDTH], tl.int64)
     lanes = tl.arange(0, WIDTH)
     raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
-    for j in tl.range(SEGMENTS_PER_PROGRAM, num_stages=STAGES):
+    for j in range(SEGMENTS_PER_PROGRAM):
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
                                                           SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         valid = in_row if ALL_VALUES else finite
@@ -699,8 +693,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         filters: which filters the call uses: 1 top-k, 2 top-p, 4 min-p (a runtime value: one
             compiled kernel serves every combination).
         MODE: MODE_SAMPLE, MODE_THRESHOLD or MODE_TOPK.
-        WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2, PREFETCH: as above (the segment loop is not
-            pipelined: Triton 3.6 fails to compile this loop with num_stages).
+        WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2, PREFETCH: as above.
         SURE_LIST_MAX: sampling: a row whose sure-kept bins hold at most this many tokens lists
             them all for ``resolve_kernel``; a row with more races them here.
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
