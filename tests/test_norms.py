@@ -774,6 +774,10 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
             ops.launch_forward(x, None, w, b, y, None, None, None, eps=1e-5, offset=0.0, is_rms=False,
                                round_normalised=False, rows_per_program=rows_per_program, num_warps=num_warps)
             assert_bits(y, full_ln)
+    y = torch.full_like(full, float("nan"))  # a cache hint on the reads changes no bits
+    ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
+                       round_normalised=True, read_policy="evict_first")
+    assert_bits(y, full)
 
 
 @pytest.mark.gpu

@@ -32,10 +32,14 @@ MAX_ROW_LENGTH = 65536
 #: 4096; eight to a program lost a quarter of the bandwidth), while LayerNorm's 4096-element rows
 #: ran best two to a program.
 _FORWARD_TILE = {True: 4096, False: 8192}
-#: Elements per thread: 32 (four 16-byte bfloat16 loads) beat 16 and 8 at every bfloat16 shape
-#: measured on the H200 (rows of 1024 to 16384, forward and backward; float32 was flat),
+#: Elements per thread: 32 (four 16-byte bfloat16 loads) beat 16 and 8 at most bfloat16 shapes
+#: measured on the H200 (rows of 1024 to 16384, forward and backward; float32 was flat).
 _ELEMENTS_PER_THREAD = 32
-#: except forward rows wider than this, which take 64 per thread: RMSNorm 4096 x 16384 bf16 ran
+#: The exception: an RMSNorm program holding one row of 4096 takes 16 per thread (8 warps):
+#: 32768 x 4096 bf16 at 95.3% of the roof against 94.3% with 4 warps, three interleaved rounds
+#: (``benchmarks/probe_norm_forward.py``).
+_RMS_ROW_4096_ELEMENTS_PER_THREAD = 16
+#: Forward rows wider than this take 64 per thread: RMSNorm 4096 x 16384 bf16 ran
 #: at 81.5% of the roof with 8 warps against 65.8% with 16 (and 63-73% with the row shared by
 #: programs of 4096 or 8192 elements, ``segments_per_program``: a launch choice for study).
 _WIDE_ROW = 8192
@@ -87,6 +91,8 @@ def forward_config(n: int, is_rms: bool = True) -> tuple[int, int]:
     if block > _WIDE_ROW:
         return 1, _warps_for(block, _WIDE_ROW_ELEMENTS_PER_THREAD)
     rows = max(1, min(64, _FORWARD_TILE[bool(is_rms)] // block))
+    if is_rms and rows == 1 and block == 4096:
+        return 1, _warps_for(block, _RMS_ROW_4096_ELEMENTS_PER_THREAD)
     return rows, _warps_for(rows * block)
 
 
@@ -126,10 +132,11 @@ _column_sum_kernel = Launcher(column_tree_sum_kernel)
 def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, has_weight: bool,
                   has_bias: bool, has_offset: bool, round_normalised: bool, store_stats: bool,
                   rows_per_program: Optional[int], num_warps: Optional[int],
-                  segments_per_program: Optional[int] = None) -> tuple[int, int, dict]:
+                  segments_per_program: Optional[int] = None, read_policy: str = "") -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
-    holding that many segments each (0: whole rows); it excludes ``rows_per_program``."""
+    holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
+    ``read_policy``: the eviction policy of the row reads ("" or "evict_first")."""
     default_rows, default_warps = forward_config(n, is_rms)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -145,23 +152,25 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         if order.cdiv(segments, held) > 1 and backend.INTERPRETED:
             raise ValueError(f"norm: segments_per_program={held} shares rows of {segments} segments among "
                              f"programs that must run at once, which Triton's interpreter does not do")
+    if read_policy not in ("", "evict_first"):
+        raise ValueError(f"norm: read_policy must be '' or 'evict_first', got {read_policy!r}")
     rows = 1 if held else (rows_per_program or default_rows)
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
-        num_warps=num_warps or default_warps, enable_fp_fusion=False)
+        READ_POLICY=read_policy, num_warps=num_warps or default_warps, enable_fp_fusion=False)
 
 
 def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: Optional[Tensor],
                    y2: Tensor, h2: Optional[Tensor], mean: Optional[Tensor], rstd: Optional[Tensor], *,
                    eps: float, offset: float, is_rms: bool, round_normalised: bool,
                    rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
-                   segments_per_program: Optional[int] = None, prepare_key=None) -> None:
+                   segments_per_program: Optional[int] = None, read_policy: str = "", prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
-    ``rows_per_program``, ``num_warps`` and ``segments_per_program`` override the heuristic (the
-    bits do not change). ``prepare_key``: keep the prepared launch under this key in
+    ``rows_per_program``, ``num_warps``, ``segments_per_program`` and ``read_policy`` override the
+    heuristic (the bits do not change). ``prepare_key``: keep the prepared launch under this key in
     ``_PREPARED`` (no statistics; the slots are x, residual, weight, bias, y, h, those given, in
     that order); launches whose programs share rows are not prepared (their counters are new
     for every call).
@@ -169,7 +178,8 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     m, n = x2.shape
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
-        offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program)
+        offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
+        read_policy)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:

@@ -90,7 +90,7 @@ def norm_forward_kernel(
     STORE_STATS: tl.constexpr, SOFT_BF16: tl.constexpr,
     ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-    SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1,
+    SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -139,6 +139,8 @@ def norm_forward_kernel(
         LANES: C(N); LOG2_LANES its log2.
         GROUP: G(N, dtype of the normalised row), lanes per group; LOG2_GROUP its log2.
         SHARED_ROW: programs share rows (ROWS = 1); HELD: the segments each holds.
+        READ_POLICY: eviction policy of the reads of x and the residual ("" or "evict_first": a
+            launch choice; "evict_first" cost 3-4 points of the roof on the H200).
     """
     if SHARED_ROW:
         pid = tl.program_id(0)
@@ -156,8 +158,7 @@ def norm_forward_kernel(
     row3 = row[:, None, None]
     col3 = col[None, :, :]
     mask = (row3 < rows) & (col3 < n)
-    v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0,
-                eviction_policy="evict_first").to(tl.float32)
+    v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy=READ_POLICY).to(tl.float32)
     # RMSNorm reads the weight with the row, not after its reduction: its latency (an L2 hit for
     # every row but the first) then overlaps the row's. LayerNorm, which holds the centred row
     # as well, reads weight and bias after its reductions: held through them, they took its
@@ -166,7 +167,7 @@ def norm_forward_kernel(
         w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
+                    eviction_policy=READ_POLICY).to(tl.float32)
         h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
         tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask)
         v = h.to(tl.float32)
