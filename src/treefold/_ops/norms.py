@@ -29,9 +29,13 @@ MAX_ROW_LENGTH = 65536
 
 #: Elements one forward program holds at most (rows are packed into a program up to this):
 #: RMSNorm and LayerNorm. On the H200, 1024-element rows ran best four to a program (tiles of
-#: 4096; eight to a program lost a quarter of the bandwidth), while LayerNorm's 4096-element rows
-#: ran best two to a program.
+#: 4096; eight to a program lost a quarter of the bandwidth).
 _FORWARD_TILE = {True: 4096, False: 8192}
+#: LayerNorm rows of 4096 and 8192: one row per program, 4 warps (32 and 64 elements per thread).
+#: On the H200, three interleaved rounds (``benchmarks/probe_minimal.py``): 8192 x 4096 bf16 82.1%
+#: of the roof against 73.3% for two rows of 8 warps; 16384 x 8192 90.3% against 83.3% for 8 warps.
+_LAYER_NORM_ROWS = (4096, 8192)
+_LAYER_NORM_WARPS = 4
 #: Elements per thread: 32 (four 16-byte bfloat16 loads) beat 16 and 8 at most bfloat16 shapes
 #: measured on the H200 (rows of 1024 to 16384, forward and backward; float32 was flat).
 _ELEMENTS_PER_THREAD = 32
@@ -90,6 +94,8 @@ def forward_config(n: int, is_rms: bool = True) -> tuple[int, int]:
     block = row_block(n)
     if block > _WIDE_ROW:
         return 1, _warps_for(block, _WIDE_ROW_ELEMENTS_PER_THREAD)
+    if not is_rms and _LAYER_NORM_ROWS[0] <= block <= _LAYER_NORM_ROWS[1]:
+        return 1, _LAYER_NORM_WARPS
     rows = max(1, min(64, _FORWARD_TILE[bool(is_rms)] // block))
     if is_rms and rows == 1 and block == 4096:
         return 1, _warps_for(block, _RMS_ROW_4096_ELEMENTS_PER_THREAD)
