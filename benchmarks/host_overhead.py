@@ -34,7 +34,13 @@ def main():
     w = torch.randn(4096, device=dev, dtype=torch.bfloat16)
     b = torch.randn(4096, device=dev, dtype=torch.bfloat16)
     logits = torch.randn(1, 151936, device=dev)
+    vocab = torch.randn(1, 151936, device=dev, dtype=torch.bfloat16)
+    vocab64 = torch.randn(64, 151936, device=dev, dtype=torch.bfloat16)
     cases = [
+        ("treefold.softmax 1x151936 bf16 (split)", lambda: treefold.softmax(vocab)),
+        ("torch.softmax 1x151936 bf16", lambda: torch.softmax(vocab, -1)),
+        ("treefold.softmax 64x151936 bf16 (split)", lambda: treefold.softmax(vocab64)),
+        ("treefold.logsumexp 1x151936 bf16 (split)", lambda: treefold.logsumexp(vocab)),
         ("treefold.softmax 1x4096 bf16", lambda: treefold.softmax(x)),
         ("torch.softmax 1x4096 bf16", lambda: torch.softmax(x, -1)),
         ("treefold.logsumexp 1x4096 bf16", lambda: treefold.logsumexp(x)),

@@ -137,3 +137,23 @@ def test_prepared_eager_calls_give_the_same_bits_with_new_tensors():
     xg = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     assert treefold.rms_norm(xg, w).grad_fn is not None
     assert treefold.softmax(xg).grad_fn is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,n", [(1, 151936), (64, 151936), (256, 131072), (300, 32768)])
+def test_prepared_calls_of_several_launches_give_the_same_bits(rows, n):
+    # decode batches take "split" (two launches, the second a dependent launch on sm_90, and the
+    # partials in between), larger batches of long rows "cooperative" (zeroed arrival counters
+    # every call) or "online": each prepared call allocates its buffers anew
+    import treefold
+    from treefold._ops import softmax as softmax_ops
+    torch.manual_seed(1)
+    softmax_ops._PREPARED.clear()
+    for step in range(3):  # the first call prepares, later ones take the prepared launches
+        x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16) * (step + 2)
+        x[0, :7] = float("-inf")
+        assert torch.equal(treefold.softmax(x), softmax_ops.softmax_forward(x))
+        assert torch.equal(treefold.log_softmax(x), softmax_ops.softmax_forward(x, log=True))
+        assert torch.equal(treefold.logsumexp(x), softmax_ops.logsumexp_forward(x))
+        assert torch.equal(treefold.softmax(x), softmax_ops.softmax_forward(x, strategy="online"))
+    assert sum(k[1] == (rows, n) for k in softmax_ops._PREPARED) == 3

@@ -48,6 +48,12 @@ def _active(hook):
     return hook
 
 
+def launch_hooks_active() -> bool:
+    """Whether a profiler's launch hooks are installed (they must see Triton's own launch path)."""
+    return (_active(_knobs.runtime.launch_enter_hook) is not None
+            or _active(_knobs.runtime.launch_exit_hook) is not None)
+
+
 def _specialise(args):
     """(key, run arguments): each tensor becomes its address (the compiled launcher then reads it
     directly instead of calling ``data_ptr()`` and querying the driver about the pointer), keyed
@@ -129,8 +135,7 @@ class Launcher:
 
     def __call__(self, grid, *args, **kwargs):
         if (_PLAIN or not args or not isinstance(args[0], torch.Tensor) or not args[0].is_cuda
-                or _active(_knobs.runtime.launch_enter_hook) is not None
-                or _active(_knobs.runtime.launch_exit_hook) is not None):
+                or launch_hooks_active()):
             # Launch hooks (profilers) see what Triton's own path gives them.
             return self._triton_launch(grid, args, kwargs)
         device = args[0].device.index
@@ -214,8 +219,7 @@ class PreparedLaunch:
         self._device = device
 
     def __call__(self, *tensors) -> bool:
-        if (_active(_knobs.runtime.launch_enter_hook) is not None
-                or _active(_knobs.runtime.launch_exit_hook) is not None):
+        if launch_hooks_active():
             return False
         args = self._template.copy()
         for positions, tensor in zip(self._positions, tensors):

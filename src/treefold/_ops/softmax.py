@@ -24,9 +24,9 @@ measured fastest on the H200). The choice and its parameters are cached per (op,
 rows, dtype, device) in a plain dictionary, and kernels launch through ``Launcher`` (the compiled
 kernel cached per specialisation), so an eager call does little Python work. An eager call that
 needs no graph skips the torch.library dispatcher; one that needs a gradient goes through a plain
-``torch.autograd.Function``; ``torch.compile`` sees the registered ops. An eager call that
-launches once keeps a prepared launch per (op, shape, strides, dtype, device) and, when it
-comes again, only allocates its output and launches (``launch.PreparedLaunch``).
+``torch.autograd.Function``; ``torch.compile`` sees the registered ops. An eager forward
+call keeps its prepared launches per (op, shape, strides, dtype, device) and, when it comes
+again, only allocates its output and buffers and launches (``launch.PreparedLaunch``).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ import torch
 from .. import backend, order
 from .._checks import as_rows
 from ..kernels import softmax as kernels
-from .launch import Launcher, dependent_launch as _dependent_launch
+from .launch import Launcher, dependent_launch as _dependent_launch, launch_hooks_active
 from ..reference import softmax as reference
 
 STRATEGIES = ("warp", "block", "online", "split", "cooperative")
@@ -330,9 +330,8 @@ _KERNEL = Launcher(kernels.softmax_kernel)
 
 def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int, stride_grad: int,
             stride_dst: int, inv_temperature: float, prepare_key=None) -> None:
-    """Launch the plan's phases. ``prepare_key``: a forward call of contiguous rows whose plan
-    launches once (one phase, no partials) keeps its prepared launch under this key, with
-    ``src`` and ``dst`` as the slots (``_prepared_call``)."""
+    """Launch the plan's phases. ``prepare_key``: a forward call of contiguous rows keeps its
+    prepared launches under this key (``_PreparedCall``; ``_prepared_call``)."""
     if plan_.partials:
         part_p = src.new_empty((rows, plan_.num_segments), dtype=torch.float32)
         part_q = torch.empty_like(part_p) if plan_.partials == "pq" else part_p
@@ -341,18 +340,54 @@ def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int
     arrivals = torch.zeros(rows, dtype=torch.int32, device=src.device) if plan_.arrivals else src
     with_temperature = inv_temperature != 1.0
     segments = plan_.num_segments
+    # the tensors a prepared call replaces: the input, the output and the per-call buffers
+    slots = (src, dst) + ((part_p, part_q) if plan_.partials == "pq" else (part_p,) if plan_.partials else ())
+    slots += (arrivals,) if plan_.arrivals else ()
+    launches = []
     for phase in plan_.phases:
         args = (src, grad, dst, row, part_p, part_q, arrivals, rows, n, segments, phase.programs_per_row,
                 stride_src, stride_grad, stride_dst, inv_temperature)
         kwargs = phase.kwargs_temperature if with_temperature else phase.kwargs
-        if prepare_key is not None and len(plan_.phases) == 1 and not plan_.partials:
-            prepared = _KERNEL.prepare(phase.grid, args, kwargs, (src, dst))
-            if prepared is not None:
-                if len(_PREPARED) >= _MAX_PREPARED:
-                    _PREPARED.clear()
-                _PREPARED[prepare_key] = prepared
+        if prepare_key is not None:
+            launches.append(_KERNEL.prepare(phase.grid, args, kwargs, slots))  # launches, then prepares
         else:
             _KERNEL(phase.grid, *args, **kwargs)
+    if launches and all(launch is not None for launch in launches):
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[prepare_key] = _PreparedCall(tuple(launches), plan_.partials, plan_.arrivals, rows, segments)
+
+
+class _PreparedCall:
+    """The prepared launches of one kind of eager forward call, in order. A call allocates what
+    the plan needs anew (partials; zeroed arrival counters for "cooperative"), then launches
+    each with the new tensors' addresses. Returns False, having launched nothing, when a tensor
+    is not 16-byte aligned as the kernels were compiled for, or a profiler's launch hooks are
+    installed (the ordinary path then answers)."""
+
+    __slots__ = ("launches", "partials", "arrivals", "rows", "segments")
+
+    def __init__(self, launches, partials: str, arrivals: bool, rows: int, segments: int):
+        self.launches, self.partials, self.arrivals = launches, partials, arrivals
+        self.rows, self.segments = rows, segments
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> bool:
+        tensors = (x, out)
+        if self.partials:
+            # one allocation; each partials array starts on a 16-byte boundary, as the kernels
+            # were compiled for (a misaligned slot would make its launch decline)
+            size = self.rows * self.segments
+            stride = -(-size // 4) * 4
+            part = torch.empty(len(self.partials) * stride, dtype=torch.float32, device=x.device)
+            tensors += tuple(part[i * stride:i * stride + size] for i in range(len(self.partials)))
+        if self.arrivals:
+            tensors += (torch.zeros(self.rows, dtype=torch.int32, device=x.device),)
+        # every launch must run or none: check what would make one decline before the first
+        if launch_hooks_active() or any(t.data_ptr() % 16 for t in tensors):
+            return False
+        for launch in self.launches:
+            launch(*tensors)
+        return True
 
 
 _PLANS: dict = {}
@@ -385,8 +420,8 @@ def _rows(t: torch.Tensor, n: int):
     return rows, rows.stride(0)
 
 
-#: Prepared launches of eager forward calls that launch once (one phase, no partials), keyed by
-#: (op, shape, strides, dtype, device): a repeated call allocates its output and launches.
+#: Prepared eager forward calls (``_PreparedCall``), keyed by (op, shape, strides, dtype, device):
+#: a repeated call allocates its output (and the plan's buffers) and launches.
 _PREPARED: dict = {}
 _MAX_PREPARED = 1024
 
@@ -615,8 +650,8 @@ def _path(x: torch.Tensor) -> int:
 
 def _prepared_call(op: int, x: torch.Tensor) -> torch.Tensor:
     """op over the last dim of CUDA ``x`` (eager, no temperature, default dtype): through the
-    prepared launch of this kind of call when there is one; else launched as usual, preparing
-    the launch when ``x`` is contiguous and the plan launches once."""
+    prepared launches of this kind of call when there are; else launched as usual, preparing
+    them when ``x`` is contiguous."""
     key = (op, x.shape, x.stride(), x.dtype, x.get_device())
     prepared = _PREPARED.get(key)
     if prepared is not None:
