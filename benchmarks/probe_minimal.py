@@ -97,7 +97,8 @@ def main(out_dir):
                     lambda x=x, w=w, b=b, kw=dict(rows_per_program=r, num_warps=wp): norms.layer_norm_impl(
                         x, w, b, 1e-5, store_stats=False, **kw))
         for wp in (4, 8, 16):
-            calls[f"ln {shape} minimal kernel {wp} warps"] = lambda x=x, w=w, b=b, wp=wp: minimal_layer_norm(x, w, b, wp)
+            calls[f"ln {shape} minimal kernel {wp} warps"] = (
+                lambda x=x, w=w, b=b, wp=wp: minimal_layer_norm(x, w, b, wp))
         if LigerLayerNormFunction is not None:
             calls[f"ln {shape} liger"] = lambda x=x, w=w, b=b: LigerLayerNormFunction.apply(x, w, b, 1e-5)
         for key in calls:

@@ -82,7 +82,8 @@ def main(out_dir):
         for policy in ("", "evict_first"):
             key = f"{label} {m}x{n} treefold default{', evict_first' if policy else ''}"
             if label == "ln":
-                calls[key] = lambda x=x, w=w, b=b, p=policy: norms.layer_norm_impl(x, w, b, 1e-5, store_stats=False, read_policy=p)
+                calls[key] = lambda x=x, w=w, b=b, p=policy: norms.layer_norm_impl(
+                    x, w, b, 1e-5, store_stats=False, read_policy=p)
             elif label == "rms+residual":
                 calls[key] = lambda x=x, w=w, r=r, p=policy: norms.rms_norm_impl(
                     x, w, r, 1e-6, 0.0, "llama", x.dtype, store_stats=False, read_policy=p)
