@@ -58,6 +58,46 @@ def test_tensors_are_passed_as_their_addresses():
     assert run == (a.data_ptr(), 3, 0.5)
 
 
+class _RecordingLaunch:
+    """Stands for a PreparedLaunch: records the addresses it would launch with."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *tensors):
+        self.calls.append([t.data_ptr() for t in tensors])
+        return True
+
+
+@pytest.mark.parametrize("rows,segments,partials,arrivals", [(1, 38, "pq", False), (3, 5, "pq", True),
+                                                             (64, 38, "", False), (7, 1, "p", False)])
+def test_prepared_call_places_its_buffers_on_16_byte_boundaries(rows, segments, partials, arrivals):
+    # the buffers a prepared call allocates anew: one partials array per letter, each starting
+    # on a 16-byte boundary whatever rows * segments is, after the input and output, then the
+    # arrival counters; every launch gets the same addresses
+    from treefold._ops.softmax import _PreparedCall
+    launches = (_RecordingLaunch(), _RecordingLaunch())
+    call = _PreparedCall(launches, partials, arrivals, rows, segments)
+    x, out = torch.empty(rows, 64, dtype=torch.bfloat16), torch.empty(rows, 64, dtype=torch.bfloat16)
+    assert call(x, out)
+    addresses = launches[0].calls[0]
+    assert launches[1].calls == [addresses]
+    assert addresses[:2] == [x.data_ptr(), out.data_ptr()]
+    assert len(addresses) == 2 + len(partials) + arrivals
+    assert all(a % 16 == 0 for a in addresses)
+    parts = addresses[2:2 + len(partials)]
+    assert all(b - a >= 4 * rows * segments for a, b in zip(parts, parts[1:]))  # no overlap
+
+
+def test_prepared_call_launches_nothing_when_one_launch_would_decline():
+    from treefold._ops.softmax import _PreparedCall
+    launches = (_RecordingLaunch(), _RecordingLaunch())
+    call = _PreparedCall(launches, "pq", False, 1, 38)
+    base = torch.empty(65, dtype=torch.bfloat16)
+    assert not call(base[1:], torch.empty(64, dtype=torch.bfloat16))  # input off the 16-byte grid
+    assert launches[0].calls == [] and launches[1].calls == []
+
+
 def test_wrong_argument_count_names_the_kernel():
     launch = Launcher(_row_sum_kernel)
     with pytest.raises(TypeError, match="_row_sum_kernel: expected 3 runtime arguments"):
