@@ -35,7 +35,7 @@ def variants_backward_norm(kind, x, w, dy):
         _, mean, rstd = norms.layer_norm_impl(x, w, w, 1e-5)
         def call(**launch):
             return lambda: norms.layer_norm_backward_impl(dy, x, w, mean, rstd, True, x.dtype, **launch)
-    return {"default": call(), "prefetch 4 warps": call(prefetch=True, num_warps=4), "no prefetch": call(prefetch=False),
+    return {"default": call(), "prefetch 4 warps": call(prefetch=True, num_warps=4), "no prefetch": call(prefetch=False, num_stages=1),
             "prefetch 8 warps": call(prefetch=True, num_warps=8), "prefetch 16 warps": call(prefetch=True, num_warps=16)}
 
 

@@ -197,3 +197,9 @@ def test_prepared_calls_of_several_launches_give_the_same_bits(rows, n):
         assert torch.equal(treefold.logsumexp(x), softmax_ops.logsumexp_forward(x))
         assert torch.equal(treefold.softmax(x), softmax_ops.softmax_forward(x, strategy="online"))
     assert sum(k[1] == (rows, n) for k in softmax_ops._PREPARED) == 3
+    # the prepared call itself launches (a call that always declined would pass the checks above
+    # through the ordinary path)
+    key = next(k for k in softmax_ops._PREPARED if k[0] == softmax_ops._SOFTMAX and k[1] == (rows, n))
+    out = torch.full_like(x, float("nan"))
+    assert softmax_ops._PREPARED[key](x, out)
+    assert torch.equal(out, softmax_ops.softmax_forward(x))

@@ -445,6 +445,20 @@ def test_rows_shared_among_programs_give_the_same_bits():
             ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16, segments_per_program=1)
     with pytest.raises(ValueError, match="segments_per_program must be a power of two >= 1, got 3"):
         ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16, segments_per_program=3)
+    with pytest.raises(ValueError, match="read_policy must be '' or 'evict_first', got 'evict_last'"):
+        ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16, read_policy="evict_last")
+
+
+def test_forward_launch_defaults():
+    # (rows per program, warps), as measured on the H200 (see forward_config's constants)
+    assert ops.forward_config(4096, True) == (1, 8)  # RMSNorm: one row of 4096, 16 elements per thread
+    assert ops.forward_config(1024, True) == (4, 4)  # four rows of 1024, 32 per thread
+    assert ops.forward_config(4096, False) == (1, 4)  # LayerNorm: one row, 4 warps, at 4096 and 8192
+    assert ops.forward_config(8192, False) == (1, 4)
+    assert ops.forward_config(16384, True) == (1, 8)  # wide rows: 64 elements per thread
+    # a rows_per_program asked for alone gets warps for the tile it makes (32 per thread)
+    rows, _, plan = ops._forward_plan(4096, torch.bfloat16, False, False, True, True, False, False, False, 2, None)
+    assert rows == 2 and plan["num_warps"] == 8
 
 
 def test_non_contiguous_inputs():

@@ -103,7 +103,7 @@ def forward_config(n: int, is_rms: bool = True) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def backward_config(m: int, n: int) -> tuple[int, int, Optional[int], bool]:
+def backward_config(m: int, n: int) -> tuple[int, int, int, bool]:
     """(rows per block, num_warps, num_stages, prefetch) for the backward kernel.
 
     The rows per block fix the weight-gradient order, so they come from the shape alone
@@ -161,6 +161,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if read_policy not in ("", "evict_first"):
         raise ValueError(f"norm: read_policy must be '' or 'evict_first', got {read_policy!r}")
     rows = 1 if held else (rows_per_program or default_rows)
+    if not held and rows != default_rows:
+        default_warps = _warps_for(rows * layout["LANES"] * layout["SEGMENTS"])
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
@@ -225,8 +227,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
         **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL,
         PREFETCH=default_prefetch if prefetch is None else bool(prefetch), STAGES=stages,
-        num_warps=num_warps or default_warps, enable_fp_fusion=False,
-        **({} if stages is None else {"num_stages": stages}))
+        num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages)
 
 
 def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[Tensor],
@@ -238,7 +239,9 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs.
 
     ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
-    ``backward_config(m, n)[0]`` unless they mean to compute a different order.
+    ``backward_config(m, n)[0]`` unless they mean to compute a different order. ``num_warps``,
+    ``num_stages`` (the row loop's pipelining depth, the kernel's STAGES), ``unroll`` and
+    ``prefetch`` override ``backward_config`` (the bits do not change).
     """
     m, n = x2.shape
     plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,

@@ -74,7 +74,8 @@ BLOCK_PROGRAM_ELEMENTS = 8192
 #: 151936); else softmax and log_softmax rows of up to ONLINE_ELEMENTS stream "online" (the
 #: second read hits L2 while the rows in flight fit there: 4096 x 32768 bf16 on the H200, three
 #: interleaved rounds, online 81.0% of the roof against 76.8% for "cooperative"); else
-#: "cooperative" (one read; 256 x 131072: 59.2% against 47.6% online), else "online".
+#: "cooperative" (one read; 256 x 131072: 59.2% against 46.8-47.6% online at 4-8 warps), else
+#: "online".
 SPLIT_ROWS_PER_SM = 2
 ONLINE_ELEMENTS = 32768
 #: "split": total programs aimed at, per SM (64 x 151936 bf16 ran best at one segment per program).
@@ -86,16 +87,20 @@ SPLIT_PROGRAMS_PER_SM = 32
 #: register limit; beyond it "online" or "split" take the row).
 COOPERATIVE_ELEMENTS = 8192
 COOPERATIVE_WARPS = 4
-#: "online" / "split": held elements per streamed block, and warps ("online" at 4096 x 32768:
-#: blocks of 8192 and 4 warps 81.0%, 8 warps 78.1%, 16 warps 59.2%, blocks of 4096 53.8-67.3%).
+#: "online" / "split": held elements per streamed block, and warps. The softmax and log_softmax
+#: forward stream with 4 warps (4096 x 32768: blocks of 8192 and 4 warps 81.0%, 8 warps 78.1%,
+#: 16 warps 59.2%, blocks of 4096 53.8-67.3%); the other online launches keep the 8 warps they
+#: were measured with (the softmax backward at 4096 x 32768: 60.9% with 8, 59.2% with 4).
 ONLINE_BLOCK_ELEMENTS = 8192
-ONLINE_WARPS = 4
+ONLINE_WARPS = 8
+ONLINE_WARPS_SOFTMAX_FORWARD = 4
 SPLIT_BLOCK_ELEMENTS = 4096
 SPLIT_WARPS = 4
 #: "online" / "split": pipelining depth of the streaming loops (``Tuning.stages``). Staging the
-#: next blocks through shared memory was slower at every softmax shape measured (4096 x 32768:
-#: 2-4 stages 60-71% against 81% for 1; 256 x 131072: 55.5% at best against 47.6%, both below
-#: "cooperative"), so the loops issue each block's loads when they reach it.
+#: next blocks through shared memory lost where "online" is the default (4096 x 32768: 2-4
+#: stages 60-71% against 81% for 1) and made no difference at 32768 x 8192 (blocks of 8192);
+#: at 256 x 131072 it lifted "online" from 47.6% to 55.5% (8 warps, 4 stages), still below the
+#: default there ("cooperative", 59.2%). So the loops issue each block's loads when they reach it.
 STREAM_STAGES = 1
 
 _OPS = {"softmax": kernels.SOFTMAX.value, "log_softmax": kernels.LOG_SOFTMAX.value,
@@ -264,7 +269,7 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
         return Plan(strategy, num_warps, rpp, 1, 1, inner, False, segments, (phase,))
 
     if strategy == "online":
-        num_warps = tuning.num_warps or ONLINE_WARPS
+        num_warps = tuning.num_warps or (ONLINE_WARPS if lse or backward else ONLINE_WARPS_SOFTMAX_FORWARD)
         seg_block = min(tuning.seg_block or max(1, ONLINE_BLOCK_ELEMENTS // (lanes * factor)), seg_pow2)
         phase = _phase(rows, 1, num_warps, dict(
             common, PHASE=kernels.WHOLE_ROWS.value, IN_REGISTERS=False, ROWS_PER_PROGRAM=1,
