@@ -389,7 +389,7 @@ def backward_case(m, n, dtype, is_rms, roof, peers, args):
             return dx, dw
         return ops.layer_norm_backward_impl(dy, xd, wd, mean, rstd, True, dtype, **launch)
 
-    default_rpb, default_warps, _, _ = ops.backward_config(m, n)
+    default_rpb, default_warps, _ = ops.backward_config(m, n)
     # the default launch without autograd: the gap to the row above is host and autograd time
     record(op, shape, dtype, f"treefold default w{default_warps} (impl)", lambda: run_bwd(), nbytes, roof,
            optional=False, kind="treefold-impl")

@@ -5,7 +5,6 @@ shape costs. bf16, three interleaved rounds, do_bench median, L2 flushed; bytes:
 
     python benchmarks/probe_minimal.py [OUT_DIR]   (CUDA; with the peers: source .peers/activate.sh)
 """
-import json
 import os
 import sys
 
@@ -15,8 +14,8 @@ import triton.language as tl
 
 from treefold._ops import norms
 from treefold._ops import softmax as sm
-from treefold.bench.roofs import measure_copy_roof
-from treefold.bench.timing import CudaTimer, interleaved_us
+
+from probe_report import time_against_roof
 
 
 @triton.jit
@@ -104,17 +103,7 @@ def main(out_dir):
         for key in calls:
             if f"ln {shape} " in key:
                 nbytes[key] = 2 * x.numel() * 2
-    times = interleaved_us(calls, CudaTimer(warmup_ms=10, rep_ms=50))
-    roof = measure_copy_roof(torch.device("cuda"), CudaTimer()).gbs
-    rows_out = []
-    print(f"roof {roof:.0f} GB/s")
-    for key, ts in times.items():
-        pct = [100 * nbytes[key] / (t * 1e-6) / (roof * 1e9) for t in ts]
-        rows_out.append(dict(name=key, us=ts, pct=pct))
-        print(f"{key:66s} " + "  ".join(f"{t:7.1f} us {p:5.1f}%" for t, p in zip(ts, pct)))
-    if out_dir:
-        with open(os.path.join(out_dir, "probe-minimal.json"), "w") as f:
-            json.dump(dict(roof_gbs=roof, rows=rows_out), f, indent=1)
+    time_against_roof(calls, nbytes, os.path.join(out_dir, "probe-minimal.json") if out_dir else "")
 
 
 if __name__ == "__main__":

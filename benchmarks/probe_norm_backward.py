@@ -12,7 +12,7 @@ for m, n in [(32768, 4096), (16384, 8192)]:
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16); dy = torch.randn_like(x)
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     y, _, rstd = ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16)
-    rpb, warps, stages, _ = ops.backward_config(m, n)
+    rpb, warps, stages = ops.backward_config(m, n)
     blocks = (m + rpb - 1) // rpb
     dx = torch.empty_like(x); part = torch.empty(blocks, n, device="cuda", dtype=torch.float32)
     def run(**kw):

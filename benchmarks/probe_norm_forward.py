@@ -9,7 +9,6 @@ If the minimal kernel is near the peers and treefold is not, the gap lies in wha
 kernel adds (the order's tree, IEEE division and square root, the casting); if the minimal kernel
 is as slow, in the launch shape.
 """
-import json
 import os
 import sys
 
@@ -18,8 +17,8 @@ import triton
 import triton.language as tl
 
 from treefold._ops import norms
-from treefold.bench.roofs import measure_copy_roof
-from treefold.bench.timing import CudaTimer, interleaved_us
+
+from probe_report import time_against_roof
 
 
 @triton.jit
@@ -91,17 +90,7 @@ def main(out_dir):
                 calls[key] = lambda x=x, w=w, p=policy: norms.rms_norm_impl(
                     x, w, None, 1e-6, 0.0, "llama", x.dtype, store_stats=False, read_policy=p)
             nbytes[key] = (4 if label == "rms+residual" else 2) * x.numel() * x.element_size()
-    times = interleaved_us(calls, CudaTimer(warmup_ms=10, rep_ms=50))
-    roof = measure_copy_roof(torch.device("cuda"), CudaTimer()).gbs
-    rows_out = []
-    print(f"roof {roof:.0f} GB/s")
-    for key, ts in times.items():
-        pct = [100 * nbytes[key] / (t * 1e-6) / (roof * 1e9) for t in ts]
-        rows_out.append(dict(name=key, us=ts, pct=pct))
-        print(f"{key:58s} " + "  ".join(f"{t:7.1f} us {p:5.1f}%" for t, p in zip(ts, pct)))
-    if out_dir:
-        with open(os.path.join(out_dir, "probe-norm-forward.json"), "w") as f:
-            json.dump(dict(roof_gbs=roof, rows=rows_out), f, indent=1)
+    time_against_roof(calls, nbytes, os.path.join(out_dir, "probe-norm-forward.json") if out_dir else "")
 
 
 if __name__ == "__main__":

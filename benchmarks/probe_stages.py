@@ -12,7 +12,6 @@ at 32768 x 4096 and 16384 x 8192, RMSNorm and LayerNorm.
 Bytes: softmax forward and norm backward as the bench counts them (read + write once; the norm
 backward reads x and dy, writes dx); softmax backward reads y and dy, writes dx.
 """
-import json
 import os
 import sys
 
@@ -21,8 +20,7 @@ import torch
 from treefold import order
 from treefold._ops import norms
 from treefold._ops import softmax as sm
-from treefold.bench.roofs import measure_copy_roof
-from treefold.bench.timing import CudaTimer, interleaved_us
+from probe_report import time_against_roof
 
 
 def softmax_calls(calls, nbytes, check):
@@ -110,17 +108,7 @@ def main():
             bad.append(key)
     torch.cuda.synchronize()
     print(f"bits: {len(check) - len(bad)} of {len(check)} variants equal to their default; differ: {bad}", flush=True)
-    times = interleaved_us(calls, CudaTimer(warmup_ms=10, rep_ms=50))
-    roof = measure_copy_roof(torch.device("cuda"), CudaTimer()).gbs
-    rows = []
-    for key, ts in times.items():
-        pct = [100 * nbytes[key] / (t * 1e-6) / (roof * 1e9) for t in ts]
-        rows.append(dict(name=key, us=ts, pct=pct))
-    with open(os.path.join(out_dir, "probe-stages.json"), "w") as f:
-        json.dump(dict(roof_gbs=roof, rows=rows, differ=bad), f, indent=1)
-    print(f"roof {roof:.0f} GB/s")
-    for r in rows:
-        print(f"{r['name']:58s} " + "  ".join(f"{t:8.1f} us {p:5.1f}%" for t, p in zip(r["us"], r["pct"])))
+    time_against_roof(calls, nbytes, os.path.join(out_dir, "probe-stages.json"), differ=bad)
 
 
 if __name__ == "__main__":

@@ -583,3 +583,10 @@ def test_graph_times_reach_the_summary_and_the_tables():
     assert "CUDA graph us (best peer)" in summary and "3.4 (torch 8.5)" in summary
     detail = "\n".join(report.detail_tables({"results": rows}))
     assert "| 1x151936 | fp32 | compile | ok |" in detail and "| 3.4 |" in detail
+
+
+def test_roof_percent_counts_bytes_against_the_copy_bandwidth():
+    from treefold.bench.roofs import Roof
+    roof = Roof(gbs=4000.0, us=500.0, bytes_moved=2 << 30, device="cuda:0", how="copy")
+    assert roof.percent(4e8, 100.0) == pytest.approx(100.0)  # 400 MB in 100 us = 4000 GB/s
+    assert roof.percent(1e8, 100.0) == pytest.approx(25.0)

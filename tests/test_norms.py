@@ -234,7 +234,9 @@ def test_weight_gradient_over_many_blocks_matches_reference_bits():
             assert_bits(g, g_want)
     # rows of 2049..8192 run a pipelined row loop by default: blocks of two rows, with a residual
     # stream whose gradient is stored in its own dtype, and LayerNorm's three gradients
-    assert ops.backward_config(m, 2100)[2:] == (3, False)
+    assert ops.backward_config(m, 2100)[2] == 3
+    assert not ops._backward_plan(m, 2100, torch.bfloat16, True, False, True, False, True, False, True, False,
+                                  ops.backward_config(m, 2100)[0], None, None)["PREFETCH"]
     x2 = randn((m, 2100), torch.bfloat16, seed=3).requires_grad_()
     w2 = weight_like(2100, torch.bfloat16).requires_grad_()
     r2 = randn((m, 2100), torch.float32, seed=4).requires_grad_()

@@ -103,8 +103,8 @@ def forward_config(n: int, is_rms: bool = True) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def backward_config(m: int, n: int) -> tuple[int, int, int, bool]:
-    """(rows per block, num_warps, num_stages, prefetch) for the backward kernel.
+def backward_config(m: int, n: int) -> tuple[int, int, int]:
+    """(rows per block, num_warps, num_stages) for the backward kernel.
 
     The rows per block fix the weight-gradient order, so they come from the shape alone
     (``treefold.reference.norms.weight_grad_rows_per_block``). Rows of 2049 to 8192 elements (a
@@ -115,14 +115,14 @@ def backward_config(m: int, n: int) -> tuple[int, int, int, bool]:
     neither), 16384 x 8192 88.4% (85.1%), LayerNorm 16384 x 8192 76.5% (63.8%), 32768 x 4096
     60.7% (61.3%); 2 stages and 16 warps were slower everywhere. Shorter and wider rows keep 32
     elements per thread and a plain loop (not measured pipelined). ``prefetch`` (the row ahead
-    held in registers) stays a launch choice.
+    held in registers, off by default) stays a launch choice of the launchers.
     """
     block = row_block(n)
     rows_per_block = ref.weight_grad_rows_per_block(m, n)
     if _BACKWARD_PIPELINED_ROWS[0] <= block <= _BACKWARD_PIPELINED_ROWS[1]:
         warps = min(_BACKWARD_PIPELINED_MAX_WARPS, _warps_for(block, _BACKWARD_PIPELINED_ELEMENTS_PER_THREAD))
-        return rows_per_block, warps, _BACKWARD_STAGES, False
-    return rows_per_block, _warps_for(block), 1, False
+        return rows_per_block, warps, _BACKWARD_STAGES
+    return rows_per_block, _warps_for(block), 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
                    num_stages: Optional[int], unroll: Optional[int] = None,
                    prefetch: Optional[bool] = None) -> dict:
     """The kernel's constexprs and options for one kind of backward launch."""
-    _, default_warps, default_stages, default_prefetch = backward_config(m, n)
+    _, default_warps, default_stages = backward_config(m, n)
     # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
     stages = num_stages or (1 if prefetch else default_stages)
     return dict(
@@ -226,7 +226,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
         **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL,
-        PREFETCH=default_prefetch if prefetch is None else bool(prefetch), STAGES=stages,
+        PREFETCH=bool(prefetch), STAGES=stages,
         num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages)
 
 

@@ -28,6 +28,10 @@ class Roof:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def percent(self, nbytes: float, us: float) -> float:
+        """A call that moves ``nbytes`` in ``us`` microseconds, as a percentage of this roof."""
+        return 100.0 * nbytes / (us * 1e3) / self.gbs
+
 
 def measure_copy_roof(device: torch.device, timer: Callable, nbytes: int | None = None) -> Roof:
     """Time ``dst.copy_(src)`` for a buffer of ``nbytes`` bytes on ``device``."""
