@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-from treefold._ops import launch
 from treefold._ops.launch import Launcher, _specialise
 import numpy as np
 
@@ -204,83 +203,3 @@ def test_prepared_calls_of_several_launches_give_the_same_bits(rows, n):
     out = torch.full_like(x, float("nan"))
     assert softmax_ops._PREPARED[key](x, out)
     assert torch.equal(out, softmax_ops.softmax_forward(x))
-
-
-# ---- fused tree levels ---------------------------------------------------------------------------
-
-def test_loads_vectorise_needs_sixteen_byte_rows_and_one_element_size():
-    x = torch.empty(4, 64, dtype=torch.bfloat16)
-    assert launch.loads_vectorise(64, (x, None, x), (64, 64))
-    assert not launch.loads_vectorise(60, (x,), (64,))  # the row length
-    assert not launch.loads_vectorise(64, (x,), (72,))  # a row stride
-    assert not launch.loads_vectorise(64, (x.view(-1)[1:],), (64,))  # an address
-    assert not launch.loads_vectorise(64, (x, x.float()), (64, 64))  # two element sizes
-
-
-def test_layout_check_tells_a_butterfly_from_a_fold():
-    from treefold._ops.tree_layouts import unordered_sums
-    head = ('#a = #ttg.linear<{register = [[8]], lane = [[1], [2], [4]], warp = [[0]], block = []}>\n'
-            '#b = #ttg.linear<{register = [], lane = [[1], [2], [4], [8]], warp = [[0]], block = []}>\n'
-            '#c = #ttg.blocked<{sizePerThread = [4], threadsPerWarp = [32], warpsPerCTA = [1], order = [0]}>\n')
-
-    def reduce(size, layout):
-        return ('%r = "tt.reduce"(%x) <{axis = 0 : i32}> ({\n^bb0(%p: f32, %q: f32):\n'
-                '  %s = arith.addf %p, %q : f32\n  tt.reduce.return %s : f32\n'
-                f'}}) : (tensor<{size}xf32, {layout}>) -> f32\n')
-    assert unordered_sums(head + reduce(16, "#b")) == []  # lanes alone, in order
-    assert unordered_sums(head + reduce(16, "#a"))  # a register bit on top of lanes
-    assert unordered_sums(head + reduce(128, "#c"))  # four values per thread folded in turn
-
-
-def _level_by_level(monkeypatch):
-    """Make every Launcher call take WARP_BITS = SEG_WARP_BITS = 0 (every tree level on its own)."""
-    call = launch.Launcher.__call__
-
-    def single(self, grid, *args, **kwargs):
-        return call(self, grid, *args, **{k: (0 if k in ("WARP_BITS", "SEG_WARP_BITS") else v)
-                                          for k, v in kwargs.items()})
-    monkeypatch.setattr(launch.Launcher, "__call__", single)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,n", [(64, 16384), (300, 4096), (33, 8192), (128, 5120)])
-def test_fused_tree_levels_give_the_bits_of_level_by_level(m, n, monkeypatch):
-    from treefold._ops import norms
-    from treefold._ops import softmax as sm
-    gen = torch.Generator(device="cuda").manual_seed(m * n)
-    x = torch.randn(m, n, device="cuda", generator=gen).bfloat16()
-    w = (1 + 0.1 * torch.randn(n, device="cuda", generator=gen)).bfloat16()
-    b = (0.1 * torch.randn(n, device="cuda", generator=gen)).bfloat16()
-    dy = torch.randn(m, n, device="cuda", generator=gen).bfloat16()
-
-    def run():
-        y, _, rstd = norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype)
-        z, mean, rstd_ln = norms.layer_norm_impl(x, w, b, 1e-5)
-        grads = norms.rms_norm_backward_impl(dy, None, x, w, rstd, 0.0, "llama", x.dtype, None, True)
-        grads_ln = norms.layer_norm_backward_impl(dy, x, w, mean, rstd_ln, True, x.dtype)
-        s = sm.softmax_forward(x)
-        return [y, rstd, z, mean, rstd_ln, *[g for g in grads if g is not None],
-                *[g for g in grads_ln if g is not None], s, sm.softmax_backward(dy, s)]
-    fused = run()
-    _level_by_level(monkeypatch)
-    single = run()
-    for a, c in zip(fused, single):
-        assert torch.equal(a, c)
-
-
-@pytest.mark.gpu
-def test_launcher_takes_level_by_level_where_the_layout_does_not_fuse():
-    # 8 warps hold the 512 groups of a row of 16384 bf16 as 5 lane bits, 3 warp bits and one
-    # register bit: WARP_BITS=4 would fold a register bit into a compiled sum, so the launcher
-    # must find that in the compiled layout and run every level on its own (the default's bits)
-    from treefold._ops import norms
-    x = torch.randn(64, 16384, device="cuda").bfloat16()
-    w = torch.randn(16384, device="cuda").bfloat16()
-    expected = norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype, store_stats=False)[0]
-    y = torch.empty_like(x)
-    rows, _, plan = norms._forward_plan(16384, x.dtype, True, False, True, False, False, True, False, None, None)
-    assert plan["WARP_BITS"] == 3 and plan["num_warps"] == 8
-    args = (x, x, w, x, y, x, y, y, y, y, 64, 16384, 16384.0, 1e-6, 0.0, 4, 1, 16384, 0, 16384, 0)
-    norms._forward_kernel((64 // rows,), *args, **dict(plan, WARP_BITS=4))
-    assert torch.equal(y, expected)
-    assert False in norms._forward_kernel._fused_verdicts.values()

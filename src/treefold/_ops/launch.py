@@ -13,10 +13,6 @@ other value; the device; and the constexpr values and launch options. Tensors ar
 as their addresses, and with Triton 3.6 its C entry point is called directly. A new key goes through Triton's own path once (which
 compiles or finds the kernel) and is then cached.
 
-A launch that asks for fused tree levels (a ``WARP_BITS`` keyword above 0) is compiled first and its
-layout checked (``tree_layouts``); where a fused sum would not realise the treefold order, the
-launch takes ``WARP_BITS=0`` (every tree level on its own: the same bits, more exchanges).
-
 Only compiled CUDA launches without launch hooks take the lean path: while a profiler has
 installed hooks, every call goes through Triton's own path, which calls them. Under Triton's
 interpreter, or with TREEFOLD_TRITON_LAUNCH=1 in the environment, every call goes through
@@ -36,7 +32,6 @@ from triton import knobs as _knobs
 
 from ..backend import INTERPRETED
 from ..kernels.combine import HAS_DEPENDENT_LAUNCH
-from .tree_layouts import unordered_sums
 
 _TRITON_VERSION = triton.__version__
 #: Cached specialisations per kernel before the cache is emptied.
@@ -96,23 +91,6 @@ def _int_key(value: int):
     return ("u64" if value >= _INT64_END else "i64", value & 15 == 0)
 
 
-def loads_vectorise(n: int, tensors, strides) -> bool:
-    """Whether Triton compiles a launch's row loads as 16-byte vectors, as fused tree levels
-    (``combine.tree_sum``'s WARP_BITS) assume: the row length and the row ``strides`` divisible
-    by 16 and every tensor of ``tensors`` 16-byte aligned (what Triton specialises on), all of
-    one element size. None entries are skipped."""
-    if n % 16:
-        return False
-    size = None
-    for t in tensors:
-        if t is None:
-            continue
-        if t.data_ptr() % 16 or (size is not None and t.element_size() != size):
-            return False
-        size = t.element_size()
-    return all(stride % 16 == 0 for stride in strides)
-
-
 @functools.lru_cache(maxsize=64)
 def dependent_launch(device_type: str, index: Optional[int]) -> bool:
     """Whether launches on this device may be programmatic dependent launches: a CUDA device of
@@ -154,7 +132,6 @@ class Launcher:
         # Kernels whose constexpr parameters all come last take the cheap merge.
         self._constexpr_last = all(i in constexpr for i in range(len(names) - len(constexpr), len(names)))
         self._cache: dict = {}
-        self._fused_verdicts: dict = {}
 
     def __call__(self, grid, *args, **kwargs):
         if (_PLAIN or not args or not isinstance(args[0], torch.Tensor) or not args[0].is_cuda
@@ -166,8 +143,6 @@ class Launcher:
         key = (device, spec, tuple(kwargs.items()))
         entry = self._cache.get(key)
         if entry is None:
-            if kwargs.get("WARP_BITS") or kwargs.get("SEG_WARP_BITS"):
-                kwargs = self._checked_fusion(grid, args, kwargs)  # checked once, under the asked-for key
             compiled = self._triton_launch(grid, args, kwargs)
             values = self._constexpr_values(kwargs)
             tail = tuple(values[n] for n in self._constexpr_names) if self._constexpr_last else None
@@ -213,23 +188,7 @@ class Launcher:
         if self._runtime_names and len(args) != len(self._runtime_names):
             raise TypeError(f"{getattr(self.kernel, '__name__', 'kernel')}: expected {len(self._runtime_names)} runtime arguments "
                             f"({', '.join(self._runtime_names)}), got {len(args)}")
-        if (kwargs.get("WARP_BITS") or kwargs.get("SEG_WARP_BITS")) and not INTERPRETED:
-            kwargs = self._checked_fusion(grid, args, kwargs)
         return self.kernel[grid](*args, **kwargs)
-
-    def _checked_fusion(self, grid, args, kwargs):
-        """``kwargs``, or ``kwargs`` with WARP_BITS (and SEG_WARP_BITS) 0 when the kernel compiled with
-        its fused tree levels holds a sum that is not one butterfly (``tree_layouts.unordered_sums``)."""
-        device = args[0].device.index if isinstance(args[0], torch.Tensor) else None
-        key = (device, _specialise(args)[0], tuple(kwargs.items()))
-        fused = self._fused_verdicts.get(key)
-        if fused is None:
-            compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
-            fused = not unordered_sums(compiled.asm["ttgir"])
-            if len(self._fused_verdicts) >= _MAX_ENTRIES:
-                self._fused_verdicts.clear()
-            self._fused_verdicts[key] = fused
-        return kwargs if fused else dict(kwargs, **{k: 0 for k in ("WARP_BITS", "SEG_WARP_BITS") if k in kwargs})
 
     def _constexpr_values(self, kwargs):
         return {name: kwargs.get(name, self._defaults.get(name)) for name in self._constexpr_names}

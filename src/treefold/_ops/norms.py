@@ -20,10 +20,9 @@ from torch import Tensor
 
 from .. import backend, order
 from .._checks import as_rows
-from ..kernels.combine import LANE_BITS, fused_warp_bits
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
-from .launch import Launcher, loads_vectorise
+from .launch import Launcher
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
 MAX_ROW_LENGTH = 65536
@@ -164,18 +163,11 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     rows = 1 if held else (rows_per_program or default_rows)
     if not held and rows != default_rows:
         default_warps = _warps_for(rows * layout["LANES"] * layout["SEGMENTS"])
-    warps = num_warps or default_warps
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
-        READ_POLICY=read_policy, WARP_BITS=_warp_bits(layout, warps), num_warps=warps, enable_fp_fusion=False)
-
-
-def _warp_bits(layout: dict, num_warps: int) -> int:
-    """WARP_BITS of the row trees (``combine.tree_sum``) for a launch whose loads vectorise: the
-    group index of a ``[rows, segments, LANES]`` block has its low bits on lanes, then warps."""
-    return fused_warp_bits(layout["LOG2_LANES"] - layout["LOG2_GROUP"], int(LANE_BITS), num_warps)
+        READ_POLICY=read_policy, num_warps=num_warps or default_warps, enable_fp_fusion=False)
 
 
 def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: Optional[Tensor],
@@ -196,9 +188,6 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
         read_policy)
-    if plan["WARP_BITS"] and not loads_vectorise(n, (x2, res2, w, b, y2, h2),
-                                                  [t.stride(0) for t in (x2, res2, y2, h2) if t is not None]):
-        plan = dict(plan, WARP_BITS=0)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:
@@ -232,15 +221,13 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
     _, default_warps, default_stages = backward_config(m, n)
     # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
     stages = num_stages or (1 if prefetch else default_stages)
-    layout = row_layout(n, dtype)
-    warps = num_warps or default_warps
     return dict(
         IS_RMS=is_rms, HAS_DH_OUT=has_dh_out, HAS_WEIGHT=has_weight, HAS_OFFSET=has_offset,
         ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
-        **layout, UNROLL=unroll or BACKWARD_UNROLL,
-        PREFETCH=bool(prefetch), STAGES=stages, WARP_BITS=_warp_bits(layout, warps),
-        num_warps=warps, enable_fp_fusion=False, num_stages=stages)
+        **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL,
+        PREFETCH=bool(prefetch), STAGES=stages,
+        num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages)
 
 
 def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[Tensor],
@@ -260,9 +247,6 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
                           round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
                           rows_per_block, num_warps, num_stages, unroll, prefetch)
-    if plan["WARP_BITS"] and not loads_vectorise(n, (dy2, dh2, x2, w, dx2, dres2),
-                                                  [t.stride(0) for t in (dy2, dh2, x2, dx2, dres2) if t is not None]):
-        plan = dict(plan, WARP_BITS=0)
     _backward_kernel(
         ((m + rows_per_block - 1) // rows_per_block,),
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,

@@ -40,8 +40,7 @@ import torch
 from .. import backend, order
 from .._checks import as_rows
 from ..kernels import softmax as kernels
-from ..kernels.combine import LANE_BITS, fused_warp_bits
-from .launch import Launcher, dependent_launch as _dependent_launch, launch_hooks_active, loads_vectorise
+from .launch import Launcher, dependent_launch as _dependent_launch, launch_hooks_active
 from ..reference import softmax as reference
 
 STRATEGIES = ("warp", "block", "online", "split", "cooperative")
@@ -138,32 +137,12 @@ class _Phase:
     constexprs: tuple  # (name, value) pairs, HAS_TEMPERATURE=False
     kwargs: dict = field(compare=False, repr=False, default_factory=dict)
     kwargs_temperature: dict = field(compare=False, repr=False, default_factory=dict)
-    #: the same for loads that do not vectorise (``launch.loads_vectorise``): no fused tree levels
-    kwargs_scalar: dict = field(compare=False, repr=False, default_factory=dict)
-    kwargs_scalar_temperature: dict = field(compare=False, repr=False, default_factory=dict)
-
-    def launch_kwargs(self, temperature: bool, vectorised: bool) -> dict:
-        if vectorised:
-            return self.kwargs_temperature if temperature else self.kwargs
-        return self.kwargs_scalar_temperature if temperature else self.kwargs_scalar
 
 
 def _phase(grid: int, programs_per_row: int, num_warps: int, constexprs: dict, launch_pdl: bool = False) -> _Phase:
-    # A block's INNER axis holding exactly a warp's lanes (one vector each) leaves its other axes
-    # to the warps: Triton's layouts give them to the segments first, then to the low bits of the
-    # OUTER index, whose tree levels can then be one compiled sum (``Launcher`` checks the layout).
-    segments = (constexprs["SEG_POW2"] * constexprs["ROWS_PER_PROGRAM"] if constexprs["IN_REGISTERS"]
-                else constexprs["SEG_BLOCK"])
-    warp_bits = (fused_warp_bits(constexprs["LOG2_OUTER"], 0, max(1, num_warps // segments))
-                 if constexprs["INNER"] == (1 << int(LANE_BITS)) * constexprs["GROUP"] else 0)
-    # the backward's row sum over the segments of a block in registers: segments on warps
-    seg_warp_bits = (fused_warp_bits(constexprs["LOG2_SEG_POW2"], 0, num_warps)
-                     if constexprs["IN_REGISTERS"] and constexprs["BACKWARD"] and constexprs["ROWS_PER_PROGRAM"] == 1
-                     else 0)
     launch = dict(constexprs, num_warps=num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if launch_pdl else {}))
-    vectorised = dict(launch, WARP_BITS=warp_bits, SEG_WARP_BITS=seg_warp_bits)
-    return _Phase((grid,), programs_per_row, num_warps, tuple(constexprs.items()), vectorised,
-                  dict(vectorised, HAS_TEMPERATURE=True), launch, dict(launch, HAS_TEMPERATURE=True))
+    return _Phase((grid,), programs_per_row, num_warps, tuple(constexprs.items()), launch,
+                  dict(launch, HAS_TEMPERATURE=True))
 
 
 @dataclass(frozen=True)
@@ -370,13 +349,10 @@ def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int
     slots = (src, dst) + ((part_p, part_q) if plan_.partials == "pq" else (part_p,) if plan_.partials else ())
     slots += (arrivals,) if plan_.arrivals else ()
     launches = []
-    row_tensors = [(t, stride) for t, stride in ((src, stride_src), (grad, stride_grad), (dst, stride_dst))
-                   if t.numel() == rows * n]
-    vectorised = loads_vectorise(n, [t for t, _ in row_tensors], [stride for _, stride in row_tensors])
     for phase in plan_.phases:
         args = (src, grad, dst, row, part_p, part_q, arrivals, rows, n, segments, phase.programs_per_row,
                 stride_src, stride_grad, stride_dst, inv_temperature)
-        kwargs = phase.launch_kwargs(with_temperature, vectorised)
+        kwargs = phase.kwargs_temperature if with_temperature else phase.kwargs
         if prepare_key is not None:
             launches.append(_KERNEL.prepare(phase.grid, args, kwargs, slots))  # launches, then prepares
         else:

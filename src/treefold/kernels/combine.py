@@ -15,8 +15,6 @@ with lowest-index ties used by max/min/argmax/argmin.
 import triton
 import triton.language as tl
 
-from ..backend import INTERPRETED
-
 try:  # programmatic dependent launch (Hopper and later); Triton >= 3.4
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # older Triton: the launches that would use it are never planned
@@ -25,41 +23,10 @@ except ImportError:  # older Triton: the launches that would use it are never pl
 #: Whether this Triton can build kernels that take part in a programmatic dependent launch.
 HAS_DEPENDENT_LAUNCH = gdc_wait is not None
 
-#: Lanes of a warp, as bits of an index: a 16-byte-vector layout puts the low 5 bits of a group
-#: index on the lanes of a warp.
-LANE_BITS = tl.constexpr(5)
-#: Fused levels are compiled code only: the interpreter evaluates every level on its own.
-INTERPRETED_TREES = tl.constexpr(INTERPRETED)
-
-def fused_warp_bits(log2_extent: int, lane_bits: int, num_warps: int) -> int:
-    """WARP_BITS for a tree over an axis of 2**log2_extent values whose low ``lane_bits`` lie on
-    lanes (0 when the axis starts on warps), with ``num_warps`` warps: the blocked layout gives
-    the axis as many warps as it has bits left for, the rest go to other axes."""
-    return max(0, min(num_warps.bit_length() - 1, log2_extent - lane_bits))
-
-
-# --------------------------------------------------------------------------------------------
-# Levels fused by layout
-#
-# A halving tree pairs the highest index bit first. When a block is loaded as 16-byte vectors
-# (one group per thread), Triton's blocked layout puts the low 5 bits of the group index on the
-# lanes of a warp, the next bits on warps, and the highest bits in each thread's registers.
-# Level by level, every tree level over a warp bit is a shared-memory exchange with two
-# barriers. Compiled, one ``tl.sum`` over an axis that lies on warps alone is a single exchange
-# followed by a butterfly of shuffles over the warps' values from the highest distance down
-# (lane i meets lane i ^ 4, then i ^ 2, then i ^ 1): the halving tree over those bits, the same
-# pairs meeting in the same order. A ``tl.sum`` over the lane bits is the same butterfly inside
-# each warp. So with WARP_BITS given, the register levels run one by one, then the warp levels
-# as one sum and the lane levels as one sum: the same bits with 2 barriers instead of
-# 2 * WARP_BITS + 2. The caller states WARP_BITS from the launch (num_warps, and loads that
-# vectorise); the GPU tier's bitwise tests against the CPU reference hold it to that.
-# --------------------------------------------------------------------------------------------
-
 
 @triton.jit
 def tree_sum(x, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr,
-             GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, WARP_BITS: tl.constexpr = 0,
-             FUSED_LANE_BITS: tl.constexpr = 5):
+             GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr):
     """Grouped halving-tree sum over the last axis of a ``[ROWS, WIDTH]`` block; returns ``[ROWS]``.
 
     Args:
@@ -69,25 +36,14 @@ def tree_sum(x, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexp
         LOG2_WIDTH: log2(WIDTH).
         GROUP: lanes per group, ``2 ** LOG2_GROUP`` (``treefold.order.group``), at most WIDTH.
         LOG2_GROUP: log2(GROUP).
-        WARP_BITS: 0, or the number of bits of the group index that the block's layout puts on
-            warps (see "Levels fused by layout" below); a launch choice that changes no bits.
-        FUSED_LANE_BITS: with WARP_BITS, the low bits of the group index that lie on lanes (5 for
-            a block loaded as vectors; 0 for a vector of per-segment results held by warps).
     """
     GROUPS: tl.constexpr = WIDTH // GROUP
     x = tl.reshape(x, [ROWS, GROUPS, GROUP])
     for level in tl.static_range(LOG2_GROUP):
         x = tl.sum(tl.reshape(x, [ROWS, GROUPS, 2, GROUP >> (level + 1)]), axis=2)
     x = tl.reshape(x, [ROWS, GROUPS])
-    if WARP_BITS > 0 and not INTERPRETED_TREES:
-        REGISTER_BITS: tl.constexpr = LOG2_WIDTH - LOG2_GROUP - WARP_BITS - FUSED_LANE_BITS
-        for level in tl.static_range(REGISTER_BITS):
-            x = tl.sum(tl.reshape(x, [ROWS, 2, GROUPS >> (level + 1)]), axis=1)
-        x = tl.sum(tl.reshape(x, [ROWS, 1 << WARP_BITS, 1 << FUSED_LANE_BITS]), axis=1)
-        x = tl.sum(x, axis=1)
-    else:
-        for level in tl.static_range(LOG2_WIDTH - LOG2_GROUP):
-            x = tl.sum(tl.reshape(x, [ROWS, 2, GROUPS >> (level + 1)]), axis=1)
+    for level in tl.static_range(LOG2_WIDTH - LOG2_GROUP):
+        x = tl.sum(tl.reshape(x, [ROWS, 2, GROUPS >> (level + 1)]), axis=1)
     return tl.reshape(x, [ROWS])
 
 

@@ -26,16 +26,15 @@ from .combine import arrive, round_to, tree_sum, wait_for_arrivals
 
 @triton.jit
 def row_tree_sum(v, ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
-                 LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-                 WARP_BITS: tl.constexpr = 0):
+                 LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr):
     """Sum of each row of a ``[ROWS, SEGMENTS, LANES]`` float32 block in the treefold order.
 
     Each segment by the grouped tree (GROUP lanes per group), then the segment results by a plain
     halving tree. Padding (lanes past N, segments past S) must hold zeros, as the order pads with
-    the identity. WARP_BITS: see ``combine.tree_sum``. Returns ``[ROWS]``.
+    the identity. Returns ``[ROWS]``.
     """
     seg = tree_sum(tl.reshape(v, [ROWS * SEGMENTS, LANES]), ROWS * SEGMENTS, LANES, LOG2_LANES,
-                   GROUP, LOG2_GROUP, WARP_BITS)
+                   GROUP, LOG2_GROUP)
     return tree_sum(tl.reshape(seg, [ROWS, SEGMENTS]), ROWS, SEGMENTS, LOG2_SEGMENTS, 1, 0)
 
 
@@ -59,7 +58,7 @@ def _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT: tl.constexpr, HAS_OF
 def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, target, ROWS: tl.constexpr,
                HELD: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr,
                LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-               SHARED_ROW: tl.constexpr, WARP_BITS: tl.constexpr):
+               SHARED_ROW: tl.constexpr):
     """Row sums of a ``[ROWS, HELD, LANES]`` float32 block in the treefold order; returns ``[ROWS]``.
 
     Whole rows (HELD = SEGMENTS): ``row_tree_sum``. ``SHARED_ROW``: the block holds HELD segments
@@ -68,7 +67,7 @@ def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, t
     then reads the whole row's segment sums back and meets them in the same halving tree.
     """
     if SHARED_ROW:
-        seg = tree_sum(tl.reshape(v, [HELD, LANES]), HELD, LANES, LOG2_LANES, GROUP, LOG2_GROUP, WARP_BITS)
+        seg = tree_sum(tl.reshape(v, [HELD, LANES]), HELD, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
         segments = first_segment + tl.arange(0, HELD)
         tl.store(part_ptr + row_id * num_segments + segments, seg, mask=segments < num_segments)
         arrived = arrive(arrivals_ptr, row_id)
@@ -78,7 +77,7 @@ def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, t
                       cache_modifier=".cg")
         return tree_sum(tl.reshape(seg, [1, SEGMENTS]), 1, SEGMENTS, LOG2_SEGMENTS, 1, 0)
     else:
-        return row_tree_sum(v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, WARP_BITS)
+        return row_tree_sum(v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
 
 
 @triton.jit
@@ -92,7 +91,6 @@ def norm_forward_kernel(
     ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
-    WARP_BITS: tl.constexpr = 0,
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -175,20 +173,18 @@ def norm_forward_kernel(
         v = h.to(tl.float32)
     if IS_RMS:
         total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
-                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW,
-                           WARP_BITS)
+                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
         normalised = v * rstd[:, None, None]
     else:
         total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
-                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW,
-                           WARP_BITS)
+                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         mean = tl.div_rn(total, n_float)
         d = tl.where(mask, v - mean[:, None, None], 0.0)
         # the second exchange: its own half of the buffer, and the counter's second round
         total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
                               num_segments, 2 * programs_per_row, ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES,
-                              LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW, WARP_BITS)
+                              LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         var = tl.div_rn(total_sq, n_float)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
         normalised = d * rstd[:, None, None]
@@ -238,7 +234,7 @@ def norm_backward_kernel(
     BLOCK_ROWS: tl.constexpr,
     SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
     GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
-    STAGES: tl.constexpr = 1, WARP_BITS: tl.constexpr = 0,
+    STAGES: tl.constexpr = 1,
 ):
     """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
 
@@ -324,13 +320,12 @@ def norm_backward_kernel(
             g = dy * w
         else:
             g = dy
-        s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP,
-                            WARP_BITS)
+        s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
         c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
         if IS_RMS:
             dx = (g - normalised * c_gn) * rstd
         else:
-            s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, WARP_BITS)
+            s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
             c_g = tl.div_rn(s_g, n_float)[:, None, None]
             dx = ((g - c_g) - normalised * c_gn) * rstd
         if HAS_DH_OUT:

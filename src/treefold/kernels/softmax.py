@@ -57,8 +57,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import (INTERPRETED_TREES, arrive, gdc_launch_dependents, gdc_wait, round_to, tree_max_sum, tree_sum,
-                      wait_for_arrivals)
+from .combine import arrive, gdc_launch_dependents, gdc_wait, round_to, tree_max_sum, tree_sum, wait_for_arrivals
 
 #: Triton's interpreter truncates float32 -> bfloat16; outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
@@ -103,7 +102,7 @@ def _exp(x):
 @triton.jit
 def _lane_tree_sum(x, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS: tl.constexpr,
                    INNER: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-                   LOG2_INNER_GROUPS: tl.constexpr, WARP_BITS: tl.constexpr):
+                   LOG2_INNER_GROUPS: tl.constexpr):
     """``tree_sum`` over the C = OUTER * INNER lanes of each segment, in groups; returns [SEGS].
 
     ``x`` is a ``[SEGS, OUTER, INNER]`` block holding lane k * INNER + j of segment s at
@@ -114,22 +113,15 @@ def _lane_tree_sum(x, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS: tl.co
     whose last levels run over the INNER / GROUP groups of each k. The same pairs in the same
     order, so the same bits; holding the lanes this way lets a thread own a 16-byte vector of
     INNER (vector loads) while the high lane bits live in its registers, so the first group
-    levels are additions inside a thread rather than exchanges between warps. The low WARP_BITS
-    bits of k lie on warps when given (``combine.tree_sum``, "Levels fused by layout"): their
-    levels are then one compiled sum.
+    levels are additions inside a thread rather than exchanges between warps.
     """
     INNER_GROUPS: tl.constexpr = INNER // GROUP
     x = tl.reshape(x, [SEGS * OUTER * INNER_GROUPS, GROUP])
     for level in tl.static_range(LOG2_GROUP):
         x = tl.sum(tl.reshape(x, [SEGS * OUTER * INNER_GROUPS, 2, GROUP >> (level + 1)]), axis=1)
     x = tl.reshape(x, [SEGS, OUTER, INNER_GROUPS])
-    if WARP_BITS > 0 and not INTERPRETED_TREES:
-        for level in tl.static_range(LOG2_OUTER - WARP_BITS):
-            x = tl.sum(tl.reshape(x, [SEGS, 2, OUTER >> (level + 1), INNER_GROUPS]), axis=1)
-        x = tl.sum(x, axis=1)
-    else:
-        for level in tl.static_range(LOG2_OUTER):
-            x = tl.sum(tl.reshape(x, [SEGS, 2, OUTER >> (level + 1), INNER_GROUPS]), axis=1)
+    for level in tl.static_range(LOG2_OUTER):
+        x = tl.sum(tl.reshape(x, [SEGS, 2, OUTER >> (level + 1), INNER_GROUPS]), axis=1)
     return tree_sum(tl.reshape(x, [SEGS, INNER_GROUPS]), SEGS, INNER_GROUPS, LOG2_INNER_GROUPS, 1, 0)
 
 
@@ -165,8 +157,7 @@ def _load_tiles(src_ptrs, grad_ptrs, mask, inv_temperature, FOR_PARTIALS: tl.con
 @triton.jit
 def _segment_partials(a, b, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS: tl.constexpr,
                       INNER: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-                      LOG2_INNER_GROUPS: tl.constexpr, OP: tl.constexpr, BACKWARD: tl.constexpr,
-                      WARP_BITS: tl.constexpr):
+                      LOG2_INNER_GROUPS: tl.constexpr, OP: tl.constexpr, BACKWARD: tl.constexpr):
     """Partials of the segments of a ``[SEGS, OUTER, INNER]`` block: (p, q), each [SEGS].
 
     Forward: p = m_s (segment max), q = s_s (tree sum of exp(x - m_s')).
@@ -175,15 +166,15 @@ def _segment_partials(a, b, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS:
     if BACKWARD:
         if OP == SOFTMAX:
             p = _lane_tree_sum(a * b, OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
-                               LOG2_INNER_GROUPS, WARP_BITS)
+                               LOG2_INNER_GROUPS)
         else:
             p = _lane_tree_sum(b, OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
-                               LOG2_INNER_GROUPS, WARP_BITS)
+                               LOG2_INNER_GROUPS)
         q = p
     else:
         p = tl.max(tl.max(a, axis=2), axis=1)
         q = _lane_tree_sum(_segment_exp(a, p), OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
-                           LOG2_INNER_GROUPS, WARP_BITS)
+                           LOG2_INNER_GROUPS)
     return p, q
 
 
@@ -213,17 +204,15 @@ def _softmax_factors(p, c0, c1):
 
 @triton.jit
 def _merge_partials(p, q, ROWS: tl.constexpr, SEG_POW2: tl.constexpr, LOG2_SEG_POW2: tl.constexpr,
-                    OP: tl.constexpr, BACKWARD: tl.constexpr, SEG_WARP_BITS: tl.constexpr = 0):
+                    OP: tl.constexpr, BACKWARD: tl.constexpr):
     """Merge the ``[ROWS, SEG_POW2]`` segment partials of each row (padding already holds the
     identity) into the row constants (c0, c1), each [ROWS], that ``_outputs`` uses.
 
     Forward softmax: (M', 1 / Z). Forward log_softmax: (M', log Z). Forward logsumexp:
-    (logsumexp, logsumexp). Backward softmax / log_softmax: (row sum, row sum). SEG_WARP_BITS:
-    the low bits of the segment index that lie on warps (the backward's sum fuses their levels,
-    ``combine.tree_sum``).
+    (logsumexp, logsumexp). Backward softmax / log_softmax: (row sum, row sum).
     """
     if BACKWARD:
-        c0 = tree_sum(p, ROWS, SEG_POW2, LOG2_SEG_POW2, 1, 0, SEG_WARP_BITS, 0)
+        c0 = tree_sum(p, ROWS, SEG_POW2, LOG2_SEG_POW2, 1, 0)
         c1 = c0
     else:
         m, z = tree_max_sum(p, q, ROWS, SEG_POW2, LOG2_SEG_POW2)
@@ -328,7 +317,7 @@ def softmax_kernel(
     SEG_BLOCK: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, ONLINE_BLOCKS: tl.constexpr,
     FIRST_READ_POLICY: tl.constexpr, SECOND_READ_POLICY: tl.constexpr,
     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
-    STAGES: tl.constexpr = 1, WARP_BITS: tl.constexpr = 0, SEG_WARP_BITS: tl.constexpr = 0,
+    STAGES: tl.constexpr = 1,
 ):
     """The softmax family: one kernel, specialised by the constexpr flags.
 
@@ -383,11 +372,6 @@ def softmax_kernel(
             memory (asynchronous copies) while the current block is reduced, so a program keeps
             bytes in flight without holding them in registers. 1: each block's loads are issued
             when the loop reaches it. Never changes bits.
-        WARP_BITS: 0, or the low bits of a block's OUTER index that its layout puts on warps
-            (``combine.tree_sum``, "Levels fused by layout"); set only for loads that vectorise.
-            Never changes bits.
-        SEG_WARP_BITS: IN_REGISTERS backward: 0, or the low bits of the segment index that lie on
-            warps (the row sum over the segments fuses their levels). Never changes bits.
 
     A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
     segment s, i.e. column s * LANES + k * INNER + j of the row.
@@ -417,10 +401,10 @@ def softmax_kernel(
         else:
             p, q = _segment_partials(tl.reshape(a, [HELD, OUTER, INNER]), tl.reshape(b, [HELD, OUTER, INNER]),
                                      OUTER, LOG2_OUTER, HELD, INNER, GROUP, LOG2_GROUP,
-                                     LOG2_INNER_GROUPS, OP, BACKWARD, WARP_BITS)
+                                     LOG2_INNER_GROUPS, OP, BACKWARD)
             c0, c1 = _merge_partials(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]),
                                      tl.reshape(q, [ROWS_PER_PROGRAM, SEG_POW2]),
-                                     ROWS_PER_PROGRAM, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD, SEG_WARP_BITS)
+                                     ROWS_PER_PROGRAM, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
         if LSE_FORWARD:
             tl.store(dst_ptr + rows_idx, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16), mask=rows_idx < rows)
         else:
@@ -457,7 +441,7 @@ def softmax_kernel(
             a, b = _load_tiles(src_row + cols, grad_row + cols, mask, inv_temperature, LSE_FORWARD, OP,
                                BACKWARD, HAS_TEMPERATURE, "")
             p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
-                                     LOG2_INNER_GROUPS, OP, BACKWARD, WARP_BITS)
+                                     LOG2_INNER_GROUPS, OP, BACKWARD)
             _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q, BACKWARD)
             arrived = arrive(arrivals_ptr, row)
             if LSE_FORWARD:
@@ -482,7 +466,7 @@ def softmax_kernel(
                 a, b = _load_tiles(src_row + cols, grad_row + cols, cols < n, inv_temperature, True,
                                    OP, BACKWARD, HAS_TEMPERATURE, FIRST_READ_POLICY)
                 p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
-                                         LOG2_INNER_GROUPS, OP, BACKWARD, WARP_BITS)
+                                         LOG2_INNER_GROUPS, OP, BACKWARD)
                 _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q, BACKWARD)
         else:
             if LSE_BACKWARD:
@@ -505,7 +489,7 @@ def softmax_kernel(
                     a, b = _load_tiles(src_row + cols, grad_row + cols, cols < n, inv_temperature, True,
                                        OP, BACKWARD, HAS_TEMPERATURE, FIRST_READ_POLICY)
                     p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
-                                             LOG2_INNER_GROUPS, OP, BACKWARD, WARP_BITS)
+                                             LOG2_INNER_GROUPS, OP, BACKWARD)
                     p_all = tl.where(block_ids == block, p[None, :], p_all)
                     q_all = tl.where(block_ids == block, q[None, :], q_all)
                 c0, c1 = _merge_partials(tl.reshape(p_all, [1, SEG_POW2]), tl.reshape(q_all, [1, SEG_POW2]),
