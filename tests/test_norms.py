@@ -741,6 +741,19 @@ def test_bad_arguments_name_themselves():
         treefold.fused_add_rms_norm_(torch.ones(8).expand(2, 8), x.clone(), w)
 
 
+def test_squares_fuse_only_where_they_are_exact():
+    def fusion(is_rms, dtype, **kw):
+        return ops._forward_plan(4096, dtype, is_rms, False, True, not is_rms, False, True, False, None, None,
+                                 **kw)[2]["enable_fp_fusion"]
+    assert fusion(True, torch.bfloat16) and fusion(True, torch.float16)
+    assert not fusion(True, torch.float32) and not fusion(False, torch.bfloat16)
+    assert not fusion(True, torch.bfloat16, fused_squares=False)
+    with pytest.raises(ValueError, match="fused_squares=True needs RMSNorm of a 16-bit row"):
+        fusion(False, torch.bfloat16, fused_squares=True)
+    with pytest.raises(ValueError, match="torch.float32"):
+        fusion(True, torch.float32, fused_squares=True)
+
+
 # --------------------------------------------------------------------------------------------
 # GPU tier
 # --------------------------------------------------------------------------------------------
@@ -793,6 +806,10 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
     y = torch.full_like(full, float("nan"))  # a cache hint on the reads changes no bits
     ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
                        round_normalised=True, read_policy="evict_first")
+    assert_bits(y, full)
+    y = torch.full_like(full, float("nan"))  # nor do squares left unfused
+    ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
+                       round_normalised=True, fused_squares=False)
     assert_bits(y, full)
 
 

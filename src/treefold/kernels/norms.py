@@ -5,9 +5,11 @@ SEGMENTS = S(N) segments padded to a power of two (``treefold.order``). A row st
 grouped halving tree over each segment (groups of GROUP = G(N, dtype) lanes, G set by the dtype of
 the row being normalised), then a plain halving tree over the segment results: exactly
 ``treefold.order.reference_sum(values, dtype=that dtype)``.
-Every product and quotient is rounded on its own (launch with ``enable_fp_fusion=False``), and the
-divisions and the square root are IEEE-rounded (``div_rn``, ``sqrt_rn``), so float32 results are
-the bits of the NumPy reference in ``treefold.reference.norms``. A row may also be shared by
+Every product and quotient is rounded on its own (launch with ``enable_fp_fusion=False``; RMSNorm of
+a 16-bit row is the exception that changes nothing: its squares are exact in float32, so the
+launcher lets them fuse into FMAs, see ``treefold._ops.norms._fuses_squares``), and the divisions
+and the square root are IEEE-rounded (``div_rn``, ``sqrt_rn``), so float32 results are the bits
+of the NumPy reference in ``treefold.reference.norms``. A row may also be shared by
 several programs of the forward kernel (a launch choice): each holds some of its segments, and
 the segment results meet in the same tree after an exchange through memory (an atomic counter
 orders the exchange; no value is summed by atomics).
