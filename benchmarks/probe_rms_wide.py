@@ -11,7 +11,8 @@ Variants (one row per program; ``llama`` casting; weight read with the row):
     + tree + ieee both: treefold's arithmetic in the minimal kernel's shape; then with the weight
                   read after the reduction ("weight late") and with the row read a second time
                   after it (from L1 / L2) instead of held in registers through it, 4 or 8 warps
-    treefold      ``rms_norm_impl`` (the same arithmetic, the library's kernel and launch)
+    treefold      ``rms_norm_impl`` (the same arithmetic, the library's kernel and launch), its
+                  default and with ``read_twice`` and the warps given
 Bytes: read x, write y (2 x M x N x 2).
 """
 import os
@@ -84,10 +85,16 @@ def main(out_dir: str = "") -> None:
                     lambda x=x, w=w, wp=wp, late=late, reload=reload: variant(x, w, True, True, wp, late, reload))
         calls[f"{name} treefold"] = lambda x=x, w=w: norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype,
                                                                          store_stats=False)[0]
+        for twice in (True, False):
+            for wp in (4, 8):
+                calls[f"{name} treefold, read_twice={twice} {wp}w"] = (
+                    lambda x=x, w=w, t=twice, wp=wp: norms.rms_norm_impl(
+                        x, w, None, 1e-6, 0.0, "llama", x.dtype, store_stats=False, read_twice=t, num_warps=wp)[0])
         for key in [k for k in calls if k.startswith(name + " ")]:
             nbytes[key] = 2 * m * n * 2
         want = calls[f"{name} treefold"]()
-        same = [k for k in calls if k.startswith(name + " + tree") and not torch.equal(calls[k](), want)]
+        same = [k for k in calls if (k.startswith(name + " + tree") or k.startswith(name + " treefold,"))
+                and not torch.equal(calls[k](), want)]
         print(f"{name}: variants with treefold's arithmetic that differ from it bit for bit: {same}")
     rows = time_against_roof(calls, nbytes, os.path.join(out_dir, "probe-rms-wide.json") if out_dir else "")
     print(f"{'variant':34s} % of roof (median of the rounds)")

@@ -741,6 +741,28 @@ def test_bad_arguments_name_themselves():
         treefold.fused_add_rms_norm_(torch.ones(8).expand(2, 8), x.clone(), w)
 
 
+@pytest.mark.parametrize("n", [33, 4096, 16384])
+def test_reading_the_row_twice_gives_the_same_bits(n):
+    x, w = randn((3, n), torch.bfloat16, seed=n), weight_like(n, torch.bfloat16)
+    want = ops.rms_norm_impl(x, w, None, 1e-6, 1.0, "llama", torch.bfloat16)
+    got = ops.rms_norm_impl(x, w, None, 1e-6, 1.0, "llama", torch.bfloat16, read_twice=n != 16384)
+    assert_bits(got[0], want[0])
+    assert_bits(got[2], want[2])
+
+
+def test_read_twice_defaults_and_refusals():
+    def plan(n, is_rms=True, residual=False, num_warps=None, **kw):
+        return ops._forward_plan(n, torch.bfloat16, is_rms, residual, True, not is_rms, False, True, False, None,
+                                 num_warps, **kw)[2]
+    assert plan(16384)["READ_TWICE"] and plan(16384)["num_warps"] == ops._READ_TWICE_WARPS
+    assert not plan(16384, residual=True)["READ_TWICE"] and not plan(16384, is_rms=False)["READ_TWICE"]
+    assert not plan(8192)["READ_TWICE"] and not plan(16384, read_twice=False)["READ_TWICE"]
+    assert plan(16384, num_warps=8)["num_warps"] == 8
+    for kw in (dict(is_rms=False), dict(residual=True)):
+        with pytest.raises(ValueError, match="read_twice=True reads x again"):
+            plan(4096, read_twice=True, **kw)
+
+
 def test_squares_fuse_only_where_they_are_exact():
     def fusion(is_rms, dtype, **kw):
         return ops._forward_plan(4096, dtype, is_rms, False, True, not is_rms, False, True, False, None, None,
@@ -811,6 +833,11 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
     ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
                        round_normalised=True, fused_squares=False)
     assert_bits(y, full)
+    for read_twice in (True, False):  # nor does reading the row again after its reduction
+        y = torch.full_like(full, float("nan"))
+        ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
+                           round_normalised=True, read_twice=read_twice)
+        assert_bits(y, full)
 
 
 @pytest.mark.gpu

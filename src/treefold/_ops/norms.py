@@ -48,6 +48,12 @@ _RMS_ROW_4096_ELEMENTS_PER_THREAD = 16
 #: programs of 4096 or 8192 elements, ``segments_per_program``: a launch choice for study).
 _WIDE_ROW = 8192
 _WIDE_ROW_ELEMENTS_PER_THREAD = 64
+#: RMSNorm rows of 16384 (no residual): one row per program of 4 warps that reads the row a second
+#: time after its reduction rather than hold it: 4096 x 16384 bf16 85.4% of the roof against
+#: 84.9% holding it (8 warps; the library 83.6%), three interleaved rounds
+#: (``benchmarks/probe_rms_wide.py``); it held 54 registers per thread instead of 121 (offline).
+_READ_TWICE_BLOCK = 16384
+_READ_TWICE_WARPS = 4
 #: Unroll factor of the backward kernel's row loop (a launch choice; the rows fold in order).
 BACKWARD_UNROLL = 1
 #: The backward kernel pipelines its row loop in this many stages for rows whose on-chip block
@@ -139,13 +145,16 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                   has_bias: bool, has_offset: bool, round_normalised: bool, store_stats: bool,
                   rows_per_program: Optional[int], num_warps: Optional[int],
                   segments_per_program: Optional[int] = None, read_policy: str = "",
-                  fused_squares: Optional[bool] = None) -> tuple[int, int, dict]:
+                  fused_squares: Optional[bool] = None,
+                  read_twice: Optional[bool] = None) -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
     ``read_policy``: the eviction policy of the row reads ("" or "evict_first").
     ``fused_squares``: False keeps every product rounded on its own where ``_fuses_squares`` would
-    contract the squares (the bits are the same either way); True only where it would."""
+    contract the squares (the bits are the same either way); True only where it would.
+    ``read_twice``: RMSNorm without a residual reads each row again after its reduction (default:
+    rows of ``_READ_TWICE_BLOCK``, whole rows, with ``_READ_TWICE_WARPS`` warps unless given)."""
     default_rows, default_warps = forward_config(n, is_rms)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -166,14 +175,21 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if fused_squares and not _fuses_squares(is_rms, dtype):
         raise ValueError(f"norm: fused_squares=True needs RMSNorm of a 16-bit row (squares exact in float32), "
                          f"got {'RMSNorm' if is_rms else 'LayerNorm'} of {dtype}")
+    if read_twice and (not is_rms or has_residual):
+        raise ValueError("norm: read_twice=True reads x again, which only RMSNorm without a residual can")
     rows = 1 if held else (rows_per_program or default_rows)
     if not held and rows != default_rows:
         default_warps = _warps_for(rows * layout["LANES"] * layout["SEGMENTS"])
+    if read_twice is None:
+        read_twice = (is_rms and not has_residual and not held and rows == 1
+                      and row_block(n) == _READ_TWICE_BLOCK)
+        if read_twice:
+            default_warps = _READ_TWICE_WARPS
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
-        READ_POLICY=read_policy, num_warps=num_warps or default_warps,
+        READ_POLICY=read_policy, READ_TWICE=bool(read_twice), num_warps=num_warps or default_warps,
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
 
 
@@ -193,11 +209,13 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    eps: float, offset: float, is_rms: bool, round_normalised: bool,
                    rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
                    segments_per_program: Optional[int] = None, read_policy: str = "",
-                   fused_squares: Optional[bool] = None, prepare_key=None) -> None:
+                   fused_squares: Optional[bool] = None, read_twice: Optional[bool] = None,
+                   prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
-    ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy`` and
-    ``fused_squares`` override the heuristic (the bits do not change). ``prepare_key``: keep the prepared launch under this key in
+    ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,
+    ``fused_squares`` and ``read_twice`` override the heuristic (the bits do not change).
+    ``prepare_key``: keep the prepared launch under this key in
     ``_PREPARED`` (no statistics; the slots are x, residual, weight, bias, y, h, those given, in
     that order); launches whose programs share rows are not prepared (their counters are new
     for every call).
@@ -206,7 +224,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
-        read_policy, fused_squares)
+        read_policy, fused_squares, read_twice)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:

@@ -93,6 +93,7 @@ def norm_forward_kernel(
     ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
+    READ_TWICE: tl.constexpr = False,
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -143,6 +144,10 @@ def norm_forward_kernel(
         SHARED_ROW: programs share rows (ROWS = 1); HELD: the segments each holds.
         READ_POLICY: eviction policy of the reads of x and the residual ("" or "evict_first": a
             launch choice; "evict_first" cost 3-4 points of the roof on the H200).
+        READ_TWICE: RMSNorm without a residual: read the row again after its reduction (from L1
+            or L2) and the weight then, rather than hold both through it: fewer registers, more
+            programs per SM (a launch choice; the bits do not change). Bytes from memory: the
+            same, the second read hitting the caches; the caches serve 2 x M x N.
     """
     if SHARED_ROW:
         pid = tl.program_id(0)
@@ -165,7 +170,7 @@ def norm_forward_kernel(
     # every row but the first) then overlaps the row's. LayerNorm, which holds the centred row
     # as well, reads weight and bias after its reductions: held through them, they took its
     # registers from 94 to 126 per thread at 8192 elements and it fell from 83% to 59% of the roof.
-    if IS_RMS:
+    if IS_RMS and not READ_TWICE:
         w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0,
@@ -177,6 +182,10 @@ def norm_forward_kernel(
         total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
                            ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
+        if READ_TWICE:
+            v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy="evict_first").to(
+                tl.float32)
+            w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
         normalised = v * rstd[:, None, None]
     else:
         total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
