@@ -750,6 +750,17 @@ def test_reading_the_row_twice_gives_the_same_bits(n):
     assert_bits(got[2], want[2])
 
 
+@pytest.mark.parametrize("n", [33, 5120])
+def test_layer_norm_backward_sums_paired_or_not_give_the_same_bits(n):
+    x, w, dy = randn((5, n), torch.float32, seed=n), weight_like(n, torch.float32), randn((5, n), torch.float32, seed=2)
+    _, mean, rstd = ops.layer_norm_impl(x, w, None, 1e-5)
+    paired = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, False, torch.float32)
+    single = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, False, torch.float32, paired_sums=False)
+    for a, b in zip(paired, single):
+        if a is not None:
+            assert_bits(a, b)
+
+
 def test_read_twice_defaults_and_refusals():
     def plan(n, is_rms=True, residual=False, num_warps=None, **kw):
         return ops._forward_plan(n, torch.bfloat16, is_rms, residual, True, not is_rms, False, True, False, None,

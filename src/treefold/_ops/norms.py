@@ -253,7 +253,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
                    has_offset: bool, round_normalised: bool, store_dres: bool, weight_grad: bool,
                    bias_grad: bool, rows_per_block: int, num_warps: Optional[int],
                    num_stages: Optional[int], unroll: Optional[int] = None,
-                   prefetch: Optional[bool] = None) -> dict:
+                   prefetch: Optional[bool] = None, paired_sums: Optional[bool] = None) -> dict:
     """The kernel's constexprs and options for one kind of backward launch."""
     _, default_warps, default_stages = backward_config(m, n)
     # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
@@ -263,7 +263,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
         **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL,
-        PREFETCH=bool(prefetch), STAGES=stages,
+        PREFETCH=bool(prefetch), STAGES=stages, PAIRED_SUMS=paired_sums is None or bool(paired_sums),
         num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages)
 
 
@@ -272,18 +272,20 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
                     dw_part: Optional[Tensor], db_part: Optional[Tensor], *, offset: float, is_rms: bool,
                     round_normalised: bool, rows_per_block: int,
                     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-                    unroll: Optional[int] = None, prefetch: Optional[bool] = None) -> None:
+                    unroll: Optional[int] = None, prefetch: Optional[bool] = None,
+                    paired_sums: Optional[bool] = None) -> None:
     """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs.
 
     ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
     ``backward_config(m, n)[0]`` unless they mean to compute a different order. ``num_warps``,
-    ``num_stages`` (the row loop's pipelining depth, the kernel's STAGES), ``unroll`` and
-    ``prefetch`` override ``backward_config`` (the bits do not change).
+    ``num_stages`` (the row loop's pipelining depth, the kernel's STAGES), ``unroll``, ``prefetch``
+    and ``paired_sums`` (LayerNorm's two row sums as one tree; default True) override
+    ``backward_config`` (the bits do not change).
     """
     m, n = x2.shape
     plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
                           round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
-                          rows_per_block, num_warps, num_stages, unroll, prefetch)
+                          rows_per_block, num_warps, num_stages, unroll, prefetch, paired_sums)
     _backward_kernel(
         ((m + rows_per_block - 1) // rows_per_block,),
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,

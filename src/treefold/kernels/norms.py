@@ -245,7 +245,7 @@ def norm_backward_kernel(
     BLOCK_ROWS: tl.constexpr,
     SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
     GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
-    STAGES: tl.constexpr = 1,
+    STAGES: tl.constexpr = 1, PAIRED_SUMS: tl.constexpr = True,
 ):
     """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
 
@@ -294,6 +294,9 @@ def norm_backward_kernel(
             next STAGES - 1 rows' dy and x into shared memory (asynchronous copies) while a row
             is worked on; an alternative to PREFETCH that holds the rows ahead outside the
             registers (a launch choice).
+        PAIRED_SUMS: LayerNorm: evaluate its two row sums as one tree over a pair of rows (each
+            level's exchange between threads shared), rather than one after the other. The same
+            additions either way (kept selectable for study).
     """
     pid = tl.program_id(0).to(tl.int64)
     col = (tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :])[None, :, :]
@@ -331,12 +334,23 @@ def norm_backward_kernel(
             g = dy * w
         else:
             g = dy
-        s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
-        c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
         if IS_RMS:
+            s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+            c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
             dx = (g - normalised * c_gn) * rstd
+        elif PAIRED_SUMS:
+            # the two row sums as one tree over a pair of rows: the same additions, each level's
+            # exchange between threads shared by both sums
+            pair = tl.reshape(tl.permute(tl.join(g * normalised, g), (3, 0, 1, 2)), [2, SEGMENTS, LANES])
+            sums = row_tree_sum(pair, 2, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+            s_gn, s_g = tl.split(tl.permute(tl.reshape(sums, [2, 1]), (1, 0)))
+            c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
+            c_g = tl.div_rn(s_g, n_float)[:, None, None]
+            dx = ((g - c_g) - normalised * c_gn) * rstd
         else:
+            s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
             s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+            c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
             c_g = tl.div_rn(s_g, n_float)[:, None, None]
             dx = ((g - c_g) - normalised * c_gn) * rstd
         if HAS_DH_OUT:
