@@ -761,6 +761,13 @@ def test_layer_norm_backward_sums_paired_or_not_give_the_same_bits(n):
             assert_bits(a, b)
 
 
+def test_layer_norm_backward_pairs_its_sums_on_rows_of_4096_or_less():
+    def paired(n):
+        return ops._backward_plan(1024, n, torch.bfloat16, False, False, True, False, False, False, True, True,
+                                  ops.backward_config(1024, n)[0], None, None)["PAIRED_SUMS"]
+    assert paired(4096) and paired(1000) and not paired(8192) and not paired(5120)
+
+
 def test_read_twice_defaults_and_refusals():
     def plan(n, is_rms=True, residual=False, num_warps=None, **kw):
         return ops._forward_plan(n, torch.bfloat16, is_rms, residual, True, not is_rms, False, True, False, None,

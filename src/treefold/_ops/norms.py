@@ -54,6 +54,11 @@ _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: (``benchmarks/probe_rms_wide.py``); it held 54 registers per thread instead of 121 (offline).
 _READ_TWICE_BLOCK = 16384
 _READ_TWICE_WARPS = 4
+#: LayerNorm backward: its two row sums as one tree over a pair of rows for rows of at most this
+#: many elements (on-chip block). Direct calls, bf16, three interleaved rounds
+#: (``benchmarks/probe_layer_norm_backward.py``): 32768 x 4096 66.7% of the roof paired against
+#: 63.7%, 8192 x 4096 54.1 vs 53.2; but 16384 x 8192 73.2 vs 77.1, so wider rows keep two trees.
+_PAIRED_SUMS_MAX_BLOCK = 4096
 #: Unroll factor of the backward kernel's row loop (a launch choice; the rows fold in order).
 BACKWARD_UNROLL = 1
 #: The backward kernel pipelines its row loop in this many stages for rows whose on-chip block
@@ -263,7 +268,8 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
         **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL,
-        PREFETCH=bool(prefetch), STAGES=stages, PAIRED_SUMS=paired_sums is None or bool(paired_sums),
+        PREFETCH=bool(prefetch), STAGES=stages,
+        PAIRED_SUMS=row_block(n) <= _PAIRED_SUMS_MAX_BLOCK if paired_sums is None else bool(paired_sums),
         num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages)
 
 
@@ -279,7 +285,8 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
     ``backward_config(m, n)[0]`` unless they mean to compute a different order. ``num_warps``,
     ``num_stages`` (the row loop's pipelining depth, the kernel's STAGES), ``unroll``, ``prefetch``
-    and ``paired_sums`` (LayerNorm's two row sums as one tree; default True) override
+    and ``paired_sums`` (LayerNorm's two row sums as one tree; default for rows of at most
+    ``_PAIRED_SUMS_MAX_BLOCK``) override
     ``backward_config`` (the bits do not change).
     """
     m, n = x2.shape

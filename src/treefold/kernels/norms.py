@@ -296,7 +296,7 @@ def norm_backward_kernel(
             registers (a launch choice).
         PAIRED_SUMS: LayerNorm: evaluate its two row sums as one tree over a pair of rows (each
             level's exchange between threads shared), rather than one after the other. The same
-            additions either way (kept selectable for study).
+            additions either way (a launch choice).
     """
     pid = tl.program_id(0).to(tl.int64)
     col = (tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :])[None, :, :]
