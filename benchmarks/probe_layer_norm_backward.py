@@ -1,5 +1,6 @@
-"""LayerNorm backward with its two row sums evaluated as one tree over a pair of rows (the default,
-``paired_sums``) against one after the other, called directly, bf16, on the H200: three
+"""LayerNorm backward with its two row sums evaluated as one tree over a pair of rows
+(``paired_sums``; the default for rows of at most 4096) against one after the other, called
+directly, bf16, on the H200: three
 interleaved rounds (do_bench median, L2 flushed); the two checked bit for bit first.
 
     python benchmarks/probe_layer_norm_backward.py [OUT_DIR]   (CUDA; writes probe-layer-norm-backward.json)

@@ -48,10 +48,11 @@ _RMS_ROW_4096_ELEMENTS_PER_THREAD = 16
 #: programs of 4096 or 8192 elements, ``segments_per_program``: a launch choice for study).
 _WIDE_ROW = 8192
 _WIDE_ROW_ELEMENTS_PER_THREAD = 64
-#: RMSNorm rows of 16384 (no residual): one row per program of 4 warps that reads the row a second
-#: time after its reduction rather than hold it: 4096 x 16384 bf16 85.4% of the roof against
-#: 84.9% holding it (8 warps; the library 83.6%), three interleaved rounds
-#: (``benchmarks/probe_rms_wide.py``); it held 54 registers per thread instead of 121 (offline).
+#: RMSNorm rows whose block is 16384 elements (8193 to 16384; no residual): one row per program of
+#: 4 warps that reads the row a second time after its reduction rather than hold it (54 registers
+#: per thread instead of 121, offline). Measured at 16384 only: 4096 x 16384 bf16 84.2% of the roof
+#: against 83.3% holding it with 8 warps (the earlier default), three interleaved rounds; shorter
+#: rows lost 3-9 points reading twice (``benchmarks/results/h200-probe-rms-wide-3.txt``).
 _READ_TWICE_BLOCK = 16384
 _READ_TWICE_WARPS = 4
 #: LayerNorm backward: its two row sums as one tree over a pair of rows for rows of at most this
@@ -157,7 +158,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
     ``read_policy``: the eviction policy of the row reads ("" or "evict_first").
     ``fused_squares``: False keeps every product rounded on its own where ``_fuses_squares`` would
-    contract the squares (the bits are the same either way); True only where it would.
+    contract the squares (the bits are the same either way); True only where it would (float16).
     ``read_twice``: RMSNorm without a residual reads each row again after its reduction (default:
     rows of ``_READ_TWICE_BLOCK``, whole rows, with ``_READ_TWICE_WARPS`` warps unless given)."""
     default_rows, default_warps = forward_config(n, is_rms)
@@ -178,18 +179,21 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if read_policy not in ("", "evict_first"):
         raise ValueError(f"norm: read_policy must be '' or 'evict_first', got {read_policy!r}")
     if fused_squares and not _fuses_squares(is_rms, dtype):
-        raise ValueError(f"norm: fused_squares=True needs RMSNorm of a 16-bit row (squares exact in float32), "
+        raise ValueError(f"norm: fused_squares=True needs RMSNorm of a float16 row (squares exact in float32), "
                          f"got {'RMSNorm' if is_rms else 'LayerNorm'} of {dtype}")
-    if read_twice and (not is_rms or has_residual):
-        raise ValueError("norm: read_twice=True reads x again, which only RMSNorm without a residual can")
+    if read_twice and not is_rms:
+        raise ValueError("norm: read_twice=True is an RMSNorm launch choice; LayerNorm holds its centred row")
+    if read_twice and has_residual:
+        raise ValueError("norm: read_twice=True reads x again, but with a residual the row normalised is "
+                         "x + residual")
     rows = 1 if held else (rows_per_program or default_rows)
     if not held and rows != default_rows:
         default_warps = _warps_for(rows * layout["LANES"] * layout["SEGMENTS"])
     if read_twice is None:
         read_twice = (is_rms and not has_residual and not held and rows == 1
                       and row_block(n) == _READ_TWICE_BLOCK)
-        if read_twice:
-            default_warps = _READ_TWICE_WARPS
+    if read_twice and not held:
+        default_warps = _READ_TWICE_WARPS
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
@@ -200,13 +204,16 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
 
 def _fuses_squares(is_rms: bool, dtype: torch.dtype) -> bool:
     """Whether an RMSNorm forward launch may contract products into FMAs: when the normalised row
-    is bfloat16 or float16. Its only product that meets an addition is a square inside the sum of
-    squares, and the square of a 16-bit float is exact in float32 (8- or 11-bit significands give
-    at most 22 bits), so fma(a, a, s) rounds once, as round(a * a) + s does: the same bits, with
-    fewer instructions (offline sm_90 SASS at N = 16384: 792 against 824). The other products
-    (v * rstd, times the weight) meet no addition. LayerNorm squares centred float32 values, which
-    are not exact, so it never contracts."""
-    return is_rms and order.itemsize(dtype) == 2
+    is float16. Its only product that meets an addition is a square inside the sum of squares, and
+    the square of a float16 is exact in float32 (an 11-bit significand gives at most 22 bits, and
+    the smallest square, 2^-48, is a normal float32), so fma(a, a, s) rounds once, as
+    round(a * a) + s does: the same bits, with fewer instructions (offline sm_90 SASS at
+    N = 16384: 792 against 824). bfloat16 is not exact so: its exponent range is float32's, and
+    the squares of values below about 2^-63 fall among float32's subnormals, where the separate
+    product rounds and the FMA does not. The other products (v * rstd, times the weight) meet no
+    addition. LayerNorm squares centred float32 values, which are not exact, so it never
+    contracts."""
+    return is_rms and dtype == torch.float16
 
 
 def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: Optional[Tensor],
@@ -260,6 +267,8 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
                    num_stages: Optional[int], unroll: Optional[int] = None,
                    prefetch: Optional[bool] = None, paired_sums: Optional[bool] = None) -> dict:
     """The kernel's constexprs and options for one kind of backward launch."""
+    if paired_sums and is_rms:
+        raise ValueError("norm: paired_sums=True pairs LayerNorm's two row sums; RMSNorm's backward has one")
     _, default_warps, default_stages = backward_config(m, n)
     # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
     stages = num_stages or (1 if prefetch else default_stages)

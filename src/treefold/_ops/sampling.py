@@ -29,9 +29,11 @@ MAX_ROW = 1 << 20
 #: that split the boundary bins of a long boundary list. Triton's histogram costs about
 #: (bins / 32) * log2(bins) instructions per token and thread, so bins are counted sparingly.
 #: On the H200 (``benchmarks/probe_sampling_bins.py``, CUDA graphs, 151936 logits) 64 bins of a
-#: quarter nat beat 128 in 10 of 12 cases (top-k 50 at 64 rows 112.2 -> 104.9 us, min-p
-#: 133.8 -> 129.7, top-p 202.5 -> 200.5; batch 1 at most 0.6 us slower); wider bins lost on flat
-#: rows (32 of half a nat: top-p 332 -> 442 us), where the boundary bins then hold many tokens.
+#: quarter nat beat 128 in 9 of 12 cases (top-k 50 at 64 rows 112.2 -> 104.9 us, min-p
+#: 133.8 -> 129.7, top-p 202.5 -> 200.5; the other 3, at batch 1, at most 0.6 us slower); wider
+#: bins lost on flat rows (32 of half a nat: top-p 332 -> 442 us), where the boundary bins then
+#: hold many tokens. Rows keeping tokens more than 16 nats below their maximum (top-p near 1, tiny
+#: min-p) put them in the last bin: still exact, their speed not measured.
 NUM_BINS = 64
 BINS_PER_NAT = 4.0
 FINE_BINS = 64

@@ -6,7 +6,7 @@ grouped halving tree over each segment (groups of GROUP = G(N, dtype) lanes, G s
 the row being normalised), then a plain halving tree over the segment results: exactly
 ``treefold.order.reference_sum(values, dtype=that dtype)``.
 Every product and quotient is rounded on its own (launch with ``enable_fp_fusion=False``; RMSNorm of
-a 16-bit row is the exception that changes nothing: its squares are exact in float32, so the
+a float16 row is the exception that changes nothing: its squares are exact in float32, so the
 launcher lets them fuse into FMAs, see ``treefold._ops.norms._fuses_squares``), and the divisions
 and the square root are IEEE-rounded (``div_rn``, ``sqrt_rn``), so float32 results are the bits
 of the NumPy reference in ``treefold.reference.norms``. A row may also be shared by
@@ -145,7 +145,8 @@ def norm_forward_kernel(
         READ_POLICY: eviction policy of the reads of x and the residual ("" or "evict_first": a
             launch choice; "evict_first" cost 3-4 points of the roof on the H200).
         READ_TWICE: RMSNorm without a residual: read the row again after its reduction (from L1
-            or L2) and the weight then, rather than hold both through it: fewer registers, more
+            or L2, with "evict_first" whatever READ_POLICY says: the row is not read a third
+            time) and the weight then, rather than hold both through it: fewer registers, more
             programs per SM (a launch choice; the bits do not change). Bytes from memory: the
             same, the second read hitting the caches; the caches serve 2 x M x N.
     """
@@ -183,6 +184,7 @@ def norm_forward_kernel(
                            ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
         if READ_TWICE:
+            tl.static_assert(not HAS_RESIDUAL, "READ_TWICE re-reads x: it cannot stand for x + residual")
             v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy="evict_first").to(
                 tl.float32)
             w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
