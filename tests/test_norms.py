@@ -749,6 +749,7 @@ def test_reading_the_row_twice_gives_the_same_bits(n):
     got = ops.rms_norm_impl(x, w, None, 1e-6, 1.0, "llama", torch.bfloat16, read_twice=n != 16384)
     assert_bits(got[0], want[0])
     assert_bits(got[2], want[2])
+    assert_bits(want[0], ref.rms_norm(x, w, 1e-6, offset=1.0)[0])
 
 
 @pytest.mark.parametrize("n", [33, 5120])
@@ -780,7 +781,8 @@ def test_read_twice_defaults_and_refusals():
     assert not plan(16384, residual=True)["READ_TWICE"] and not plan(16384, is_rms=False)["READ_TWICE"]
     assert not plan(8192)["READ_TWICE"] and not plan(16384, read_twice=False)["READ_TWICE"]
     assert plan(16384, num_warps=8)["num_warps"] == 8
-    assert plan(4096, read_twice=True)["num_warps"] == ops._READ_TWICE_WARPS  # asked for, it takes its warps
+    assert plan(16384, read_twice=True)["num_warps"] == ops._READ_TWICE_WARPS  # asked for, it takes its warps
+    assert plan(4096, read_twice=True)["num_warps"] == plan(4096)["num_warps"]  # measured at 16384 only
     with pytest.raises(ValueError, match="read_twice=True is an RMSNorm launch choice"):
         plan(4096, is_rms=False, read_twice=True)
     with pytest.raises(ValueError, match="with a residual the row normalised is x \\+ residual"):
@@ -827,13 +829,48 @@ def test_gpu_forward_matches_cpu_reference_bits(n, dtype):
     assert_bits(treefold.layer_norm(xc, n), ref.layer_norm(x, None, None, 1e-5)[0])
 
 
+TINY_ROWS = (4096, 33)
+TINY_BF16_SCALE = 2.0 ** -72
+
+
+def test_tiny_bf16_rows_would_show_fused_squares():
+    # The GPU test below is only a guard if fusing bfloat16 squares would change its outputs:
+    # emulate the first tree level (lane j meets lane j + 4 of each group of 8) with either
+    # square fused (exact, then one rounding) and check that some rows' rstd changes, whichever
+    # operand the compiler would fuse.
+    x = randn(TINY_ROWS, torch.bfloat16, seed=7, scale=TINY_BF16_SCALE).float().numpy()
+    x = np.concatenate([x, np.zeros((x.shape[0], 64 - x.shape[1]), np.float32)], axis=1)  # C(33) = 64
+    rounded = (x * x).astype(np.float32)
+    exact = x.astype(np.float64) ** 2
+    groups = rounded.reshape(-1, 8, 8)
+    exact_groups = exact.reshape(-1, 8, 8)
+
+    def mean(level1):
+        return (order.grouped_tree(level1.reshape(len(x), 32), 4) / np.float32(33)).astype(np.float32)
+    plain = mean(groups[..., :4] + groups[..., 4:])
+    assert np.array_equal(plain, (order.reference_sum(rounded[:, :33], dtype=torch.bfloat16)
+                                  / np.float32(33)).astype(np.float32))
+    assert np.all(plain > 0) and np.any(plain < np.finfo(np.float32).tiny)  # subnormal, not zero
+    def rstd(m):
+        return (np.float32(1.0) / np.sqrt(m)).astype(np.float32)
+    for fused in (exact_groups[..., :4] + groups[..., 4:], groups[..., :4] + exact_groups[..., 4:]):
+        other = rstd(mean(fused.astype(np.float32)))
+        changed = other != rstd(plain)
+        assert changed.sum() >= 1
+        # a subnormal mean has a few significant bits: one step moves rstd by more than a
+        # bfloat16 ulp, so those rows' outputs change too
+        assert np.all(np.abs(other[changed] / rstd(plain)[changed] - 1) > 2.0 ** -8)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,scale", [(torch.bfloat16, 2.0 ** -72), (torch.float16, 2.0 ** -12)])
+@pytest.mark.parametrize("dtype,scale", [(torch.bfloat16, TINY_BF16_SCALE), (torch.float16, 2.0 ** -12)])
 def test_gpu_tiny_rows_match_cpu_reference_bits(dtype, scale):
-    # bfloat16 values near 2^-72 square to float32 subnormals, which a fused multiply-add would
-    # not round as the reference does (why only float16 rows fuse their squares); eps = 0 and
-    # short rows keep the mean square (itself subnormal) visible in the output
-    x, w = randn((256, 33), dtype, seed=7, scale=scale), weight_like(33, dtype)
+    # bfloat16 values below about 2^-63 have float32-subnormal squares, which a fused
+    # multiply-add would not round as the reference does (why only float16 rows fuse theirs;
+    # ``test_tiny_bf16_rows_would_show_fused_squares`` checks these rows would tell); eps = 0 and
+    # rows of 33 keep the bfloat16 mean square, itself subnormal, in the output. float16 squares
+    # are exact: its case checks tiny, partly subnormal float16 inputs against the reference.
+    x, w = randn(TINY_ROWS, dtype, seed=7, scale=scale), weight_like(TINY_ROWS[1], dtype)
     want = ref.rms_norm(x, w, 0.0)[0]
     assert torch.isfinite(want.float()).all()
     assert_bits(treefold.rms_norm(x.cuda(), w.cuda(), eps=0.0), want)

@@ -192,7 +192,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if read_twice is None:
         read_twice = (is_rms and not has_residual and not held and rows == 1
                       and row_block(n) == _READ_TWICE_BLOCK)
-    if read_twice and not held:
+    if read_twice and not held and row_block(n) == _READ_TWICE_BLOCK:
         default_warps = _READ_TWICE_WARPS
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
@@ -278,7 +278,8 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
         **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL,
         PREFETCH=bool(prefetch), STAGES=stages,
-        PAIRED_SUMS=row_block(n) <= _PAIRED_SUMS_MAX_BLOCK if paired_sums is None else bool(paired_sums),
+        PAIRED_SUMS=(not is_rms and row_block(n) <= _PAIRED_SUMS_MAX_BLOCK) if paired_sums is None
+        else bool(paired_sums),
         num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages)
 
 
