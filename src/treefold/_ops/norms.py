@@ -52,7 +52,7 @@ _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: 4 warps that reads the row a second time after its reduction rather than hold it (54 registers
 #: per thread instead of 121, offline). Measured at 16384 only: 4096 x 16384 bf16 84.2% of the roof
 #: against 83.3% holding it with 8 warps (the earlier default), three interleaved rounds; shorter
-#: rows lost 3-9 points reading twice (``benchmarks/results/h200-probe-rms-wide-3.txt``).
+#: rows lost 2.6-9.4 points reading twice (``benchmarks/results/h200-probe-rms-wide-3.txt``).
 _READ_TWICE_BLOCK = 16384
 _READ_TWICE_WARPS = 4
 #: LayerNorm backward: its two row sums as one tree over a pair of rows for rows of at most this
