@@ -13,18 +13,14 @@ import sys
 import torch
 
 from treefold._ops import norms
-from probe_report import time_against_roof
+from probe_report import norm_backward_inputs, time_against_roof
 
 
 def main(out_dir: str = "") -> None:
     torch.manual_seed(0)
     calls, nbytes, differ = {}, {}, []
     for m, n in ((16384, 8192), (32768, 4096), (8192, 4096)):
-        x = torch.randn(m, n, device="cuda").bfloat16()
-        w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
-        b = (0.1 * torch.randn(n, device="cuda")).bfloat16()
-        dy = torch.randn(m, n, device="cuda").bfloat16()
-        _, mean, rstd = norms.layer_norm_impl(x, w, b, 1e-5)
+        x, w, _, dy, _, mean, rstd = norm_backward_inputs(m, n)
         for paired in (True, False):
             calls[f"ln.bwd {m}x{n} paired={paired}"] = (
                 lambda x=x, w=w, dy=dy, mean=mean, rstd=rstd, p=paired: norms.layer_norm_backward_impl(

@@ -14,17 +14,14 @@ import treefold
 from treefold._ops import norms
 from treefold.bench.roofs import measure_copy_roof
 from treefold.bench.timing import CudaTimer, interleaved_us
+from probe_report import norm_backward_inputs
 
 
 def main():
     torch.manual_seed(0)
     calls = {}
     for m, n in ((32768, 4096), (16384, 8192)):
-        x = torch.randn(m, n, device="cuda").bfloat16()
-        w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
-        b = (0.1 * torch.randn(n, device="cuda")).bfloat16()
-        dy = torch.randn(m, n, device="cuda").bfloat16()
-        _, _, rstd = norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype)
+        x, w, b, dy, rstd, _, _ = norm_backward_inputs(m, n)
         xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
         y = treefold.rms_norm(xg, wg)
         y_ln = treefold.layer_norm(xg, n, wg, bg)

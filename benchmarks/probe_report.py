@@ -1,10 +1,13 @@
-"""The tail the probe_* scripts share: time their calls in interleaved rounds, measure the
-same-run copy roof, print each call's times and fractions of it, and write them as JSON."""
+"""What the probe_* scripts share: timing their calls in interleaved rounds against the same-run
+copy roof (``time_against_roof``) or replayed from CUDA graphs after a check that every variant
+gives the same tensors (``time_graphed_variants``), printing and writing the results as JSON; and
+the norm backward's inputs (``norm_backward_inputs``)."""
 import json
 import os
 
 import torch
 
+from treefold._ops import norms
 from treefold.bench.roofs import measure_copy_roof
 from treefold.bench.timing import CudaTimer, interleaved_us
 
@@ -24,3 +27,50 @@ def time_against_roof(calls: dict, nbytes: dict, out_path: str = "", **extra) ->
         with open(out_path, "w") as f:
             json.dump(dict(roof_gbs=roof.gbs, rows=rows, **extra), f, indent=1)
     return rows
+
+
+def time_graphed_variants(cases: dict, out_path: str = "", rounds: int = 3) -> dict:
+    """For ``cases`` (key -> {variant name -> fn returning a sequence of tensors}): check each
+    variant's tensors equal the first variant's of its key, then time every variant replayed
+    from a CUDA graph (do_bench median, L2 flushed) in ``rounds`` interleaved rounds; print the
+    rounds with their best and median, and write checks and times to ``out_path`` (JSON) when
+    given. Returns {(key, name): [us per round]}."""
+    from gpu_sampling import graphed
+
+    checks, replays = {}, {}
+    for key, calls in cases.items():
+        want = None
+        for name, fn in calls.items():
+            got = [t.clone() for t in fn()]
+            want = want or got
+            checks[f"{key} {name}"] = all(torch.equal(a, b) for a, b in zip(got, want))
+            replays[(key, name)] = graphed(fn)
+    times = interleaved_us(replays, CudaTimer(warmup_ms=10, rep_ms=40), rounds)
+    bad = [k for k, v in checks.items() if not v]
+    print(f"device {torch.cuda.get_device_name()}; {len(checks)} variants, "
+          f"tokens not equal to the first: {bad or 'none'}")
+    print(f"graph replay, L2 flushed, us ({rounds} rounds)")
+    width = max((len(name) for calls in cases.values() for name in calls), default=0)
+    for key, calls in cases.items():
+        print(" ".join(map(str, key)))
+        for name in calls:
+            ts = times[(key, name)]
+            print(f"  {name:{width}s} " + "  ".join(f"{t:7.1f}" for t in ts)
+                  + f"   best {min(ts):7.1f}   median {sorted(ts)[len(ts) // 2]:7.1f}")
+    if out_path:
+        os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+        with open(out_path, "w") as f:
+            json.dump({"checks": checks, "times_us": {f"{k[0]} | {k[1]}": v for k, v in times.items()}}, f, indent=1)
+    return times
+
+
+def norm_backward_inputs(m: int, n: int):
+    """bfloat16 inputs of the norm backward at m x n and the forward statistics they need:
+    (x, weight, bias, dy, RMSNorm rstd, LayerNorm mean, LayerNorm rstd)."""
+    x = torch.randn(m, n, device="cuda").bfloat16()
+    w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
+    b = (0.1 * torch.randn(n, device="cuda")).bfloat16()
+    dy = torch.randn(m, n, device="cuda").bfloat16()
+    _, _, rstd = norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype)
+    _, mean, rstd_ln = norms.layer_norm_impl(x, w, b, 1e-5)
+    return x, w, b, dy, rstd, mean, rstd_ln

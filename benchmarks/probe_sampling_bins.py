@@ -7,15 +7,14 @@ Every variant's tokens (top_k: values and indices) are first checked equal to th
 each is timed replayed from a CUDA graph (do_bench median, L2 flushed) in three interleaved rounds.
 python benchmarks/probe_sampling_bins.py [OUT_DIR] (CUDA; writes probe-sampling-bins.json there).
 """
-import json
 import os
 import sys
 
 import torch
 
-from treefold.bench.timing import CudaTimer, interleaved_us
-from gpu_sampling import FLAT, graphed, logits
+from gpu_sampling import FLAT, logits
 from treefold._ops import sampling as ops
+from probe_report import time_graphed_variants
 
 ROUNDS = 3
 BINS = ((128, 4.0), (64, 2.0), (64, 4.0), (32, 1.0), (32, 2.0), (16, 1.0))
@@ -55,26 +54,7 @@ def main(out_dir):
         for config in CONFIGS if not flat else ("top-p 0.9", "min-p 0.05"):
             cases[(batch, "flat" if flat else "peaked", config)] = {
                 f"{nb} bins of 1/{bpn:g} nat": with_bins(nb, bpn, caller(x, seeds, config)) for nb, bpn in BINS}
-    checks, replays = {}, {}
-    for key, calls in cases.items():
-        want = None
-        for name, fn in calls.items():
-            got = [t.clone() for t in fn()]
-            want = want or got
-            checks[f"{key} {name}"] = all(torch.equal(a, b) for a, b in zip(got, want))
-            replays[(key, name)] = graphed(fn)
-    times = interleaved_us(replays, CudaTimer(warmup_ms=10, rep_ms=40), ROUNDS)
-    bad = [k for k, v in checks.items() if not v]
-    print(f"device {torch.cuda.get_device_name()}; {len(checks)} variants, tokens not equal to the first: {bad or 'none'}")
-    print("graph replay, L2 flushed, us (three rounds)")
-    for key, calls in cases.items():
-        print(" ".join(map(str, key)))
-        for name in calls:
-            ts = times[(key, name)]
-            print(f"  {name:22s} " + "  ".join(f"{t:7.1f}" for t in ts) + f"   median {sorted(ts)[1]:7.1f}")
-    if out_dir:
-        with open(os.path.join(out_dir, "probe-sampling-bins.json"), "w") as f:
-            json.dump({"checks": checks, "times_us": {f"{k[0]} | {k[1]}": v for k, v in times.items()}}, f, indent=1)
+    time_graphed_variants(cases, os.path.join(out_dir, "probe-sampling-bins.json") if out_dir else "", ROUNDS)
 
 
 if __name__ == "__main__":

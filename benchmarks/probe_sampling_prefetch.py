@@ -10,15 +10,14 @@ each is timed replayed from a CUDA graph (do_bench median, L2 flushed) in three 
 rounds. python benchmarks/probe_sampling_prefetch.py [OUT_DIR] (CUDA; writes
 probe-sampling-prefetch.json there).
 """
-import json
 import os
 import sys
 
 import torch
 
-from treefold.bench.timing import CudaTimer, interleaved_us
-from gpu_sampling import FLAT, VOCAB, graphed, logits
+from gpu_sampling import FLAT, VOCAB, logits
 from treefold._ops import sampling as ops
+from probe_report import time_graphed_variants
 
 ROUNDS = 3
 CONFIGS = {
@@ -81,26 +80,8 @@ def main(out_dir):
                     f"prefetch, {g.programs_per_row}/row": caller(x, seeds, config, prefetch=True),
                     f"prefetch, {half}/row": caller(x, seeds, config, prefetch=True, programs_per_row=half),
                 }
-    checks, replays = {}, {}
-    for key, calls in cases.items():
-        want = None
-        for name, fn in calls.items():
-            got = [t.clone() for t in fn()]
-            want = want or got
-            checks[f"{key} {name}"] = all(torch.equal(a, b) for a, b in zip(got, want))
-            replays[(key, name)] = graphed(fn)
-    times = interleaved_us(replays, CudaTimer(warmup_ms=10, rep_ms=40), ROUNDS)
-    bad = [k for k, v in checks.items() if not v]
-    print(f"device {torch.cuda.get_device_name()}; {len(checks)} variants, tokens not equal to the first: {bad or 'none'}")
-    print("graph replay, L2 flushed, us (three rounds)")
-    for key, calls in cases.items():
-        print(" ".join(map(str, key)))
-        for name in calls:
-            ts = times[(key, name)]
-            print(f"  {name:26s} " + "  ".join(f"{t:7.1f}" for t in ts) + f"   best {min(ts):7.1f}")
-    if out_dir:
-        with open(os.path.join(out_dir, "probe-sampling-prefetch.json"), "w") as f:
-            json.dump({"checks": checks, "times_us": {f"{k[0]} | {k[1]}": v for k, v in times.items()}}, f, indent=1)
+    time_graphed_variants(cases, os.path.join(out_dir, "probe-sampling-prefetch.json") if out_dir else "",
+                          ROUNDS)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 from treefold import order
 from treefold._ops import norms
 from treefold._ops import softmax as sm
-from probe_report import time_against_roof
+from probe_report import norm_backward_inputs, time_against_roof
 
 
 def softmax_calls(calls, nbytes, check):
@@ -69,12 +69,7 @@ def softmax_calls(calls, nbytes, check):
 
 def norm_calls(calls, nbytes, check):
     for m, n in ((32768, 4096), (16384, 8192)):
-        x = torch.randn(m, n, device="cuda").bfloat16()
-        w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
-        b = (0.1 * torch.randn(n, device="cuda")).bfloat16()
-        dy = torch.randn(m, n, device="cuda").bfloat16()
-        _, _, rstd = norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype)
-        _, mean, rstd_ln = norms.layer_norm_impl(x, w, b, 1e-5)
+        x, w, b, dy, rstd, mean, rstd_ln = norm_backward_inputs(m, n)
         for kind in ("rms", "ln"):
             if kind == "rms":
                 run = lambda kw, dy=dy, x=x, w=w, r=rstd: norms.rms_norm_backward_impl(

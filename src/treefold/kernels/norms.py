@@ -340,18 +340,17 @@ def norm_backward_kernel(
             s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
             c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
             dx = (g - normalised * c_gn) * rstd
-        elif PAIRED_SUMS:
-            # the two row sums as one tree over a pair of rows: the same additions, each level's
-            # exchange between threads shared by both sums
-            pair = tl.reshape(tl.permute(tl.join(g * normalised, g), (3, 0, 1, 2)), [2, SEGMENTS, LANES])
-            sums = row_tree_sum(pair, 2, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
-            s_gn, s_g = tl.split(tl.permute(tl.reshape(sums, [2, 1]), (1, 0)))
-            c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
-            c_g = tl.div_rn(s_g, n_float)[:, None, None]
-            dx = ((g - c_g) - normalised * c_gn) * rstd
         else:
-            s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
-            s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+            if PAIRED_SUMS:
+                # the two row sums as one tree over a pair of rows: the same additions, each
+                # level's exchange between threads shared by both sums
+                pair = tl.reshape(tl.permute(tl.join(g * normalised, g), (3, 0, 1, 2)), [2, SEGMENTS, LANES])
+                sums = row_tree_sum(pair, 2, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+                s_gn, s_g = tl.split(tl.permute(tl.reshape(sums, [2, 1]), (1, 0)))
+            else:
+                s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP,
+                                    LOG2_GROUP)
+                s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
             c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
             c_g = tl.div_rn(s_g, n_float)[:, None, None]
             dx = ((g - c_g) - normalised * c_gn) * rstd
