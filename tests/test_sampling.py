@@ -475,8 +475,8 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
     """Segment width, programs per row and where the sure-kept tokens race are launch choices:
     every partial result is exact (maxima, races, integer counts, fixed-point masses) and the
     lists are never read in arrival order. 32-token segments against the default (512 here), on
-    1, 3 and all programs per row; every sure-kept token raced in the compaction pass, listed, or
-    each row deciding by its own count."""
+    1, 3 and all programs per row; every sure-kept token raced in place (``race_kernel`` after the
+    compaction), listed, or each row deciding by its own count."""
     g = torch.Generator().manual_seed(8)
     x = (torch.randn(3, 300, generator=g) * torch.tensor([[0.4], [2.0], [4.0]])).to(device)
     seeds = torch.tensor([5, 6, 7], device=device)
@@ -496,7 +496,7 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
 
     ops.plan.cache_clear()
     want = outputs()
-    # sure-kept tokens all raced in the compaction pass, listed by the rows that have few of them
+    # sure-kept tokens all raced in place, listed by the rows that have few of them
     # (20: the flat row races, the peaked rows list), or all listed for the resolve pass
     for sure_list_max in (0, 20, 1 << 20):
         monkeypatch.setattr(ops, "SURE_LIST_MAX", sure_list_max)

@@ -60,7 +60,8 @@ MAX_WIDTH = 1024
 #: Sampling: a row whose sure-kept bins hold at most this many tokens (the histogram tells, before
 #: the compaction pass) lists them all for the one program per row of the resolve pass, which
 #: draws noise for those tokens alone; a row with more has every segment race its own sure-kept
-#: tokens in the compaction pass (noise for the whole segment, in parallel). On the H200 (64 rows
+#: tokens in a pass after the compaction (``race_kernel`` with SURE_ONLY: noise for the whole
+#: segment, in parallel). Measured when that race lived in the compaction pass (H200, 64 rows
 #: of 151936 fp32, CUDA graph, L2 flushed, one run): top-p 0.9 202.6 us (all raced in place:
 #: 216.4), min-p 0.05 134.1 (128.8), and rows kept whole (flat logits, p = 1 as a tensor) 150.9 us
 #: where listing them all took 494: the resolve pass races about 0.5 tokens per ns per row.
@@ -167,7 +168,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     hist = torch.empty((rows, NUM_BINS), dtype=torch.int32, device=dev)
     fine = torch.empty((rows, FINE_BINS), dtype=torch.int32, device=dev)
     counter = torch.empty(rows, dtype=torch.int64, device=dev)
-    plan_rows = torch.empty((rows, 4), dtype=torch.int32, device=dev)
+    plan_rows = torch.empty((rows, kernels.PLAN_SLOTS.value), dtype=torch.int32, device=dev)
     boundary = torch.empty((rows, n), dtype=torch.int32, device=dev)
     part_mass = torch.empty(grid[0], dtype=torch.int64, device=dev)
     part_kept = torch.empty(grid[0], dtype=torch.int64, device=dev)
@@ -184,11 +185,20 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PREFETCH=g.prefetch, num_warps=g.num_warps)
     _COMPACT(
         grid, x, n, x.stride(0), part_max, part_total, hist, fine, counter, plan_rows, boundary, n,
-        part_mass, part_kept, part_score, part_index, g.programs_per_row, t, k, p, mp, filters,
+        part_mass, part_kept, g.programs_per_row, t, k, p, mp, filters,
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width, SURE_LIST_MAX=SURE_LIST_MAX,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
         PREFETCH=g.prefetch, num_warps=g.num_warps)
+    if mode == kernels.MODE_SAMPLE.value:
+        # rows with more sure-kept tokens than the resolve pass races cheaply race them here
+        # (the other rows' programs read their plan and store no winner)
+        _RACE(
+            grid, x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
+            o_stride, plan_rows, T_ROW=flags["T_ROW"], SEED_TENSOR=flags["SEED_TENSOR"],
+            OFFSET_TENSOR=flags["OFFSET_TENSOR"], NOISE=True, WIDTH=g.width,
+            SEGMENTS_PER_PROGRAM=g.segments_per_program, SURE_ONLY=True, NUM_BINS=NUM_BINS,
+            BINS_PER_NAT=BINS_PER_NAT, PREFETCH=g.prefetch, num_warps=g.num_warps)
     spare = counter  # pointer arguments a mode does not use
     _RESOLVE(
         (rows,), x, n, x.stride(0), part_max, part_total, fine, counter, plan_rows, boundary, n,
@@ -229,7 +239,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
     part_index = torch.empty(grid, dtype=torch.int64, device=x.device)
     _RACE(
         (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-        o_stride,
+        o_stride, part_score,
         T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
         WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch, num_warps=g.num_warps)
     _RACE_COMBINE(

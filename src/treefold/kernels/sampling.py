@@ -16,7 +16,8 @@ the highest score wins (lowest index on a tie). The winner is distributed exactl
 renormalised filtered distribution, no prefix sum or sort of the vocabulary is needed, and a row
 draws the same numbers whatever batch it sits in.
 
-Finding the prefix boundary without a sort (the filtered path: four launches, five for the masks):
+Finding the prefix boundary without a sort (the filtered path: four launches, five when sampling or
+for the masks):
 
 1. ``segment_max_kernel``: the maximum of y over each program's share of the row. One read of
    the logits, the only one that reaches HBM.
@@ -27,9 +28,10 @@ Finding the prefix boundary without a sort (the filtered path: four launches, fi
 3. ``compact_kernel``: from the histogram, bounds on the probability mass of every bin prefix
    locate the bins that can hold the prefix boundary (``_plan``). Tokens in bins before them are
    kept for sure: their mass is summed and, when sampling, their indices are written from the
-   end of the row's list (a row with more of them than the resolve pass races cheaply races
-   them here, drawing noise for whole segments). Tokens in the boundary bins are written from
-   the front; when they are many, a histogram of sub-bins of the boundary bins is counted too.
+   end of the row's list. Tokens in the boundary bins are written from the front; when they are
+   many, a histogram of sub-bins of the boundary bins is counted too.
+   When sampling, ``race_kernel`` (SURE_ONLY) follows: a row with more sure-kept tokens than
+   the resolve pass races cheaply races them there, drawing noise for whole segments.
 4. ``resolve_kernel``: one program per row. When sampling, it first runs the race among the
    sure-kept tokens (their noise is drawn for them alone). A long boundary list is cut down with
    the sub-bins (``_refine``: the same bounds, much narrower bins). The remaining tokens are
@@ -75,6 +77,16 @@ BIN_EDGE_SLACK = tl.constexpr(0.01)
 #: Slack on the mass bounds, relative to the row's total mass (bins; the narrower sub-bins).
 MASS_SLACK = tl.constexpr(1e-3)
 FINE_MASS_SLACK = tl.constexpr(1e-4)
+
+#: The plan of a row that ``compact_kernel`` writes for the passes after it (int32 slots).
+PLAN_SLOTS = tl.constexpr(8)
+PLAN_LO = tl.constexpr(0)
+PLAN_HI = tl.constexpr(1)
+PLAN_COUNT_ABOVE = tl.constexpr(2)
+PLAN_VALID = tl.constexpr(3)
+PLAN_RACE_IN_PLACE = tl.constexpr(4)
+PLAN_MIN_P_BITS = tl.constexpr(5)
+PLAN_MAX_BITS = tl.constexpr(6)
 
 MODE_SAMPLE = tl.constexpr(0)
 MODE_THRESHOLD = tl.constexpr(1)
@@ -481,13 +493,21 @@ def _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, min
 
 @triton.jit
 def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
-                temperature, seed, seed_stride, offset, offset_stride,
+                temperature, seed, seed_stride, offset, offset_stride, plan_ptr,
                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
                 NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                PREFETCH: tl.constexpr = False):
+                SURE_ONLY: tl.constexpr = False, NUM_BINS: tl.constexpr = 1,
+                BINS_PER_NAT: tl.constexpr = 1.0, PREFETCH: tl.constexpr = False):
     """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
 
-    Bytes: reads the row's logits once; writes 12 bytes per program.
+    With SURE_ONLY (the filtered path's sampling, after ``compact_kernel``) only the sure-kept
+    tokens race (bins before the plan's lo that min-p keeps), and only in the rows whose plan says
+    they are raced in place (too many to list); the other rows' programs read their plan and
+    store no winner. This race lives apart from the compaction because its noise more than
+    doubles the registers of that pass, which would then hold half the programs per SM.
+
+    Bytes: reads the row's logits once (SURE_ONLY: only in the rows raced in place, from L2, and
+    the plan's 16 bytes); writes 12 bytes per program.
 
     Args:
         x_ptr: logits [rows, n] (float32, bfloat16 or float16), last dimension contiguous.
@@ -505,6 +525,10 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
         SEGMENTS_PER_PROGRAM: consecutive segments one program reads.
         PREFETCH: load each segment before working on the previous one (``_segment_logits``; a
             launch choice, as in every row pass).
+        plan_ptr: SURE_ONLY: int32 [rows, PLAN_SLOTS], the plan ``compact_kernel`` wrote (lo,
+            whether the row races in place, min_p's and the maximum's bits); otherwise unused.
+        SURE_ONLY, NUM_BINS, BINS_PER_NAT: race the sure-kept tokens only (see above), binned
+            as in ``bin_histogram_kernel``.
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
@@ -516,16 +540,31 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     lanes = tl.arange(0, WIDTH)
     lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
     lane_index = tl.full([WIDTH], n, tl.int32)
-    raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
-    for j in range(SEGMENTS_PER_PROGRAM):
-        start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
-        cols, in_row, x, valid, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                         SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
-        if NOISE:
-            y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-        take = valid & (y > lane_score)
-        lane_score = tl.where(take, y, lane_score)
-        lane_index = tl.where(take, cols.to(tl.int32), lane_index)
+    race = True
+    lo = 0
+    m = 0.0
+    mp = 0.0
+    if SURE_ONLY:
+        plan_row = plan_ptr + row * PLAN_SLOTS
+        race = tl.load(plan_row + PLAN_RACE_IN_PLACE) != 0
+        lo = tl.load(plan_row + PLAN_LO)
+        m = tl.load(plan_row + PLAN_MAX_BITS).to(tl.float32, bitcast=True)
+        mp = tl.load(plan_row + PLAN_MIN_P_BITS).to(tl.float32, bitcast=True)
+    if race:
+        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+        for j in range(SEGMENTS_PER_PROGRAM):
+            start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
+            cols, in_row, x, valid, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
+                                                             SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+            if SURE_ONLY:
+                # the compaction's own test of a sure-kept token, on the same values
+                w, w_fixed = _fixed_mass(y, m, valid)
+                valid = valid & (_bin_of(x, y, m, valid, NUM_BINS, BINS_PER_NAT, False) < lo) & (w >= mp)
+            if NOISE:
+                y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+            take = valid & (y > lane_score)
+            lane_score = tl.where(take, y, lane_score)
+            lane_index = tl.where(take, cols.to(tl.int32), lane_index)
     best_score = tl.max(lane_score, axis=0)
     best_index = tl.min(tl.where(lane_score == best_score, lane_index, n), axis=0)
     tl.store(part_score_ptr + pid, best_score)
@@ -652,8 +691,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
 
 @triton.jit
 def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, fine_ptr, counter_ptr,
-                   plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr,
-                   part_index_ptr, programs_per_row,
+                   plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, programs_per_row,
                    temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
                    T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
                    MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
@@ -662,11 +700,11 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                    PARTS_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
                    ALL_VALUES: tl.constexpr, PREFETCH: tl.constexpr = False):
-    """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling, the race among
-    them: in a row whose sure-kept bins hold at most SURE_LIST_MAX tokens, their indices are
-    written from the end of the row's list (``resolve_kernel`` races them, drawing noise for
-    those tokens alone); in a row with more, each segment holding some races them here (noise
-    for the whole segment, in parallel), into the program's partial winner.
+    """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling in a row whose
+    sure-kept bins hold at most SURE_LIST_MAX tokens, their indices, written from the end of the
+    row's list (``resolve_kernel`` races them, drawing noise for those tokens alone); a row with
+    more has them raced in place by ``race_kernel`` (SURE_ONLY) after this pass (noise for
+    whole segments, in parallel), as the plan written here tells it.
     Boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
     more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row.
 
@@ -679,14 +717,14 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         fine_ptr: int32 [rows, FINE_BINS] sub-bin histogram of the listed tokens (atomic).
         counter_ptr: int64 [rows] list lengths (atomic; the list order is irrelevant): boundary
             tokens in the low 32 bits, sure-kept tokens (sampling) in the high 32 bits.
-        plan_ptr: int32 [rows, 4] out: lo, hi, tokens before lo, valid tokens (``_plan``).
+        plan_ptr: int32 [rows, PLAN_SLOTS] out: lo, hi, tokens before lo, valid tokens
+            (``_plan``); whether the row's sure-kept tokens race in place, and the bits of its
+            min_p (0 when off) and maximum, for ``race_kernel``.
         list_ptr: int32 [rows, list_stride] token indices out: boundary tokens from the front,
             sure-kept tokens (sampling) from position n - 1 down.
         list_stride: list capacity per row (>= n).
         part_mass_ptr: int64 [rows, programs_per_row] fixed-point mass of the sure-kept bins.
         part_kept_ptr: int64 [rows, programs_per_row] the same, counting min-p survivors only.
-        part_score_ptr, part_index_ptr: float32 / int64 [rows, programs_per_row] out: the winner
-            of the race among the sure-kept tokens of the dense segments ((-inf, n): none).
         temperature, top_k, top_p, min_p: scalars, or per-row pointers [rows] (flags *_ROW).
         seed, seed_stride, offset, offset_stride, SEED_TENSOR, OFFSET_TENSOR: as in
             ``race_kernel``.
@@ -695,7 +733,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         MODE: MODE_SAMPLE, MODE_THRESHOLD or MODE_TOPK.
         WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2, PREFETCH: as above.
         SURE_LIST_MAX: sampling: a row whose sure-kept bins hold at most this many tokens lists
-            them all for ``resolve_kernel``; a row with more races them here.
+            them all for ``resolve_kernel``; a row with more has ``race_kernel`` race them.
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
         FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
             will be longer than FINE_ABOVE tokens.
@@ -709,23 +747,30 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         MINP_ROW, SEED_TENSOR, OFFSET_TENSOR, PARTS_POW2)
     lo, hi, count_above, n_range, n_valid, topk_on, topp_on, minp_on = _plan(
         hist_ptr, row, total, k, p, mp, MODE, NUM_BINS, BINS_PER_NAT)
+    live_row = valid_row & (n_valid > 0)
+    race_in_place = live_row & (count_above > SURE_LIST_MAX)
+    if MODE != MODE_SAMPLE:
+        race_in_place = False
     if prog == 0:
-        f = tl.arange(0, 4)
-        tl.store(plan_ptr + row * 4 + f, tl.where(f == 0, lo, tl.where(f == 1, hi, tl.where(
-            f == 2, count_above, n_valid))))
-    # per-lane integer sums and race (exact in any order), reduced once at the end; a segment
-    # costs one reduction (its listed and sure-kept counts) and, when it has tokens to list, one
-    # scan and one atomic that reserves their places at both ends of the list
-    lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
-    lane_index = tl.full([WIDTH], n, tl.int32)
+        f = tl.arange(0, PLAN_SLOTS)
+        mp_bits = mp.to(tl.int32, bitcast=True)
+        m_bits = m.to(tl.int32, bitcast=True)
+        slots = tl.where(f == PLAN_LO, lo, tl.where(f == PLAN_HI, hi, tl.where(
+            f == PLAN_COUNT_ABOVE, count_above, tl.where(f == PLAN_VALID, n_valid, 0))))
+        slots = tl.where(f == PLAN_RACE_IN_PLACE, race_in_place.to(tl.int32), slots)
+        slots = tl.where(f == PLAN_MIN_P_BITS, tl.where(minp_on, mp_bits, 0), slots)
+        slots = tl.where(f == PLAN_MAX_BITS, m_bits, slots)
+        tl.store(plan_ptr + row * PLAN_SLOTS + f, slots)
+    # per-lane integer sums (exact in any order), reduced once at the end; a segment costs one
+    # reduction (its listed and sure-kept counts) and, when it has tokens to list, one scan and
+    # one atomic that reserves their places at both ends of the list
     lane_mass = tl.zeros([WIDTH], tl.int64)
     lane_kept = tl.zeros([WIDTH], tl.int64)
     fine = tl.zeros([FINE_BINS], tl.int32)
     lanes = tl.arange(0, WIDTH)
-    if valid_row & (n_valid > 0):
+    if live_row:
         raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         for j in range(SEGMENTS_PER_PROGRAM):
-            start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
             cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t,
                                                               raw, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
             valid = in_row if ALL_VALUES else finite
@@ -739,20 +784,9 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
             # both counts (each <= WIDTH < 2^16) packed in one int32: one reduction, one scan
             sure = lanes < 0
             if MODE == MODE_SAMPLE:
-                sure = above & survives
+                sure = above & survives & (race_in_place == 0)
             packed = listed.to(tl.int32) + sure.to(tl.int32) * 65536
             counts = tl.sum(packed, axis=0)
-            if MODE == MODE_SAMPLE:
-                if (counts >= 65536) & (count_above > SURE_LIST_MAX):
-                    # too many for the resolve pass's one program: race them here (the whole
-                    # segment's noise, drawn in parallel)
-                    score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-                    take = sure & (score > lane_score)
-                    lane_score = tl.where(take, score, lane_score)
-                    lane_index = tl.where(take, cols, lane_index)
-                    sure = lanes < 0
-                    packed = listed.to(tl.int32)
-                    counts = counts % 65536
             if counts > 0:
                 c_list = counts % 65536
                 c_sure = counts // 65536
@@ -769,12 +803,8 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                                          FINE_BINS, mask=listed)
         if n_range > FINE_ABOVE:
             tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0)
-    best_score = tl.max(lane_score, axis=0)
-    best_index = tl.min(tl.where(lane_score == best_score, lane_index, n), axis=0)
     tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
     tl.store(part_kept_ptr + pid, tl.sum(lane_kept, axis=0))
-    tl.store(part_score_ptr + pid, best_score)
-    tl.store(part_index_ptr + pid, best_index.to(tl.int64))
 
 
 # ------------------------------------------------------------------------------------------
@@ -1151,8 +1181,10 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
 
     Args:
         x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, counter_ptr, plan_ptr, list_ptr,
-        list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr, part_index_ptr:
-            as in ``compact_kernel`` (plan_ptr, fine_ptr and the lists as it left them).
+        list_stride, part_mass_ptr, part_kept_ptr: as in ``compact_kernel`` (plan_ptr, fine_ptr
+            and the lists as it left them).
+        part_score_ptr, part_index_ptr: float32 / int64 [rows, compact_programs]: the partial
+            winners of ``race_kernel`` with SURE_ONLY (MODE_SAMPLE; read only then).
         compact_programs: programs per row of ``compact_kernel`` (partials per row).
         temperature .. offset and their flags: as in ``compact_kernel``.
         token_ptr: int64 [rows] sampled tokens (MODE_SAMPLE; -1: no finite logit or an invalid
@@ -1178,10 +1210,10 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
         row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
         offset_stride, part_max_ptr, part_total_ptr, compact_programs, T_ROW, K_ROW, P_ROW,
         MINP_ROW, SEED_TENSOR, OFFSET_TENSOR, PARTS_POW2)
-    lo = tl.load(plan_ptr + row * 4)
-    hi = tl.load(plan_ptr + row * 4 + 1)
-    count_above = tl.load(plan_ptr + row * 4 + 2)
-    n_valid = tl.load(plan_ptr + row * 4 + 3)
+    lo = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_LO)
+    hi = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_HI)
+    count_above = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_COUNT_ABOVE)
+    n_valid = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_VALID)
     # as in ``_plan``: an absent filter arrives as k = n, p = 1, min_p = 0
     topk_on = kk_raw < n_valid
     topp_on = p < 1.0
@@ -1192,8 +1224,9 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     parts = row * compact_programs + q
     mass_above = tl.sum(tl.load(part_mass_ptr + parts, mask=live, other=0), axis=0)
     kept_above = tl.sum(tl.load(part_kept_ptr + parts, mask=live, other=0), axis=0)
-    scores = tl.load(part_score_ptr + parts, mask=live, other=float("-inf"))
-    indices = tl.load(part_index_ptr + parts, mask=live, other=INT64_MAX)
+    # the partial winners of the sure-kept tokens raced in place (``race_kernel``, sampling only)
+    scores = tl.load(part_score_ptr + parts, mask=live & (MODE == MODE_SAMPLE), other=float("-inf"))
+    indices = tl.load(part_index_ptr + parts, mask=live & (MODE == MODE_SAMPLE), other=INT64_MAX)
     best_score = tl.max(scores, axis=0)
     best_index = tl.min(tl.where(live & (scores == best_score), indices, INT64_MAX), axis=0)
     counts = tl.load(counter_ptr + row)

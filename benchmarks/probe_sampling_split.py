@@ -1,0 +1,111 @@
+"""The filtered sampling path's passes, timed as they stand in the ``treefold`` on the path, so
+that two source trees can be compared in alternating processes:
+
+    PYTHONPATH=OLD/src:benchmarks python benchmarks/probe_sampling_split.py LABEL OUT_DIR
+    PYTHONPATH=src:benchmarks     python benchmarks/probe_sampling_split.py LABEL OUT_DIR
+    python benchmarks/probe_sampling_split.py --compare OUT_DIR LABEL_A LABEL_B ...
+
+151936 logits (the gpu_sampling inputs), batch 64 and 1, fp32 and bf16, peaked and flat rows;
+top-p 0.9, min-p 0.05, top-k 50, top-k 50 + top-p 0.9, top_k(50); the programs per row at the
+default (16 per SM) and, with PER_SM=16,8,32 in the environment, at 8 and 32 per SM. Each call replayed from a CUDA graph (do_bench
+median, L2 flushed) in three interleaved rounds; its tokens saved to OUT_DIR/tokens-LABEL.pt and
+its times to OUT_DIR/split-LABEL.json. --compare prints the best-of-rounds table of the labels
+and whether their tokens are equal.
+"""
+import json
+import os
+import sys
+
+import torch
+
+VOCAB = 151936
+CONFIGS = {
+    "top-p 0.9": dict(top_p=0.9),
+    "min-p 0.05": dict(min_p=0.05),
+    "top-k 50": dict(top_k=50),
+    "top-k 50 + top-p 0.9": dict(top_k=50, top_p=0.9),
+    "top_k(50)": None,
+}
+PER_SM = [None if v == "16" else int(v) for v in os.environ.get("PER_SM", "16").split(",")]
+
+
+def cases():
+    from gpu_sampling import FLAT, logits
+    out = []
+    for batch, dtype, flat in ((64, torch.float32, False), (64, torch.bfloat16, False), (1, torch.float32, False),
+                               (64, torch.float32, True)):
+        x = logits(batch, dtype, **({"scale": FLAT} if flat else {}))
+        seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
+        names = ("top-p 0.9", "min-p 0.05") if flat else CONFIGS
+        for config in names:
+            key = f"{batch} {str(dtype)[6:]} {'flat' if flat else 'peaked'} {config}"
+            out.append(((key,), x, seeds, config))
+    return out
+
+
+def call(ops, x, seeds, config, per_sm):
+    c = CONFIGS[config]
+    ppr = None if per_sm is None else -(-per_sm * torch.cuda.get_device_properties(0).multi_processor_count
+                                        // x.shape[0])
+    if c is None:
+        return lambda: ops.top_k_rows(x, 50, programs_per_row=ppr)
+    return lambda: (ops.sample_rows(x, 1.0, c.get("top_k"), c.get("top_p"), c.get("min_p"), seeds, 0,
+                                    programs_per_row=ppr),)
+
+
+def measure(label, out_dir):
+    from treefold._ops import sampling as ops
+    from probe_report import time_graphed_variants
+    print("treefold from", ops.__file__)
+    table, tokens = {}, {}
+    for key, x, seeds, config in cases():
+        table[key] = {f"{per_sm or 16} programs/SM": call(ops, x, seeds, config, per_sm) for per_sm in PER_SM}
+        tokens[key] = [t.cpu() for t in call(ops, x, seeds, config, None)()]
+    times = time_graphed_variants(table, "", 3)
+    kernel_times(ops)
+    torch.save(tokens, os.path.join(out_dir, f"tokens-{label}.pt"))
+    with open(os.path.join(out_dir, f"split-{label}.json"), "w") as f:
+        json.dump({f"{k[0]} | {v}": t for (k, v), t in times.items()}, f, indent=1)
+
+
+def kernel_times(ops):
+    """Each launch's time in the top-p 0.9 call at 64 rows, fp32 (torch profiler, 10 calls)."""
+    from torch.profiler import ProfilerActivity, profile
+    from gpu_sampling import logits
+    x = logits(64, torch.float32)
+    seeds = torch.arange(64, device="cuda", dtype=torch.int64) * 7919 + 1
+    run = call(ops, x, seeds, "top-p 0.9", None)
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            run()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            per.setdefault(e.name, []).append(e.device_time_total)
+    print("kernels, top-p 0.9, 64 rows fp32 (us per launch): "
+          + ", ".join(f"{k} {sum(v) / len(v):.1f} x{len(v) // 10}" for k, v in per.items()))
+
+
+def compare(out_dir, labels):
+    runs = {}
+    for label in labels:
+        with open(os.path.join(out_dir, f"split-{label}.json")) as f:
+            runs[label] = json.load(f)
+    toks = {label: torch.load(os.path.join(out_dir, f"tokens-{label}.pt")) for label in labels}
+    first = toks[labels[0]]
+    for label in labels[1:]:
+        same = all(all(torch.equal(a, b) for a, b in zip(first[k], toks[label][k])) for k in first)
+        print(f"tokens {label} == {labels[0]}: {same}")
+    print("best of 3 rounds, us: " + " | ".join(labels))
+    for key in runs[labels[0]]:
+        print(f"{key:58s} " + "  ".join(f"{min(runs[label][key]):7.1f}" for label in labels))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--compare":
+        compare(sys.argv[2], sys.argv[3:])
+    else:
+        measure(sys.argv[1], sys.argv[2])
