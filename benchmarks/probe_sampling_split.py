@@ -18,14 +18,8 @@ import sys
 
 import torch
 
-VOCAB = 151936
-CONFIGS = {
-    "top-p 0.9": dict(top_p=0.9),
-    "min-p 0.05": dict(min_p=0.05),
-    "top-k 50": dict(top_k=50),
-    "top-k 50 + top-p 0.9": dict(top_k=50, top_p=0.9),
-    "top_k(50)": None,
-}
+from probe_sampling_bins import CONFIGS
+
 PER_SM = [None if v == "16" else int(v) for v in os.environ.get("PER_SM", "16").split(",")]
 
 
@@ -62,31 +56,19 @@ def measure(label, out_dir):
         table[key] = {f"{per_sm or 16} programs/SM": call(ops, x, seeds, config, per_sm) for per_sm in PER_SM}
         tokens[key] = [t.cpu() for t in call(ops, x, seeds, config, None)()]
     times = time_graphed_variants(table, "", 3)
-    kernel_times(ops)
+    top_p_kernel_times(ops)
     torch.save(tokens, os.path.join(out_dir, f"tokens-{label}.pt"))
     with open(os.path.join(out_dir, f"split-{label}.json"), "w") as f:
         json.dump({f"{k[0]} | {v}": t for (k, v), t in times.items()}, f, indent=1)
 
 
-def kernel_times(ops):
-    """Each launch's time in the top-p 0.9 call at 64 rows, fp32 (torch profiler, 10 calls)."""
-    from torch.profiler import ProfilerActivity, profile
+def top_p_kernel_times(ops):
+    """Each launch's time in the top-p 0.9 call at 64 rows, fp32 (torch profiler)."""
     from gpu_sampling import logits
-    x = logits(64, torch.float32)
+    from probe_sampling import kernel_times
     seeds = torch.arange(64, device="cuda", dtype=torch.int64) * 7919 + 1
-    run = call(ops, x, seeds, "top-p 0.9", None)
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            run()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            per.setdefault(e.name, []).append(e.device_time_total)
-    print("kernels, top-p 0.9, 64 rows fp32 (us per launch): "
-          + ", ".join(f"{k} {sum(v) / len(v):.1f} x{len(v) // 10}" for k, v in per.items()))
+    per = kernel_times(call(ops, logits(64, torch.float32), seeds, "top-p 0.9", None))
+    print("kernels, top-p 0.9, 64 rows fp32 (us per launch): " + ", ".join(f"{k} {v}" for k, v in per.items()))
 
 
 def compare(out_dir, labels):
