@@ -203,3 +203,38 @@ def test_prepared_calls_of_several_launches_give_the_same_bits(rows, n):
     out = torch.full_like(x, float("nan"))
     assert softmax_ops._PREPARED[key](x, out)
     assert torch.equal(out, softmax_ops.softmax_forward(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,n", [(3, 4096), (64, 151936), (300, 32768)])
+def test_prepared_backward_calls_give_the_same_bits_with_new_tensors(rows, n):
+    # the eager backward of softmax / log_softmax prepares its launches on the first call and
+    # takes them afterwards; the forward with a gradient takes the forward's prepared launches
+    import treefold
+    from treefold._ops import softmax as softmax_ops
+    torch.manual_seed(2)
+    softmax_ops._PREPARED.clear()
+    for step in range(3):
+        for log, fn in ((False, treefold.softmax), (True, treefold.log_softmax)):
+            x = (torch.randn(rows, n, device="cuda", dtype=torch.bfloat16) * (step + 1)).requires_grad_()
+            y = fn(x)
+            assert torch.equal(y, softmax_ops.softmax_forward(x.detach(), log=log))
+            dy = torch.randn_like(y)
+            (dx,) = torch.autograd.grad(y, x, dy)
+            assert torch.equal(dx, softmax_ops.softmax_backward(dy, y.detach(), log=log, x_dtype=x.dtype))
+    backward_keys = [k for k in softmax_ops._PREPARED if k[0] == "backward"]
+    assert len(backward_keys) == 2
+    # the prepared backward itself launches
+    key = next(k for k in backward_keys if k[1] == softmax_ops._SOFTMAX)
+    y = torch.softmax(torch.randn(rows, n, device="cuda"), -1).to(torch.bfloat16)
+    dy = torch.randn_like(y)
+    dx = torch.full_like(y, float("nan"))
+    assert softmax_ops._PREPARED[key](y, dy, dx)
+    assert torch.equal(dx, softmax_ops.softmax_backward(dy, y, x_dtype=torch.bfloat16))
+    # a gradient off the 16-byte grid: the prepared launch declines, the ordinary path answers
+    base = torch.randn(rows * n + 1, device="cuda", dtype=torch.bfloat16)
+    odd = base[1:].view(rows, n)
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = treefold.softmax(x)
+    (dx,) = torch.autograd.grad(y, x, odd)
+    assert torch.equal(dx, softmax_ops.softmax_backward(odd, y.detach(), x_dtype=x.dtype))

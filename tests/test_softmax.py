@@ -369,6 +369,29 @@ def test_gradient_dtypes_and_other_dims():
     assert torch.equal(masked.grad, torch.zeros(2, 8))  # a fully masked row gets a zero gradient
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_backward_under_create_graph_gives_dx_and_refuses_a_second_derivative(op):
+    # the eager backward skips once_differentiable while grad mode is off; with create_graph it
+    # must still return the same dx and make a gradient of that dx raise, not return zeros
+    x = _data((3, 40), torch.float32, seed=21).requires_grad_()
+    out = _call(op, x)
+    dy = _data(out.shape, torch.float32, scale=1.0, seed=22).requires_grad_()
+    (plain,) = torch.autograd.grad(out, x, dy, retain_graph=True)
+    (dx,) = torch.autograd.grad(out, x, dy, create_graph=True)
+    assert torch.equal(dx, plain)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dx.sum().backward()
+
+
+def test_prepared_calls_take_their_tensors_distinct_and_in_launch_order():
+    a, b, c, d = (torch.empty(2) for _ in range(4))
+    assert ops._io_tensors(a, a, b, a) == (a, b)  # forward: (x, out)
+    got = ops._io_tensors(a, b, c, a)  # softmax backward: (y, dy, dx)
+    assert len(got) == 3 and all(g is w for g, w in zip(got, (a, b, c)))
+    got = ops._io_tensors(a, b, c, d)  # logsumexp backward: (x, dy, dx, lse)
+    assert len(got) == 4 and all(g is w for g, w in zip(got, (a, b, c, d)))
+
+
 # ---- torch.compile, the reference path, host-side caching -----------------------------------
 
 @needs_kernel

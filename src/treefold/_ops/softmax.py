@@ -335,8 +335,9 @@ _KERNEL = Launcher(kernels.softmax_kernel)
 
 def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int, stride_grad: int,
             stride_dst: int, inv_temperature: float, prepare_key=None) -> None:
-    """Launch the plan's phases. ``prepare_key``: a forward call of contiguous rows keeps its
-    prepared launches under this key (``_PreparedCall``; ``_prepared_call``)."""
+    """Launch the plan's phases. ``prepare_key``: a call of contiguous rows keeps its prepared
+    launches under this key (``_PreparedCall``; ``_prepared_call``, ``_prepared_backward``);
+    ``src``, ``grad``, ``dst`` and ``row`` must then be distinct tensors or the same object."""
     if plan_.partials:
         part_p = src.new_empty((rows, plan_.num_segments), dtype=torch.float32)
         part_q = torch.empty_like(part_p) if plan_.partials == "pq" else part_p
@@ -345,8 +346,10 @@ def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int
     arrivals = torch.zeros(rows, dtype=torch.int32, device=src.device) if plan_.arrivals else src
     with_temperature = inv_temperature != 1.0
     segments = plan_.num_segments
-    # the tensors a prepared call replaces: the input, the output and the per-call buffers
-    slots = (src, dst) + ((part_p, part_q) if plan_.partials == "pq" else (part_p,) if plan_.partials else ())
+    # the tensors a prepared call replaces: its inputs and output (``_io_tensors``), then the
+    # per-call buffers
+    slots = _io_tensors(src, grad, dst, row)
+    slots += (part_p, part_q) if plan_.partials == "pq" else (part_p,) if plan_.partials else ()
     slots += (arrivals,) if plan_.arrivals else ()
     launches = []
     for phase in plan_.phases:
@@ -363,12 +366,24 @@ def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int
         _PREPARED[prepare_key] = _PreparedCall(tuple(launches), plan_.partials, plan_.arrivals, rows, segments)
 
 
+def _io_tensors(src, grad, dst, row) -> tuple:
+    """The distinct tensors among a launch's (src, grad, dst, row), in that order: (x, out) for a
+    forward call (``grad`` and ``row`` are ``src``), (y, dy, dx) for the softmax backward,
+    (x, dy, dx, lse) for the logsumexp backward. A prepared call takes them in this order."""
+    out = (src,)
+    for t in (grad, dst, row):
+        if all(t is not u for u in out):
+            out += (t,)
+    return out
+
+
 class _PreparedCall:
-    """The prepared launches of one kind of eager forward call, in order. A call allocates what
-    the plan needs anew (partials; zeroed arrival counters for "cooperative"), then launches
-    each with the new tensors' addresses. Returns False, having launched nothing, when a tensor
-    is not 16-byte aligned as the kernels were compiled for, or a profiler's launch hooks are
-    installed (the ordinary path then answers)."""
+    """The prepared launches of one kind of eager call, in order. ``call(*io)`` takes the call's
+    inputs and output in ``_io_tensors`` order, allocates what the plan needs anew (partials;
+    zeroed arrival counters for "cooperative"), then launches each with the new tensors'
+    addresses. Returns False, having launched nothing, when a tensor is not 16-byte aligned as
+    the kernels were compiled for, or a profiler's launch hooks are installed (the ordinary path
+    then answers)."""
 
     __slots__ = ("launches", "partials", "arrivals", "rows", "segments")
 
@@ -376,8 +391,9 @@ class _PreparedCall:
         self.launches, self.partials, self.arrivals = launches, partials, arrivals
         self.rows, self.segments = rows, segments
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> bool:
-        tensors = (x, out)
+    def __call__(self, *io: torch.Tensor) -> bool:
+        tensors = io
+        x = io[0]
         if self.partials:
             # one allocation; each partials array starts on a 16-byte boundary, as the kernels
             # were compiled for (a misaligned slot would make its launch decline)
@@ -484,8 +500,9 @@ def logsumexp_forward(x: torch.Tensor, *, strategy: str = "auto", tuning: Tuning
 
 def softmax_backward(grad: torch.Tensor, y: torch.Tensor, *, log: bool = False, temperature: float = 1.0,
                      x_dtype: Optional[torch.dtype] = None, strategy: str = "auto",
-                     tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
-    """dx of softmax (or log_softmax) from dy = ``grad`` and the forward output ``y``."""
+                     tuning: Tuning = _DEFAULT_TUNING, prepare_key=None) -> torch.Tensor:
+    """dx of softmax (or log_softmax) from dy = ``grad`` and the forward output ``y``
+    (``prepare_key``: see ``_launch``)."""
     shape = y.shape
     dx = _new_output(shape, x_dtype or y.dtype, y)
     n = shape[-1] if shape else 1
@@ -497,7 +514,7 @@ def softmax_backward(grad: torch.Tensor, y: torch.Tensor, *, log: bool = False, 
     rows = numel // n
     p = _plan_for(_LOG_SOFTMAX if log else _SOFTMAX, True, n, rows, y, strategy, tuning)
     _launch(p, y2, g2, dx, y2, rows, n, y_stride, g_stride, n,
-            1.0 if temperature == 1.0 else _float32_inverse(float(temperature)))
+            1.0 if temperature == 1.0 else _float32_inverse(float(temperature)), prepare_key)
     return dx
 
 
@@ -606,7 +623,9 @@ class _SoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, log, temperature, dtype):
-        if backend.use_kernel(x):
+        if x.is_cuda and temperature == 1.0 and dtype is None:
+            y = _prepared_call(_LOG_SOFTMAX if log else _SOFTMAX, x)
+        elif backend.use_kernel(x):
             y = softmax_forward(x, log=log, temperature=temperature, out_dtype=dtype)
         else:
             y = reference.softmax(x, log=log, temperature=temperature, out_dtype=dtype)
@@ -615,14 +634,26 @@ class _SoftmaxFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        if backend.use_kernel(y):
-            dx = softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
-        else:
-            dx = reference.softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
-        return dx, None, None, None
+        # once_differentiable costs host time on every call; it is needed only while the backward
+        # itself is recorded (create_graph), where a gradient of dx must raise
+        if torch.is_grad_enabled():
+            return _softmax_backward_once(ctx, grad)
+        return _softmax_backward(ctx, grad)
+
+
+def _softmax_backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    if y.is_cuda:
+        dx = _prepared_backward(grad, y, ctx.log, ctx.temperature, ctx.x_dtype)
+    elif backend.use_kernel(y):
+        dx = softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
+    else:
+        dx = reference.softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
+    return dx, None, None, None
+
+
+_softmax_backward_once = torch.autograd.function.once_differentiable(_softmax_backward)
 
 
 class _LogsumexpFunction(torch.autograd.Function):
@@ -630,17 +661,28 @@ class _LogsumexpFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        lse = logsumexp_forward(x) if backend.use_kernel(x) else reference.logsumexp(x)
+        if x.is_cuda:
+            lse = _prepared_call(_LOGSUMEXP, x)
+        else:
+            lse = logsumexp_forward(x) if backend.use_kernel(x) else reference.logsumexp(x)
         ctx.save_for_backward(x, lse)
         return lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        x, lse = ctx.saved_tensors
-        if backend.use_kernel(x):
-            return logsumexp_backward(grad, x, lse)
-        return reference.logsumexp_backward(grad, x, lse)
+        if torch.is_grad_enabled():  # see _SoftmaxFunction.backward
+            return _logsumexp_backward_once(ctx, grad)
+        return _logsumexp_backward(ctx, grad)
+
+
+def _logsumexp_backward(ctx, grad):
+    x, lse = ctx.saved_tensors
+    if backend.use_kernel(x):
+        return logsumexp_backward(grad, x, lse)
+    return reference.logsumexp_backward(grad, x, lse)
+
+
+_logsumexp_backward_once = torch.autograd.function.once_differentiable(_logsumexp_backward)
 
 
 # ---- entry points for the public functions --------------------------------------------------
@@ -667,6 +709,22 @@ def _prepared_call(op: int, x: torch.Tensor) -> torch.Tensor:
     if op == _LOGSUMEXP:
         return logsumexp_forward(x, prepare_key=key)
     return softmax_forward(x, log=op == _LOG_SOFTMAX, prepare_key=key)
+
+
+def _prepared_backward(grad: torch.Tensor, y: torch.Tensor, log: bool, temperature: float,
+                       x_dtype: torch.dtype) -> torch.Tensor:
+    """dx of softmax / log_softmax on CUDA, as ``softmax_backward`` gives it: through the prepared
+    launches of this kind of call when there are; else launched as usual, preparing them when
+    ``y`` and ``grad`` are distinct contiguous tensors."""
+    key = ("backward", _LOG_SOFTMAX if log else _SOFTMAX, y.shape, y.stride(), grad.stride(), y.dtype,
+           grad.dtype, x_dtype, y.get_device(), temperature)
+    prepared = _PREPARED.get(key)
+    if prepared is not None and grad is not y:
+        dx = _new_output(y.shape, x_dtype, y)
+        if prepared(y, grad, dx):
+            return dx
+    key = key if prepared is None and grad is not y and y.is_contiguous() and grad.is_contiguous() else None
+    return softmax_backward(grad, y, log=log, temperature=temperature, x_dtype=x_dtype, prepare_key=key)
 
 
 def softmax(x: torch.Tensor, log: bool, temperature: float, dtype: Optional[torch.dtype]) -> torch.Tensor:
