@@ -18,6 +18,10 @@ import sys
 
 import torch
 
+# the treefold on PYTHONPATH, imported before gpu_sampling (through probe_sampling_bins) puts
+# this repository's src first on sys.path: otherwise every label would time the same tree
+import treefold  # noqa: F401
+
 from probe_sampling_bins import CONFIGS
 
 PER_SM = [None if v == "16" else int(v) for v in os.environ.get("PER_SM", "16").split(",")]

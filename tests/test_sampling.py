@@ -475,8 +475,8 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
     """Segment width, programs per row and where the sure-kept tokens race are launch choices:
     every partial result is exact (maxima, races, integer counts, fixed-point masses) and the
     lists are never read in arrival order. 32-token segments against the default (512 here), on
-    1, 3 and all programs per row; every sure-kept token raced in place (``race_kernel`` after the
-    compaction), listed, or each row deciding by its own count."""
+    1, 3 and all programs per row; every sure-kept token raced in place (by ``race_kernel`` after
+    the compaction, or inside it), listed, or each row deciding by its own count."""
     g = torch.Generator().manual_seed(8)
     x = (torch.randn(3, 300, generator=g) * torch.tensor([[0.4], [2.0], [4.0]])).to(device)
     seeds = torch.tensor([5, 6, 7], device=device)
@@ -497,10 +497,13 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
     ops.plan.cache_clear()
     want = outputs()
     # sure-kept tokens all raced in place, listed by the rows that have few of them
-    # (20: the flat row races, the peaked rows list), or all listed for the resolve pass
+    # (20: the flat row races, the peaked rows list), or all listed for the resolve pass; the
+    # in-place race in a launch of its own after the compaction, or inside the compaction
     for sure_list_max in (0, 20, 1 << 20):
-        monkeypatch.setattr(ops, "SURE_LIST_MAX", sure_list_max)
-        assert all(torch.equal(a, b) for a, b in zip(outputs(), want)), sure_list_max
+        for race_per_sm in (0, 1 << 20):
+            monkeypatch.setattr(ops, "SURE_LIST_MAX", sure_list_max)
+            monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", race_per_sm)
+            assert all(torch.equal(a, b) for a, b in zip(outputs(), want)), (sure_list_max, race_per_sm)
     try:
         monkeypatch.setattr(ops, "MAX_WIDTH", 32)
         ops.plan.cache_clear()
@@ -647,6 +650,27 @@ def test_gpu_top_k_equals_stable_sort(k):
     values, indices = treefold.top_k(x, k)
     want_v, want_i = torch.sort(x, dim=-1, descending=True, stable=True)
     assert torch.equal(indices, want_i[:, :k]) and torch.equal(values, want_v[:, :k])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gpu_sure_kept_race_inside_or_after_the_compaction_gives_the_same_tokens(rows, monkeypatch):
+    # flat rows keep tens of thousands of tokens for sure: they race them in place, in the
+    # compaction pass (a grid that fits at COMPACT_RACE_PROGRAMS_PER_SM) or in race_kernel
+    x = qwen_like_logits(rows, 6, scale=1.0)
+    seeds = torch.arange(rows, device="cuda") * 31 + 7
+    configs = (dict(top_p=0.9), dict(min_p=0.01), dict(top_k=torch.full((rows,), 40000, device="cuda"), top_p=0.95))
+
+    def tokens():
+        return [ops.sample_rows(x, 0.9, c.get("top_k"), c.get("top_p"), c.get("min_p"), seeds, 5) for c in configs]
+
+    monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", 1 << 20)
+    inside = tokens()
+    monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", 0)
+    apart = tokens()
+    for a, b in zip(inside, apart):
+        assert torch.equal(a, b)
+        assert (a >= 0).all()
 
 
 @pytest.mark.gpu

@@ -66,6 +66,13 @@ MAX_WIDTH = 1024
 #: 216.4), min-p 0.05 134.1 (128.8), and rows kept whole (flat logits, p = 1 as a tensor) 150.9 us
 #: where listing them all took 494: the resolve pass races about 0.5 tokens per ns per row.
 SURE_LIST_MAX = 8192
+#: Sampling: the compaction pass races sure-kept tokens in place itself (``compact_kernel``'s
+#: RACE_SURE) when its grid has at most this many programs per SM, the most its registers allow
+#: with that race in it (154 on sm_90): all programs are then resident at once either way, and
+#: the separate ``race_kernel`` launch would only add its own time (3 us on the H200; one row of
+#: 151936 takes 149 programs). Larger grids keep the race apart: without it the compaction
+#: holds 4 programs per SM (128 registers) instead of 3.
+COMPACT_RACE_PROGRAMS_PER_SM = 3
 #: Warps of the one-program-per-row resolve pass.
 RESOLVE_WARPS = 8
 #: Whether the row passes load each segment before working on the previous one (None: when a
@@ -183,15 +190,21 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PREFETCH=g.prefetch, num_warps=g.num_warps)
+    # Sampling: rows with more sure-kept tokens than the resolve pass races cheaply race them in
+    # place, in the compaction pass or in a race launch after it. A scalar top_k <= SURE_LIST_MAX
+    # leaves fewer than k tokens before the boundary bins in every row: nothing to race there.
+    sure_race = mode == kernels.MODE_SAMPLE.value and not (
+        isinstance(top_k, int) and top_k <= SURE_LIST_MAX)
+    race_in_compaction = sure_race and (
+        rows * g.programs_per_row <= COMPACT_RACE_PROGRAMS_PER_SM * _sm_count(dev))
     _COMPACT(
         grid, x, n, x.stride(0), part_max, part_total, hist, fine, counter, plan_rows, boundary, n,
-        part_mass, part_kept, g.programs_per_row, t, k, p, mp, filters,
+        part_mass, part_kept, part_score, part_index, g.programs_per_row, t, k, p, mp, filters,
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width, SURE_LIST_MAX=SURE_LIST_MAX,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
-        PREFETCH=g.prefetch, num_warps=g.num_warps)
-    if mode == kernels.MODE_SAMPLE.value:
-        # rows with more sure-kept tokens than the resolve pass races cheaply race them here
+        RACE_SURE=race_in_compaction, PREFETCH=g.prefetch, num_warps=g.num_warps)
+    if sure_race and not race_in_compaction:
         # (the other rows' programs read their plan and store no winner)
         _RACE(
             grid, x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
@@ -209,7 +222,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         **flags, MODE=mode, PARTS_POW2=g.parts_pow2, SORT_SMALL=PAIRWISE_MAX,
         PAIR_CHUNK=min(PAIR_CHUNK, PAIRWISE_MAX), SORT_LARGE=SORT_MAX,
         SEARCH_BLOCK=SEARCH_BLOCK, SLOTS=SEARCH_SLOTS, FINE_BINS=FINE_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, num_warps=RESOLVE_WARPS)
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, SURE_PARTIALS=sure_race, num_warps=RESOLVE_WARPS)
     return g
 
 

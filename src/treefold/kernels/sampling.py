@@ -691,7 +691,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
 
 @triton.jit
 def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, fine_ptr, counter_ptr,
-                   plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, programs_per_row,
+                   plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr,
+                   part_index_ptr, programs_per_row,
                    temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
                    T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
                    MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
@@ -699,12 +700,13 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                    SURE_LIST_MAX: tl.constexpr,
                    PARTS_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
-                   ALL_VALUES: tl.constexpr, PREFETCH: tl.constexpr = False):
+                   ALL_VALUES: tl.constexpr, RACE_SURE: tl.constexpr = False,
+                   PREFETCH: tl.constexpr = False):
     """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling in a row whose
     sure-kept bins hold at most SURE_LIST_MAX tokens, their indices, written from the end of the
     row's list (``resolve_kernel`` races them, drawing noise for those tokens alone); a row with
-    more has them raced in place by ``race_kernel`` (SURE_ONLY) after this pass (noise for
-    whole segments, in parallel), as the plan written here tells it.
+    more has them raced in place (noise for whole segments, in parallel): here with RACE_SURE,
+    else by ``race_kernel`` (SURE_ONLY) after this pass, as the plan written here tells it.
     Boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
     more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row.
 
@@ -725,12 +727,18 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         list_stride: list capacity per row (>= n).
         part_mass_ptr: int64 [rows, programs_per_row] fixed-point mass of the sure-kept bins.
         part_kept_ptr: int64 [rows, programs_per_row] the same, counting min-p survivors only.
+        part_score_ptr, part_index_ptr: float32 / int64 [rows, programs_per_row] out with
+            RACE_SURE: the winner of the in-place race ((-inf, n): none); unused otherwise.
         temperature, top_k, top_p, min_p: scalars, or per-row pointers [rows] (flags *_ROW).
         seed, seed_stride, offset, offset_stride, SEED_TENSOR, OFFSET_TENSOR: as in
             ``race_kernel``.
         filters: which filters the call uses: 1 top-k, 2 top-p, 4 min-p (a runtime value: one
             compiled kernel serves every combination).
         MODE: MODE_SAMPLE, MODE_THRESHOLD or MODE_TOPK.
+        RACE_SURE: sampling: race in place here, not in ``race_kernel``. The noise costs this
+            pass registers (sm_90, 64 x 151936 fp32: 128 -> 154, 4 programs of 4 warps per SM
+            -> 3), so it is a launch choice for grids that fit on the device at 3 programs per
+            SM, where the separate launch would only add its own time.
         WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2, PREFETCH: as above.
         SURE_LIST_MAX: sampling: a row whose sure-kept bins hold at most this many tokens lists
             them all for ``resolve_kernel``; a row with more has ``race_kernel`` race them.
@@ -766,6 +774,8 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     # one atomic that reserves their places at both ends of the list
     lane_mass = tl.zeros([WIDTH], tl.int64)
     lane_kept = tl.zeros([WIDTH], tl.int64)
+    lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
+    lane_index = tl.full([WIDTH], n, tl.int32)
     fine = tl.zeros([FINE_BINS], tl.int32)
     lanes = tl.arange(0, WIDTH)
     if live_row:
@@ -785,6 +795,13 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
             sure = lanes < 0
             if MODE == MODE_SAMPLE:
                 sure = above & survives & (race_in_place == 0)
+                if RACE_SURE:
+                    if race_in_place:
+                        start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
+                        score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+                        take = above & survives & (score > lane_score)
+                        lane_score = tl.where(take, score, lane_score)
+                        lane_index = tl.where(take, cols.to(tl.int32), lane_index)
             packed = listed.to(tl.int32) + sure.to(tl.int32) * 65536
             counts = tl.sum(packed, axis=0)
             if counts > 0:
@@ -805,6 +822,11 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
             tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0)
     tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
     tl.store(part_kept_ptr + pid, tl.sum(lane_kept, axis=0))
+    if RACE_SURE:
+        best_score = tl.max(lane_score, axis=0)
+        best_index = tl.min(tl.where(lane_score == best_score, lane_index, n), axis=0)
+        tl.store(part_score_ptr + pid, best_score)
+        tl.store(part_index_ptr + pid, best_index.to(tl.int64))
 
 
 # ------------------------------------------------------------------------------------------
@@ -1168,7 +1190,7 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
                    PARTS_POW2: tl.constexpr, SORT_SMALL: tl.constexpr, PAIR_CHUNK: tl.constexpr,
                    SORT_LARGE: tl.constexpr,
                    SEARCH_BLOCK: tl.constexpr, SLOTS: tl.constexpr, FINE_BINS: tl.constexpr,
-                   BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr):
+                   BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr, SURE_PARTIALS: tl.constexpr = True):
     """One program per row: when sampling, the race among the sure-kept tokens first; then the
     exact prefix boundary among the listed tokens, and the row's outputs. A list longer than
     SORT_SMALL is first shortened with the sub-bin histogram (``_refine``; not for MODE_TOPK,
@@ -1184,7 +1206,10 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
         list_stride, part_mass_ptr, part_kept_ptr: as in ``compact_kernel`` (plan_ptr, fine_ptr
             and the lists as it left them).
         part_score_ptr, part_index_ptr: float32 / int64 [rows, compact_programs]: the partial
-            winners of ``race_kernel`` with SURE_ONLY (MODE_SAMPLE; read only then).
+            winners of the in-place race of sure-kept tokens (``race_kernel`` with SURE_ONLY, or
+            ``compact_kernel`` with RACE_SURE); read only in MODE_SAMPLE with SURE_PARTIALS.
+        SURE_PARTIALS: those partial winners were written (False when no row can race in place:
+            a scalar top_k <= SURE_LIST_MAX bounds every row's sure-kept tokens).
         compact_programs: programs per row of ``compact_kernel`` (partials per row).
         temperature .. offset and their flags: as in ``compact_kernel``.
         token_ptr: int64 [rows] sampled tokens (MODE_SAMPLE; -1: no finite logit or an invalid
@@ -1224,9 +1249,10 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     parts = row * compact_programs + q
     mass_above = tl.sum(tl.load(part_mass_ptr + parts, mask=live, other=0), axis=0)
     kept_above = tl.sum(tl.load(part_kept_ptr + parts, mask=live, other=0), axis=0)
-    # the partial winners of the sure-kept tokens raced in place (``race_kernel``, sampling only)
-    scores = tl.load(part_score_ptr + parts, mask=live & (MODE == MODE_SAMPLE), other=float("-inf"))
-    indices = tl.load(part_index_ptr + parts, mask=live & (MODE == MODE_SAMPLE), other=INT64_MAX)
+    # the partial winners of the sure-kept tokens raced in place (sampling only)
+    raced = live & (MODE == MODE_SAMPLE) & SURE_PARTIALS
+    scores = tl.load(part_score_ptr + parts, mask=raced, other=float("-inf"))
+    indices = tl.load(part_index_ptr + parts, mask=raced, other=INT64_MAX)
     best_score = tl.max(scores, axis=0)
     best_index = tl.min(tl.where(live & (scores == best_score), indices, INT64_MAX), axis=0)
     counts = tl.load(counter_ptr + row)
