@@ -194,6 +194,46 @@ def test_rms_norm_backward_matches_reference_bits(n, dtype, casting, residual_dt
     assert_bits(dw, want_dw)
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_eager_autograd_equals_the_registered_ops_bit_for_bit(residual):
+    # eager calls that need a gradient take plain autograd Functions (no dispatcher); the
+    # registered ops (what torch.compile sees) must give the same outputs and gradients, and a
+    # gradient of a gradient raises on both paths
+    x = randn((5, 300), torch.bfloat16, seed=31).requires_grad_()
+    kernel_or_skip(x)
+    w = torch.nn.Parameter(weight_like(300, torch.bfloat16))
+    r = randn((5, 300), torch.float32, seed=32).requires_grad_() if residual else None
+    b = randn(300, torch.bfloat16, seed=33).requires_grad_()
+    dy = randn((5, 300), torch.bfloat16, seed=34)
+    dh = randn((5, 300), torch.float32, seed=35)
+    inputs = (x, w) + ((r,) if residual else ())
+
+    def grads(outputs):
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        return outputs, torch.autograd.grad(outputs, inputs, (dy, dh)[:len(outputs)])
+
+    eager = treefold.rms_norm(x, w, residual=r, offset=0.25, casting="gemma")
+    assert "RmsNormFunction" in type((eager[0] if residual else eager).grad_fn).__name__
+    y_dtype = (eager[0] if residual else eager).dtype
+    y, h, _ = torch.ops.treefold.rms_norm(x, w, r, 1e-6, 0.25, "gemma", y_dtype)
+    for got, want in zip(grads(eager), grads((y, h) if residual else y)):
+        for a, c in zip(got, want):
+            assert_bits(a, c)
+    ln = treefold.layer_norm(x, (300,), w, b)
+    assert "LayerNormFunction" in type(ln.grad_fn).__name__
+    want_ln = torch.ops.treefold.layer_norm(x, w, b, 1e-5)[0]
+    got = torch.autograd.grad(ln, (x, w, b), dy)
+    want = torch.autograd.grad(want_ln, (x, w, b), dy)
+    assert_bits(ln, want_ln)
+    for a, c in zip(got, want):
+        assert_bits(a, c)
+    for out in (treefold.rms_norm(x, w), treefold.layer_norm(x, (300,), w, b)):
+        dyg = dy.clone().requires_grad_()
+        (dx,) = torch.autograd.grad(out, x, dyg, create_graph=True)
+        with pytest.raises(RuntimeError, match="no autograd formula"):
+            dx.sum().backward()
+
+
 @pytest.mark.parametrize("n", [33, 4095])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layer_norm_backward_matches_reference_bits(n, dtype):

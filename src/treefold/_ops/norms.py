@@ -631,12 +631,12 @@ def _rms_norm_setup(ctx, inputs, output):
 
 
 def _plain_eager(*tensors: Optional[Tensor]) -> bool:
-    """Whether a backward formula may call the implementation directly: eager plain tensors, no
-    graph being traced (torch.compile's fake and functional tensors are subclasses) and no
+    """Whether a backward formula may call the implementation directly: eager plain tensors or
+    parameters, no graph being traced (torch.compile's fake and functional tensors are subclasses) and no
     gradient of the gradient being recorded. Skipping the dispatcher saves host time per call."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
-    return all(t is None or type(t) is Tensor for t in tensors)
+    return all(t is None or t.__class__ in _PLAIN_TENSORS for t in tensors)
 
 
 def _rms_norm_backward(ctx, dy, dh, drstd):
@@ -719,3 +719,45 @@ def _layer_norm_backward(ctx, dy, dmean, drstd):
 
 
 layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
+
+
+# ---- eager autograd: the same implementation and formulas, without the dispatcher ------------
+# A registered op's autograd path costs tens of microseconds of host time per call (the dispatcher,
+# the op's autograd wrapper), more than the kernels of many training-sized calls take: eager calls
+# that need a gradient go through these plain autograd Functions instead. They save what the ops'
+# setup_context saves and call the same backward formulas; torch.compile keeps the ops.
+
+def eager_autograd(*tensors: Optional[Tensor]) -> bool:
+    """Whether a call that needs a gradient may take the eager Functions: not compiling, and every
+    tensor a plain tensor or parameter (subclasses take the registered ops)."""
+    if torch.compiler.is_compiling():
+        return False
+    return all(t is None or t.__class__ in _PLAIN_TENSORS for t in tensors)
+
+
+class RmsNormFunction(torch.autograd.Function):
+    """RMSNorm with autograd; returns y, or (y, h) with a residual."""
+
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps, offset, casting, out_dtype):
+        y, h, rstd = rms_norm_impl(x, weight, residual, eps, offset, casting, out_dtype)
+        _rms_norm_setup(ctx, (x, weight, residual, eps, offset, casting, out_dtype), (y, h, rstd))
+        return y if h is None else (y, h)
+
+    @staticmethod
+    def backward(ctx, dy, dh=None):
+        return _rms_norm_backward(ctx, dy, dh, None)
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """LayerNorm over the last dim with autograd; returns y."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = layer_norm_impl(x, weight, bias, eps)
+        _layer_norm_setup(ctx, (x, weight, bias, eps), (y, mean, rstd))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _layer_norm_backward(ctx, dy, None, None)

@@ -140,6 +140,8 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         raise TypeError(f"{fn}: out_dtype must be one of float32, bfloat16, float16, got {out_dtype}")
     _check_row_length(fn, n)
     if _needs_op(x, weight, residual):
+        if _ops.eager_autograd(x, weight, residual):
+            return _ops.RmsNormFunction.apply(x, weight, residual, eps, offset, casting, out_dtype)
         y, h, _ = torch.ops.treefold.rms_norm(x, weight, residual, eps, offset, casting, out_dtype)
     else:
         out = _ops.norm_prepare(True, x, residual, weight, None, eps, offset, casting, out_dtype_arg, None,
@@ -245,7 +247,10 @@ def layer_norm(x: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
     w = weight if weight is None or k == 1 else weight.reshape(n)
     b = bias if bias is None or k == 1 else bias.reshape(n)
     if _needs_op(x, weight, bias):
-        y, _, _ = torch.ops.treefold.layer_norm(rows, w, b, eps)
+        if _ops.eager_autograd(x, weight, bias):
+            y = _ops.LayerNormFunction.apply(rows, w, b, eps)
+        else:
+            y, _, _ = torch.ops.treefold.layer_norm(rows, w, b, eps)
     else:
         if k == 1:
             y = _ops.norm_prepare(False, x, None, weight, bias, eps, 0.0, "", None, normalized_shape, x.dtype)
