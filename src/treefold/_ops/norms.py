@@ -152,8 +152,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                   rows_per_program: Optional[int], num_warps: Optional[int],
                   segments_per_program: Optional[int] = None, read_policy: str = "",
                   fused_squares: Optional[bool] = None,
-                  read_twice: Optional[bool] = None,
-                  stream_segments: Optional[bool] = None) -> tuple[int, int, dict]:
+                  read_twice: Optional[bool] = None) -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
@@ -161,8 +160,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``fused_squares``: False keeps every product rounded on its own where ``_fuses_squares`` would
     contract the squares (the bits are the same either way); True only where it would (float16).
     ``read_twice``: RMSNorm without a residual reads each row again after its reduction (default:
-    rows of ``_READ_TWICE_BLOCK``, whole rows, with ``_READ_TWICE_WARPS`` warps unless given).
-    ``stream_segments``: rows read twice go one segment at a time in both passes (default: no)."""
+    rows of ``_READ_TWICE_BLOCK``, whole rows, with ``_READ_TWICE_WARPS`` warps unless given)."""
     default_rows, default_warps = forward_config(n, is_rms)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -196,15 +194,11 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                       and row_block(n) == _READ_TWICE_BLOCK)
     if read_twice and not held and row_block(n) == _READ_TWICE_BLOCK:
         default_warps = _READ_TWICE_WARPS
-    if stream_segments and not (read_twice and not held):
-        raise ValueError("norm: stream_segments=True streams rows read twice (read_twice=True), whole "
-                         "(no segments_per_program)")
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
-        READ_POLICY=read_policy, READ_TWICE=bool(read_twice), STREAM_SEGMENTS=bool(stream_segments),
-        num_warps=num_warps or default_warps,
+        READ_POLICY=read_policy, READ_TWICE=bool(read_twice), num_warps=num_warps or default_warps,
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
 
 
@@ -228,12 +222,11 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
                    segments_per_program: Optional[int] = None, read_policy: str = "",
                    fused_squares: Optional[bool] = None, read_twice: Optional[bool] = None,
-                   stream_segments: Optional[bool] = None, prepare_key=None) -> None:
+                   prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
     ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,
-    ``fused_squares``, ``read_twice`` and ``stream_segments`` override the heuristic (the bits do
-    not change).
+    ``fused_squares`` and ``read_twice`` override the heuristic (the bits do not change).
     ``prepare_key``: keep the prepared launch under this key in
     ``_PREPARED`` (no statistics; the slots are x, residual, weight, bias, y, h, those given, in
     that order); launches whose programs share rows are not prepared (their counters are new
@@ -243,7 +236,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
-        read_policy, fused_squares, read_twice, stream_segments)
+        read_policy, fused_squares, read_twice)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:

@@ -83,46 +83,6 @@ def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, t
 
 
 @triton.jit
-def _rms_norm_streamed(x_ptr, w_ptr, y_ptr, rstd_ptr, row, rows, n, n_float, eps, offset, stride_x, stride_y,
-                       HAS_WEIGHT: tl.constexpr, HAS_OFFSET: tl.constexpr, ROUND_NORMALISED: tl.constexpr,
-                       STORE_STATS: tl.constexpr, SOFT_BF16: tl.constexpr, ROWS: tl.constexpr,
-                       SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr,
-                       LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr):
-    """RMSNorm without a residual, one segment of LANES columns at a time: the sums of squares of
-    the segments one after another, their tree, then each segment read again, normalised and
-    written. The same trees as ``row_tree_sum`` over the whole block, so the same bits; a program
-    holds one segment, not the row, so fewer warps can hold a long row (the cross-warp levels
-    of a segment's tree are the ones that need shared memory and barriers)."""
-    lane = tl.arange(0, LANES)
-    row2 = row[:, None]
-    live = row2 < rows
-    which = tl.arange(0, SEGMENTS)[None, :]
-    sums = tl.zeros([ROWS, SEGMENTS], tl.float32)
-    for s in range(SEGMENTS):
-        col = s * LANES + lane[None, :]
-        v = tl.load(x_ptr + row2 * stride_x + col, mask=live & (col < n), other=0.0).to(tl.float32)
-        seg = tree_sum(v * v, ROWS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
-        sums = tl.where(which == s, seg[:, None], sums)
-    total = tree_sum(sums, ROWS, SEGMENTS, LOG2_SEGMENTS, 1, 0)
-    rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
-    if STORE_STATS:
-        tl.store(rstd_ptr + row, rstd, mask=row < rows)
-    for s in range(SEGMENTS):
-        col = s * LANES + lane
-        mask = live & (col < n)[None, :]
-        v = tl.load(x_ptr + row2 * stride_x + col[None, :], mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
-        w, b = _affine_terms(w_ptr, w_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
-        out = v * rstd[:, None]
-        if ROUND_NORMALISED:
-            out = round_to(out, x_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
-        if HAS_WEIGHT:
-            out = out * w[None, :]
-        tl.store(y_ptr + row2 * stride_y + col[None, :], round_to(out, y_ptr.dtype.element_ty, SOFT_BF16),
-                 mask=mask)
-
-
-@triton.jit
 def norm_forward_kernel(
     x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, part_ptr, arrivals_ptr,
     rows, n, n_float, eps, offset, num_segments, programs_per_row,
@@ -133,7 +93,7 @@ def norm_forward_kernel(
     ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
-    READ_TWICE: tl.constexpr = False, STREAM_SEGMENTS: tl.constexpr = False,
+    READ_TWICE: tl.constexpr = False,
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -189,8 +149,6 @@ def norm_forward_kernel(
             time) and the weight then, rather than hold both through it: fewer registers, more
             programs per SM (a launch choice; the bits do not change). Bytes from memory: the
             same, the second read hitting the caches; the caches serve 2 x M x N.
-        STREAM_SEGMENTS: with READ_TWICE, whole rows: both passes go one segment at a time
-            (``_rms_norm_streamed``; a launch choice, the bits do not change).
     """
     if SHARED_ROW:
         pid = tl.program_id(0)
@@ -205,68 +163,61 @@ def norm_forward_kernel(
         first_segment = 0
         col = tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :]
         stats_row = row < rows
-    if STREAM_SEGMENTS:
-        tl.static_assert(IS_RMS and READ_TWICE and not HAS_RESIDUAL and not SHARED_ROW,
-                         "STREAM_SEGMENTS streams RMSNorm rows read twice, whole, without a residual")
-        _rms_norm_streamed(x_ptr, w_ptr, y_ptr, rstd_ptr, row, rows, n, n_float, eps, offset, stride_x, stride_y,
-                           HAS_WEIGHT, HAS_OFFSET, ROUND_NORMALISED, STORE_STATS, SOFT_BF16, ROWS, SEGMENTS,
-                           LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
-    else:
-        row3 = row[:, None, None]
-        col3 = col[None, :, :]
-        mask = (row3 < rows) & (col3 < n)
-        v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy=READ_POLICY).to(tl.float32)
-        # RMSNorm reads the weight with the row, not after its reduction: its latency (an L2 hit for
-        # every row but the first) then overlaps the row's. LayerNorm, which holds the centred row
-        # as well, reads weight and bias after its reductions: held through them, they took its
-        # registers from 94 to 126 per thread at 8192 elements and it fell from 83% to 59% of the roof.
-        if IS_RMS and not READ_TWICE:
+    row3 = row[:, None, None]
+    col3 = col[None, :, :]
+    mask = (row3 < rows) & (col3 < n)
+    v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy=READ_POLICY).to(tl.float32)
+    # RMSNorm reads the weight with the row, not after its reduction: its latency (an L2 hit for
+    # every row but the first) then overlaps the row's. LayerNorm, which holds the centred row
+    # as well, reads weight and bias after its reductions: held through them, they took its
+    # registers from 94 to 126 per thread at 8192 elements and it fell from 83% to 59% of the roof.
+    if IS_RMS and not READ_TWICE:
+        w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0,
+                    eviction_policy=READ_POLICY).to(tl.float32)
+        h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
+        tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask)
+        v = h.to(tl.float32)
+    if IS_RMS:
+        total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
+                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
+        if READ_TWICE:
+            tl.static_assert(not HAS_RESIDUAL, "READ_TWICE re-reads x: it cannot stand for x + residual")
+            v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy="evict_first").to(
+                tl.float32)
             w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
-        if HAS_RESIDUAL:
-            r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0,
-                        eviction_policy=READ_POLICY).to(tl.float32)
-            h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
-            tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask)
-            v = h.to(tl.float32)
-        if IS_RMS:
-            total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
-                               ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
-            rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
-            if READ_TWICE:
-                tl.static_assert(not HAS_RESIDUAL, "READ_TWICE re-reads x: it cannot stand for x + residual")
-                v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy="evict_first").to(
-                    tl.float32)
-                w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
-            normalised = v * rstd[:, None, None]
-        else:
-            total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
-                               ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
-            mean = tl.div_rn(total, n_float)
-            d = tl.where(mask, v - mean[:, None, None], 0.0)
-            # the second exchange: its own half of the buffer, and the counter's second round
-            total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
-                                  num_segments, 2 * programs_per_row, ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES,
-                                  LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
-            var = tl.div_rn(total_sq, n_float)
-            rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
-            normalised = d * rstd[:, None, None]
-            if STORE_STATS:
-                tl.store(mean_ptr + row, mean, mask=stats_row)
+        normalised = v * rstd[:, None, None]
+    else:
+        total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
+                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
+        mean = tl.div_rn(total, n_float)
+        d = tl.where(mask, v - mean[:, None, None], 0.0)
+        # the second exchange: its own half of the buffer, and the counter's second round
+        total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
+                              num_segments, 2 * programs_per_row, ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES,
+                              LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
+        var = tl.div_rn(total_sq, n_float)
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+        normalised = d * rstd[:, None, None]
         if STORE_STATS:
-            tl.store(rstd_ptr + row, rstd, mask=stats_row)
-        if ROUND_NORMALISED:
-            if HAS_RESIDUAL:
-                normalised = round_to(normalised, h_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
-            else:
-                normalised = round_to(normalised, x_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
-        out = normalised
-        if not IS_RMS:
-            w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, HAS_BIAS)
-        if HAS_WEIGHT:
-            out = out * w[None, :, :]
-        if HAS_BIAS:
-            out = out + b[None, :, :]
-        tl.store(y_ptr + row3 * stride_y + col3, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
+            tl.store(mean_ptr + row, mean, mask=stats_row)
+    if STORE_STATS:
+        tl.store(rstd_ptr + row, rstd, mask=stats_row)
+    if ROUND_NORMALISED:
+        if HAS_RESIDUAL:
+            normalised = round_to(normalised, h_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
+        else:
+            normalised = round_to(normalised, x_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
+    out = normalised
+    if not IS_RMS:
+        w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, HAS_BIAS)
+    if HAS_WEIGHT:
+        out = out * w[None, :, :]
+    if HAS_BIAS:
+        out = out + b[None, :, :]
+    tl.store(y_ptr + row3 * stride_y + col3, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
 
 
 @triton.jit
