@@ -5,6 +5,7 @@ call outside a CUDA graph. With OUT=dir it also writes dir/host_profile.txt: whe
 each treefold call goes (cProfile, by own time), and the cost of the launch path's pieces.
 """
 import cProfile
+import itertools
 import io
 import os
 import pstats
@@ -36,6 +37,8 @@ def main():
     logits = torch.randn(1, 151936, device=dev)
     vocab = torch.randn(1, 151936, device=dev, dtype=torch.bfloat16)
     vocab64 = torch.randn(64, 151936, device=dev, dtype=torch.bfloat16)
+    seeds = torch.arange(64, device=dev)
+    steps = itertools.count()
     cases = [
         ("treefold.softmax 1x151936 bf16 (split)", lambda: treefold.softmax(vocab)),
         ("torch.softmax 1x151936 bf16", lambda: torch.softmax(vocab, -1)),
@@ -54,6 +57,9 @@ def main():
         ("treefold.sum 2^20 fp32", lambda: treefold.sum(logits)),
         ("treefold.sample greedy 1x151936", lambda: treefold.sample(logits, temperature=0.0)),
         ("treefold.sample top_p 0.9 1x151936", lambda: treefold.sample(logits, top_p=0.9, seed=1)),
+        ("treefold.sample 1x151936, offset = step", lambda: treefold.sample(logits, seed=1, offset=next(steps))),
+        ("treefold.sample top_k 50 64x151936 bf16", lambda: treefold.sample(vocab64, top_k=50, seed=seeds)),
+        ("torch.multinomial(softmax) 1x151936", lambda: torch.multinomial(torch.softmax(logits, -1), 1)),
     ]
     for name, fn in cases:
         try:

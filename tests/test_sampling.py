@@ -703,3 +703,167 @@ def test_gpu_cuda_graph_replays_with_fresh_offsets():
         assert torch.equal(out, want)
         seen.append(out.clone())
     assert len({tuple(t.tolist()) for t in seen}) > 1
+
+
+# --------------------------------------------------------------------------------------------
+# Prepared eager calls
+# --------------------------------------------------------------------------------------------
+
+class _RecordingLaunch:
+    """Stands for a PreparedLaunch: records what it would launch with."""
+
+    def __init__(self, accept=True):
+        self.calls, self.accept = [], accept
+
+    def accepts(self, scalars):
+        return self.accept
+
+    def __call__(self, *values, scalars=()):
+        self.calls.append(([v if isinstance(v, int) else v.data_ptr() for v in values], scalars))
+        return True
+
+
+def test_prepared_sample_places_buffers_in_one_workspace_and_fills_every_slot():
+    buffers = {"part_max": torch.empty(7), "hist": torch.empty((3, 64), dtype=torch.int32),
+               "boundary": torch.empty((3, 1000), dtype=torch.int32)}
+    first, second = _RecordingLaunch(), _RecordingLaunch()
+    call = ops._PreparedSample(((first, ("x", "part_max", "hist"), ()),
+                                (second, ("boundary", "seed", "token"), ("offset",))), buffers, 3)
+    x, seed = torch.empty(3, 1000), torch.empty(3, dtype=torch.int64)
+    out = call(x, {"seed": seed}, {"seed": seed, "offset": 17})
+    assert out.shape == (3,) and out.dtype == torch.int64
+    (addresses, scalars), = first.calls
+    assert addresses[0] == x.data_ptr() and scalars == ()
+    part_max, hist = addresses[1:]
+    (addresses, scalars), = second.calls
+    boundary = addresses[0]
+    assert addresses[1:] == [seed.data_ptr(), out.data_ptr()] and scalars == (17,)
+    # buffers at 256-byte steps, in order, each past the previous one's bytes
+    assert hist - part_max == 256 and boundary - hist == 768
+    assert all(a % 16 == 0 for a in (part_max, hist, boundary))
+    # a launch that would decline: nothing launches, the caller takes the ordinary path
+    refusing = ops._PreparedSample(((first, ("x",), ()), (_RecordingLaunch(accept=False), ("x",), ("seed",))),
+                                   {}, 3)
+    assert refusing(x, {}, {"seed": 1, "offset": 0}) is None and len(first.calls) == 1
+    base = torch.empty(3 * 1000 + 1)
+    assert call(base[1:].view(3, 1000), {"seed": seed}, {"seed": seed, "offset": 17}) is None
+
+
+def test_prepared_sample_keys():
+    x = torch.empty(4, 100)
+    seeds = torch.zeros(4, dtype=torch.int64)
+    key = ops._sample_key(x, 0.7, 50, 0.9, None, 5, 3)
+    # integer seeds and offsets fill slots: keyed by what Triton specialises them on alone
+    assert key == ops._sample_key(x, 0.7, 50, 0.9, None, 7, 9)
+    assert key != ops._sample_key(x, 0.7, 50, 0.9, None, 7, 16)  # divisible by 16
+    assert key != ops._sample_key(x, 0.7, 50, 0.9, None, 1, 3)  # 1: a constant to Triton
+    assert key != ops._sample_key(x, 0.7, 50, 0.95, None, 5, 3)  # scalar parameters by value
+    assert key != ops._sample_key(x, 0.7, 40, 0.9, None, 5, 3)
+    assert ops._sample_key(x, 0.7, None, None, None, seeds, 3) != ops._sample_key(x, 0.7, None, None, None, 5, 3)
+    assert ops._sample_key(x, 0.7, None, None, None, seeds, seeds) is None  # one tensor, two slots
+    assert ops._sample_key(x.t().contiguous().t()[:, :50], 0.7, None, None, None, 5, 3) != key
+
+
+@pytest.mark.gpu
+def test_gpu_prepared_sample_calls_give_the_same_tokens():
+    # eager sample() keeps prepared launches per kind of call; later calls of the kind take them
+    # with new tensors and new integer seeds and offsets (counting decode steps)
+    x = qwen_like_logits(5, 9)
+    seeds = torch.arange(5, device="cuda") * 3 + 1
+    temps = torch.full((5,), 0.8, device="cuda")
+    configs = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.7, top_p=0.9),
+               dict(temperature=0.7, top_k=50), dict(temperature=1.0, min_p=0.05),
+               dict(temperature=temps, top_k=torch.full((5,), 20, device="cuda"), top_p=0.8)]
+    ops._PREPARED.clear()
+    for step in range(40):
+        xs = x * (1 + step % 3)
+        for c in configs:
+            for seed in (seeds, 11 + step):
+                got = treefold.sample(xs, seed=seed, offset=step, **c)
+                t = c["temperature"]
+                want = ops.sample_rows(xs, t if isinstance(t, torch.Tensor) else float(t), c.get("top_k"),
+                                       c.get("top_p"), c.get("min_p"), seed, step)
+                assert torch.equal(got, want), (step, c, seed)
+    assert len(ops._PREPARED) >= 2 * len(configs)
+    # the prepared calls themselves launch (a call that always declined would pass the checks
+    # above): top-k 50 with per-row seeds has one kind per kind of offset (1, divisible by 16,
+    # other), and the one for 3 takes it
+    kinds = [prepared for key, prepared in ops._PREPARED.items()
+             if key[4:9] == ((float, 0.7), (int, 50), (type(None), None), (type(None), None),
+                             (seeds.shape, seeds.dtype))]
+    outs = [prepared(x, {"seed": seeds}, {"seed": seeds, "offset": 3}) for prepared in kinds]
+    assert len(kinds) == 3 and sum(out is not None for out in outs) == 1
+    out = next(out for out in outs if out is not None)
+    assert torch.equal(out, ops.sample_rows(x, 0.7, 50, None, None, seeds, 3))
+
+
+class _InterpretedPrepared:
+    """Stands for ``Launcher.prepare``'s PreparedLaunch under Triton's interpreter: it keeps the
+    launch's arguments and, when called, launches again with the slots' new tensors (an int slot
+    is an address in the caller's workspace: a view of that memory with the prepared tensor's
+    dtype and shape) and the new integers in the scalar slots."""
+
+    def __init__(self, launcher, grid, args, kwargs, slots, scalars):
+        from treefold._ops.launch import int_key
+        self.launcher, self.grid, self.args, self.kwargs = launcher, grid, list(args), kwargs
+        self.positions = [[i for i, a in enumerate(args) if a is t] for t in slots]
+        self.like = list(slots)
+        self.scalars = [(launcher._runtime_names.index(name), int_key(args[launcher._runtime_names.index(name)]))
+                        for name in scalars]
+
+    def accepts(self, values):
+        from treefold._ops.launch import int_key
+        return all(int_key(v) == key for (_, key), v in zip(self.scalars, values))
+
+    def __call__(self, *values, scalars=()):
+        import ctypes
+        args = list(self.args)
+        for positions, like, value in zip(self.positions, self.like, values):
+            if isinstance(value, int):
+                raw = (ctypes.c_char * (like.numel() * like.element_size())).from_address(value)
+                value = torch.frombuffer(raw, dtype=like.dtype).view(like.shape)
+            for i in positions:
+                args[i] = value
+        assert self.accepts(scalars)
+        for (i, _), v in zip(self.scalars, scalars):
+            args[i] = v
+        self.launcher(self.grid, *args, **self.kwargs)
+        _InterpretedPrepared.launched += 1
+        return True
+
+    launched = 0
+
+
+@pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
+def test_prepared_sample_calls_through_the_interpreter(monkeypatch):
+    # the whole prepared path (keys, slots, the workspace, integer seeds and offsets) on the
+    # CPU, with Launcher.prepare standing in: a prepared call gives the ordinary path's tokens
+    from treefold._ops import launch as launch_mod
+
+    def prepare(self, grid, args, kwargs, slots, scalars=()):
+        self(grid, *args, **kwargs)
+        return _InterpretedPrepared(self, grid, args, kwargs, slots, scalars)
+
+    monkeypatch.setattr(launch_mod.Launcher, "prepare", prepare)
+    monkeypatch.setattr(ops, "_PREPARED", {})
+    monkeypatch.setattr(_InterpretedPrepared, "launched", 0)
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(3, 700, generator=g) * 3
+    seeds = torch.tensor([4, 5, 6])
+    temps = torch.tensor([0.5, 1.0, 2.0])
+    configs = [(0.0, None, None, None), (1.0, None, None, None), (0.7, None, 0.9, None), (0.7, 20, None, None),
+               (1.0, None, None, 0.05), (temps, torch.tensor([5, 50, 500]), 0.8, None)]
+    for step in (0, 1, 2, 16, 17):
+        xs = x * (1 + step % 2)
+        for t, k, p, mp in configs:
+            for seed in (seeds, 7 + step):
+                got = ops._sample_prepared(xs, t, k, p, mp, seed, step)
+                want = ops.sample_rows(xs, t, k, p, mp, seed, step)
+                assert torch.equal(got, want), (step, t, k, p, mp, seed)
+    assert len(ops._PREPARED) >= 2 * len(configs)
+    # later calls of a kind took the prepared launches (two or more per call)
+    assert _InterpretedPrepared.launched >= 2 * 2 * len(configs) * 2
+    # and they alone answer here
+    key = ops._sample_key(x, 0.7, None, 0.9, None, seeds, 5)
+    out = ops._PREPARED[key](x, {"seed": seeds}, {"seed": seeds, "offset": 5})
+    assert torch.equal(out, ops.sample_rows(x, 0.7, None, 0.9, None, seeds, 5))

@@ -58,12 +58,12 @@ def _specialise(args):
     """(key, run arguments): each tensor becomes its address (the compiled launcher then reads it
     directly instead of calling ``data_ptr()`` and querying the driver about the pointer), keyed
     by dtype, 16-byte alignment and device index; each integer by what Triton specialises it on
-    (``_int_key``); a bool tagged apart from the integers 0 and 1; any other value by its type."""
+    (``int_key``); a bool tagged apart from the integers 0 and 1; any other value by its type."""
     key, run = [], []
     for value in args:
         cls = value.__class__
         if cls is int:
-            key.append(_int_key(value))
+            key.append(int_key(value))
             run.append(value)
         elif isinstance(value, torch.Tensor):
             # the device index too: addresses skip the launcher's own check that they are
@@ -80,7 +80,7 @@ def _specialise(args):
     return tuple(key), tuple(run)
 
 
-def _int_key(value: int):
+def int_key(value: int):
     """What Triton 3.6 specialises an integer argument on (its ``native_specialize_impl``): the
     value 1 (made a constant), divisibility by 16, and the type: i32 inside [-2^31, 2^31), u64
     from 2^63, i64 otherwise."""
@@ -164,11 +164,16 @@ class Launcher:
             compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
         return compiled
 
-    def prepare(self, grid, args, kwargs, slots) -> Optional["PreparedLaunch"]:
+    def takes(self, name: str) -> bool:
+        """Whether the kernel has a runtime (non-constexpr) argument of this name."""
+        return name in self._runtime_names
+
+    def prepare(self, grid, args, kwargs, slots, scalars=()) -> Optional["PreparedLaunch"]:
         """Launch now, and return a ``PreparedLaunch`` that repeats this launch with other tensors
-        in place of ``slots`` (tensors of ``args``, matched by identity), or None where the lean
-        path does not apply (interpreter, hooks, a CPU tensor, an unaligned slot, a Triton whose
-        launcher is not called directly)."""
+        in place of ``slots`` (tensors of ``args``, matched by identity) and other integers in
+        place of the runtime arguments named in ``scalars``, or None where the lean path does not
+        apply (interpreter, hooks, a CPU tensor, an unaligned slot, a Triton whose launcher is
+        not called directly)."""
         compiled = self(grid, *args, **kwargs)
         if (_PLAIN or not isinstance(args[0], torch.Tensor) or not args[0].is_cuda
                 or any(t.data_ptr() % 16 for t in slots)):
@@ -180,9 +185,10 @@ class Launcher:
             return None
         compiled, _, tail, direct = entry
         positions = tuple(tuple(i for i, a in enumerate(args) if a is t) for t in slots)
+        scalar_slots = tuple((i, int_key(args[i])) for i in (self._runtime_names.index(name) for name in scalars))
         g = tuple(grid) + (1,) * (3 - len(grid))
         return PreparedLaunch(direct, g, compiled.function, compiled.packed_metadata,
-                              list(run_args + tail), positions, device)
+                              list(run_args + tail), positions, device, scalar_slots)
 
     def _triton_launch(self, grid, args, kwargs):
         if self._runtime_names and len(args) != len(self._runtime_names):
@@ -201,15 +207,19 @@ class Launcher:
 
 
 class PreparedLaunch:
-    """One compiled launch with every argument fixed but a few tensors: ``prepared(*tensors)``
-    launches it with those tensors' addresses in the slots and returns True, or launches nothing
-    and returns False when it cannot (an address not 16-byte aligned, as the kernel was compiled
-    for; a profiler's launch hooks installed since). Callers keep one per (shape, strides, dtypes,
-    device, options) and fall back on the ordinary path on False."""
+    """One compiled launch with every argument fixed but a few tensors (and integers):
+    ``prepared(*tensors, scalars=())`` launches it with those tensors' addresses in the slots
+    (a slot also takes an address as an int) and the integers in the scalar slots, and returns
+    True, or launches nothing and returns False when it cannot (an address not 16-byte aligned,
+    as the kernel was compiled for; an integer that Triton would specialise differently, such as
+    1 where the kernel was compiled for other values; a profiler's launch hooks installed since).
+    Callers keep one per (shape, strides, dtypes, device, options) and fall back on the ordinary
+    path on False."""
 
-    __slots__ = ("_launch", "_grid", "_function", "_metadata", "_template", "_positions", "_device")
+    __slots__ = ("_launch", "_grid", "_function", "_metadata", "_template", "_positions", "_device",
+                 "_scalar_slots")
 
-    def __init__(self, direct, grid, function, metadata, template, positions, device):
+    def __init__(self, direct, grid, function, metadata, template, positions, device, scalar_slots=()):
         self._launch = direct
         self._grid = grid
         self._function = function
@@ -217,17 +227,26 @@ class PreparedLaunch:
         self._template = template
         self._positions = positions
         self._device = device
+        self._scalar_slots = scalar_slots
 
-    def __call__(self, *tensors) -> bool:
+    def accepts(self, scalars) -> bool:
+        """Whether the integers ``scalars`` (in scalar-slot order) fit this compiled launch."""
+        return all(int_key(v) == key for (_, key), v in zip(self._scalar_slots, scalars))
+
+    def __call__(self, *tensors, scalars=()) -> bool:
         if launch_hooks_active():
             return False
         args = self._template.copy()
         for positions, tensor in zip(self._positions, tensors):
-            address = tensor.data_ptr()
+            address = tensor if tensor.__class__ is int else tensor.data_ptr()
             if address % 16:
                 return False
             for i in positions:
                 args[i] = address
+        for (i, key), value in zip(self._scalar_slots, scalars):
+            if int_key(value) != key:
+                return False
+            args[i] = value
         launch, cooperative, pdl = self._launch
         g0, g1, g2 = self._grid
         launch(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self._device), self._function, cooperative, pdl,

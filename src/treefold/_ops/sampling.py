@@ -20,7 +20,7 @@ import torch
 from .. import backend, order
 from ..kernels import sampling as kernels
 from ..reference import sampling as reference
-from .launch import Launcher
+from .launch import Launcher, int_key, launch_hooks_active
 
 #: Longest row the kernels take.
 MAX_ROW = 1 << 20
@@ -159,33 +159,98 @@ def _common(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> 
                            SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor))
 
 
+class _Run:
+    """How one call's launches go: each at once, or, for the first eager call of its kind
+    (``prepare``), each at once and kept as a ``PreparedLaunch`` with the names of its slots:
+    the tensors of ``slots`` (name -> tensor) it reads or writes, and the integer arguments
+    named in ``scalars`` ("seed", "offset": values that change from call to call)."""
+
+    def __init__(self, prepare: bool = False, slots: Optional[dict] = None, scalars: tuple = ()):
+        self.prepare = prepare
+        self.slots = slots or {}
+        self.scalars = scalars
+        self.launches = []
+
+    def __call__(self, launcher: Launcher, grid, *args, **kwargs):
+        if not self.prepare:
+            launcher(grid, *args, **kwargs)
+            return
+        names = tuple(name for name, t in self.slots.items() if any(a is t for a in args))
+        scalars = tuple(name for name in self.scalars if launcher.takes(name))
+        prepared = launcher.prepare(grid, args, kwargs, tuple(self.slots[name] for name in names), scalars)
+        self.launches.append((prepared, names, scalars))
+
+    def buffer(self, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+        """A per-call buffer, named as a slot of the prepared launches."""
+        t = torch.empty(shape, dtype=dtype, device=device)
+        if self.prepare:
+            self.slots[name] = t
+        return t
+
+
+class _PreparedSample:
+    """The prepared launches of one kind of eager ``sample`` call. A call allocates the token
+    output and one workspace that holds every buffer of the plan (each at a 256-byte offset),
+    then launches each with the addresses of the call's tensors. Returns None, having launched
+    nothing, when a launch would decline (an unaligned tensor, an integer seed or offset that
+    the kernels were compiled for differently, profiler hooks): the ordinary path then answers."""
+
+    __slots__ = ("launches", "offsets", "workspace_bytes", "rows")
+
+    def __init__(self, launches, buffers: dict, rows: int):
+        self.launches = launches
+        self.offsets, end = {}, 0
+        for name, t in buffers.items():
+            self.offsets[name] = end
+            end += -(-t.numel() * t.element_size() // 256) * 256
+        self.workspace_bytes = max(end, 256)
+        self.rows = rows
+
+    def __call__(self, x: torch.Tensor, tensors: dict, ints: dict) -> Optional[torch.Tensor]:
+        if launch_hooks_active() or any(t.data_ptr() % 16 for t in tensors.values()) or x.data_ptr() % 16:
+            return None
+        if not all(prepared.accepts(tuple(ints[name] for name in scalars))
+                   for prepared, _, scalars in self.launches):
+            return None
+        out = torch.empty(self.rows, dtype=torch.int64, device=x.device)
+        workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=x.device)
+        base = workspace.data_ptr()
+        values = dict(tensors, x=x, token=out)
+        for name, offset in self.offsets.items():
+            values[name] = base + offset
+        for prepared, names, scalars in self.launches:
+            prepared(*(values[name] for name in names), scalars=tuple(ints[name] for name in scalars))
+        return out
+
+
 def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, offset, *,
               all_values: bool, outputs: dict, k_out: int, programs_per_row: Optional[int],
-              prefetch: Optional[bool] = None):
+              prefetch: Optional[bool] = None, run: Optional[_Run] = None):
     """segment max -> histogram -> compaction -> resolve (the filtered path)."""
     rows, n = x.shape
     dev = x.device
+    run = run or _Run()
     g = plan(rows, n, dev, programs_per_row, None, prefetch)
     c = _common(x, temperature, top_k, top_p, min_p, seed, offset)
     t, k, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags"]
     grid = (rows * g.programs_per_row,)
-    part_max = torch.empty(grid[0], dtype=torch.float32, device=dev)
-    part_total = torch.empty(grid[0], dtype=torch.int64, device=dev)
-    hist = torch.empty((rows, NUM_BINS), dtype=torch.int32, device=dev)
-    fine = torch.empty((rows, FINE_BINS), dtype=torch.int32, device=dev)
-    counter = torch.empty(rows, dtype=torch.int64, device=dev)
-    plan_rows = torch.empty((rows, kernels.PLAN_SLOTS.value), dtype=torch.int32, device=dev)
-    boundary = torch.empty((rows, n), dtype=torch.int32, device=dev)
-    part_mass = torch.empty(grid[0], dtype=torch.int64, device=dev)
-    part_kept = torch.empty(grid[0], dtype=torch.int64, device=dev)
-    part_score = torch.empty(grid[0], dtype=torch.float32, device=dev)
-    part_index = torch.empty(grid[0], dtype=torch.int64, device=dev)
-    _SEGMENT_MAX(
+    part_max = run.buffer("part_max", grid[0], torch.float32, dev)
+    part_total = run.buffer("part_total", grid[0], torch.int64, dev)
+    hist = run.buffer("hist", (rows, NUM_BINS), torch.int32, dev)
+    fine = run.buffer("fine", (rows, FINE_BINS), torch.int32, dev)
+    counter = run.buffer("counter", rows, torch.int64, dev)
+    plan_rows = run.buffer("plan", (rows, kernels.PLAN_SLOTS.value), torch.int32, dev)
+    boundary = run.buffer("boundary", (rows, n), torch.int32, dev)
+    part_mass = run.buffer("part_mass", grid[0], torch.int64, dev)
+    part_kept = run.buffer("part_kept", grid[0], torch.int64, dev)
+    part_score = run.buffer("part_score", grid[0], torch.float32, dev)
+    part_index = run.buffer("part_index", grid[0], torch.int64, dev)
+    run(_SEGMENT_MAX,
         grid, x, n, x.stride(0), part_max, hist, fine, counter, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, num_warps=g.num_warps)
-    _HISTOGRAM(
+    run(_HISTOGRAM,
         grid, x, n, x.stride(0), part_max, part_total, hist, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
@@ -197,7 +262,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         isinstance(top_k, int) and top_k <= SURE_LIST_MAX)
     race_in_compaction = sure_race and (
         rows * g.programs_per_row <= COMPACT_RACE_PROGRAMS_PER_SM * _sm_count(dev))
-    _COMPACT(
+    run(_COMPACT,
         grid, x, n, x.stride(0), part_max, part_total, hist, fine, counter, plan_rows, boundary, n,
         part_mass, part_kept, part_score, part_index, g.programs_per_row, t, k, p, mp, filters,
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width, SURE_LIST_MAX=SURE_LIST_MAX,
@@ -206,14 +271,14 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         RACE_SURE=race_in_compaction, PREFETCH=g.prefetch, num_warps=g.num_warps)
     if sure_race and not race_in_compaction:
         # (the other rows' programs read their plan and store no winner)
-        _RACE(
+        run(_RACE,
             grid, x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
             o_stride, plan_rows, T_ROW=flags["T_ROW"], SEED_TENSOR=flags["SEED_TENSOR"],
             OFFSET_TENSOR=flags["OFFSET_TENSOR"], NOISE=True, WIDTH=g.width,
             SEGMENTS_PER_PROGRAM=g.segments_per_program, SURE_ONLY=True, NUM_BINS=NUM_BINS,
             BINS_PER_NAT=BINS_PER_NAT, PREFETCH=g.prefetch, num_warps=g.num_warps)
     spare = counter  # pointer arguments a mode does not use
-    _RESOLVE(
+    run(_RESOLVE,
         (rows,), x, n, x.stride(0), part_max, part_total, fine, counter, plan_rows, boundary, n,
         part_mass, part_kept, part_score, part_index, g.programs_per_row, t, k, p, mp, filters,
         s, s_stride, o, o_stride, outputs.get("token", spare), outputs.get("lo", spare), outputs.get("hi", spare),
@@ -227,9 +292,11 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
 
 
 def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None, seed=0,
-                offset=0, *, programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None) -> torch.Tensor:
+                offset=0, *, programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None,
+                prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits [rows, n] with the Triton kernels (``programs_per_row``
-    and ``prefetch``: launch choices, see ``plan``)."""
+    and ``prefetch``: launch choices, see ``plan``). ``prepare_key``: keep this call's launches
+    as a ``_PreparedSample`` under this key (``_sample_prepared``)."""
     rows, n = x.shape
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
@@ -237,28 +304,80 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
     tensors = any(isinstance(v, torch.Tensor) for v in (top_k, top_p, min_p))
     filtered = any(v is not None for v in (top_k, top_p, min_p))
     greedy = not isinstance(temperature, torch.Tensor) and temperature == 0.0
+    run = _Run()
+    if prepare_key is not None:
+        slots = dict(x=x, token=out, **_tensor_params(temperature, top_k, top_p, min_p, seed, offset))
+        ints = tuple(name for name, v in (("seed", seed), ("offset", offset))
+                     if not greedy and not isinstance(v, torch.Tensor))
+        run = _Run(True, slots, ints)
     if filtered and not (greedy and not tensors):
         _pipeline(x, kernels.MODE_SAMPLE.value, temperature, top_k, top_p, min_p, seed, offset,
                   all_values=False, outputs={"token": out}, k_out=0,
-                  programs_per_row=programs_per_row, prefetch=prefetch)
-        return out
-    # no filter, or greedy with scalar filters (they never remove the top token): one race
-    g = plan(rows, n, x.device, programs_per_row, RACE_PROGRAMS_PER_SM, prefetch)
-    t, t_row = _param(temperature)
-    s, s_stride, s_tensor = _random(0 if greedy else seed)
-    o, o_stride, o_tensor = _random(0 if greedy else offset)
-    grid = rows * g.programs_per_row
-    part_score = torch.empty(grid, dtype=torch.float32, device=x.device)
-    part_index = torch.empty(grid, dtype=torch.int64, device=x.device)
-    _RACE(
-        (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-        o_stride, part_score,
-        T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
-        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch, num_warps=g.num_warps)
-    _RACE_COMBINE(
-        (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
-        PROGRAMS_POW2=g.parts_pow2, num_warps=1)
+                  programs_per_row=programs_per_row, prefetch=prefetch, run=run)
+    else:
+        # no filter, or greedy with scalar filters (they never remove the top token): one race
+        g = plan(rows, n, x.device, programs_per_row, RACE_PROGRAMS_PER_SM, prefetch)
+        t, t_row = _param(temperature)
+        s, s_stride, s_tensor = _random(0 if greedy else seed)
+        o, o_stride, o_tensor = _random(0 if greedy else offset)
+        grid = rows * g.programs_per_row
+        part_score = run.buffer("part_score", grid, torch.float32, x.device)
+        part_index = run.buffer("part_index", grid, torch.int64, x.device)
+        run(_RACE,
+            (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
+            o_stride, part_score,
+            T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
+            WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch, num_warps=g.num_warps)
+        run(_RACE_COMBINE,
+            (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
+            PROGRAMS_POW2=g.parts_pow2, num_warps=1)
+    if run.prepare and run.launches and all(prepared is not None for prepared, _, _ in run.launches):
+        buffers = {name: t for name, t in run.slots.items() if name not in _CALL_TENSORS}
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[prepare_key] = _PreparedSample(tuple(run.launches), buffers, rows)
     return out
+
+
+# ---- prepared eager sample() calls ----------------------------------------------------------
+# An eager sample() call on CUDA keeps its launches, prepared (``launch.PreparedLaunch``), per kind
+# of call: the logits' shape, strides, dtype and device, the values of the scalar parameters, and
+# which parameters are tensors (with their shapes and dtypes). The same kind of call again
+# allocates its output and one workspace and launches them, with the integers seed and offset
+# (which change from call to call) in their slots.
+
+_PREPARED: dict = {}
+_MAX_PREPARED = 256
+#: Slots that are the call's own tensors (the rest are the plan's buffers, in the workspace).
+_CALL_TENSORS = ("x", "token", "temperature", "top_k", "top_p", "min_p", "seed", "offset")
+
+
+def _tensor_params(temperature, top_k, top_p, min_p, seed, offset) -> dict:
+    """The parameters given as tensors, by slot name."""
+    named = (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p),
+             ("seed", seed), ("offset", offset))
+    return {name: v for name, v in named if isinstance(v, torch.Tensor)}
+
+
+def _sample_key(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset):
+    """The kind of a call: scalar parameters by value, tensors by shape and dtype, integer seed
+    and offset by what Triton specialises them on (``launch.int_key``: the values fill slots of
+    the prepared launches, which take any value specialised alike, so an offset counting decode
+    steps meets at most three kinds); None when two parameters are one tensor (slots are filled
+    by identity, so such a call is not prepared)."""
+    key = [x.shape, x.stride(), x.dtype, x.get_device()]
+    tensors = []
+    for i, v in enumerate((temperature, top_k, top_p, min_p, seed, offset)):
+        if isinstance(v, torch.Tensor):
+            if any(v is u for u in tensors):
+                return None
+            tensors.append(v)
+            key.append((v.shape, v.dtype))
+        elif i >= 4:
+            key.append(int_key(v))
+        else:
+            key.append((v.__class__, v))
+    return tuple(key)
 
 
 def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None,
@@ -375,9 +494,25 @@ def _split(v, kind):
     return None, kind(0 if v is None else v), v is not None
 
 
+def _sample_prepared(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> torch.Tensor:
+    """``sample_rows`` of an eager CUDA call: through the prepared launches of this kind of call
+    when there are, else launched as usual (preparing them the first time)."""
+    key = _sample_key(x, temperature, top_k, top_p, min_p, seed, offset)
+    prepared = _PREPARED.get(key) if key is not None else None
+    if prepared is not None:
+        out = prepared(x, _tensor_params(temperature, top_k, top_p, min_p, seed, offset),
+                       {"seed": seed, "offset": offset})
+        if out is not None:
+            return out
+        key = None
+    return sample_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=key)
+
+
 def sample(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> torch.Tensor:
     """Token ids of x [rows, n] (validated, normalised by the caller)."""
     if _direct():
+        if x.is_cuda:
+            return _sample_prepared(x, temperature, top_k, top_p, min_p, seed, offset)
         if backend.use_kernel(x):
             return sample_rows(x, temperature, top_k, top_p, min_p, seed, offset)
         return reference.sample(x, temperature, top_k, top_p, min_p, seed, offset)
