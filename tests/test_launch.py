@@ -98,6 +98,20 @@ def test_prepared_call_launches_nothing_when_one_launch_would_decline():
     assert launches[0].calls == [] and launches[1].calls == []
 
 
+def test_prepared_launch_takes_integers_specialised_as_the_one_it_was_made_with():
+    # Triton specialises an integer on being 1 and on divisibility by 16: a prepared launch made
+    # with 5 in a scalar slot takes 7 or 2^31 - 3, and declines 1, 16 and 2^40 without launching
+    from treefold._ops.launch import PreparedLaunch, int_key
+    launched = []
+    prepared = PreparedLaunch((lambda *a: launched.append(a), False, False), (1, 1, 1), None, None,
+                              [0, 5], ((0,),), 0, ((1, int_key(5)),))
+    assert prepared.accepts((7,)) and prepared.accepts(((1 << 31) - 3,))
+    assert not any(prepared.accepts((v,)) for v in (1, 16, 1 << 40))
+    x = torch.empty(4)
+    assert not prepared(x, scalars=(16,)) and not prepared(x, scalars=(1,))
+    assert launched == []
+
+
 def test_wrong_argument_count_names_the_kernel():
     launch = Launcher(_row_sum_kernel)
     with pytest.raises(TypeError, match="_row_sum_kernel: expected 3 runtime arguments"):

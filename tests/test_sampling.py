@@ -761,7 +761,10 @@ def test_prepared_sample_keys():
     assert key != ops._sample_key(x, 0.7, 40, 0.9, None, 5, 3)
     assert ops._sample_key(x, 0.7, None, None, None, seeds, 3) != ops._sample_key(x, 0.7, None, None, None, 5, 3)
     assert ops._sample_key(x, 0.7, None, None, None, seeds, seeds) is None  # one tensor, two slots
-    assert ops._sample_key(x.t().contiguous().t()[:, :50], 0.7, None, None, None, 5, 3) != key
+    strided = torch.empty(4, 200)[:, :100]  # same shape, other row stride
+    assert ops._sample_key(strided, 0.7, 50, 0.9, None, 5, 3) != key
+    # greedy reads neither seed nor offset: they are not part of its kind
+    assert ops._sample_key(x, 0.0, None, None, None, 5, 3) == ops._sample_key(x, 0.0, None, None, None, seeds, 1)
 
 
 @pytest.mark.gpu
@@ -806,6 +809,9 @@ class _InterpretedPrepared:
     def __init__(self, launcher, grid, args, kwargs, slots, scalars):
         from treefold._ops.launch import int_key
         self.launcher, self.grid, self.args, self.kwargs = launcher, grid, list(args), kwargs
+        # as Launcher.prepare requires: every tensor argument is a slot (none is relaunched from
+        # the prepared call's own memory)
+        assert all(not isinstance(a, torch.Tensor) or any(a is t for t in slots) for a in args)
         self.positions = [[i for i, a in enumerate(args) if a is t] for t in slots]
         self.like = list(slots)
         self.scalars = [(launcher._runtime_names.index(name), int_key(args[launcher._runtime_names.index(name)]))
@@ -863,6 +869,19 @@ def test_prepared_sample_calls_through_the_interpreter(monkeypatch):
     assert len(ops._PREPARED) >= 2 * len(configs)
     # later calls of a kind took the prepared launches (two or more per call)
     assert _InterpretedPrepared.launched >= 2 * 2 * len(configs) * 2
+    # rows whose sure-kept tokens race in place, in the compaction or in a launch of their own
+    defaults = ops.SURE_LIST_MAX, ops.COMPACT_RACE_PROGRAMS_PER_SM
+    for race_per_sm in (0, 1 << 20):
+        monkeypatch.setattr(ops, "SURE_LIST_MAX", 0)
+        monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", race_per_sm)
+        ops._PREPARED.clear()  # prepared calls keep the plan they were made with
+        for step in (3, 4):
+            got = ops._sample_prepared(x, 0.9, None, 0.95, None, seeds, step)
+            assert torch.equal(got, ops.sample_rows(x, 0.9, None, 0.95, None, seeds, step)), race_per_sm
+    monkeypatch.setattr(ops, "SURE_LIST_MAX", defaults[0])
+    monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", defaults[1])
+    ops._PREPARED.clear()
+    ops._sample_prepared(x, 0.7, None, 0.9, None, seeds, 5)
     # and they alone answer here
     key = ops._sample_key(x, 0.7, None, 0.9, None, seeds, 5)
     out = ops._PREPARED[key](x, {"seed": seeds}, {"seed": seeds, "offset": 5})

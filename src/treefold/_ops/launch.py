@@ -170,10 +170,11 @@ class Launcher:
 
     def prepare(self, grid, args, kwargs, slots, scalars=()) -> Optional["PreparedLaunch"]:
         """Launch now, and return a ``PreparedLaunch`` that repeats this launch with other tensors
-        in place of ``slots`` (tensors of ``args``, matched by identity) and other integers in
-        place of the runtime arguments named in ``scalars``, or None where the lean path does not
-        apply (interpreter, hooks, a CPU tensor, an unaligned slot, a Triton whose launcher is
-        not called directly)."""
+        in place of ``slots`` (tensors of ``args``, matched by identity; every tensor argument
+        must be one) and other integers in place of the runtime arguments named in ``scalars``,
+        or None where the lean path does not apply (interpreter, hooks, a CPU tensor, an
+        unaligned slot, a tensor argument outside the slots, a Triton whose launcher is not
+        called directly)."""
         compiled = self(grid, *args, **kwargs)
         if (_PLAIN or not isinstance(args[0], torch.Tensor) or not args[0].is_cuda
                 or any(t.data_ptr() % 16 for t in slots)):
@@ -185,6 +186,11 @@ class Launcher:
             return None
         compiled, _, tail, direct = entry
         positions = tuple(tuple(i for i, a in enumerate(args) if a is t) for t in slots)
+        covered = {i for p in positions for i in p}
+        if any(isinstance(a, torch.Tensor) and i not in covered for i, a in enumerate(args)):
+            # a tensor outside the slots would be launched again at its old address, which its
+            # owner may have freed by then: such a launch is not prepared
+            return None
         scalar_slots = tuple((i, int_key(args[i])) for i in (self._runtime_names.index(name) for name in scalars))
         g = tuple(grid) + (1,) * (3 - len(grid))
         return PreparedLaunch(direct, g, compiled.function, compiled.packed_metadata,

@@ -634,9 +634,7 @@ def _plain_eager(*tensors: Optional[Tensor]) -> bool:
     """Whether a backward formula may call the implementation directly: eager plain tensors or
     parameters, no graph being traced (torch.compile's fake and functional tensors are subclasses) and no
     gradient of the gradient being recorded. Skipping the dispatcher saves host time per call."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return False
-    return all(t is None or t.__class__ in _PLAIN_TENSORS for t in tensors)
+    return not torch.is_grad_enabled() and eager_autograd(*tensors)
 
 
 def _rms_norm_backward(ctx, dy, dh, drstd):

@@ -257,7 +257,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PREFETCH=g.prefetch, num_warps=g.num_warps)
     # Sampling: rows with more sure-kept tokens than the resolve pass races cheaply race them in
     # place, in the compaction pass or in a race launch after it. A scalar top_k <= SURE_LIST_MAX
-    # leaves fewer than k tokens before the boundary bins in every row: nothing to race there.
+    # leaves at most k tokens before the boundary bins in every row: nothing to race there.
     sure_race = mode == kernels.MODE_SAMPLE.value and not (
         isinstance(top_k, int) and top_k <= SURE_LIST_MAX)
     race_in_compaction = sure_race and (
@@ -363,12 +363,17 @@ def _sample_key(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset)
     """The kind of a call: scalar parameters by value, tensors by shape and dtype, integer seed
     and offset by what Triton specialises them on (``launch.int_key``: the values fill slots of
     the prepared launches, which take any value specialised alike, so an offset counting decode
-    steps meets at most three kinds); None when two parameters are one tensor (slots are filled
-    by identity, so such a call is not prepared)."""
+    steps meets at most three kinds; greedy calls read neither); None when two parameters are
+    one tensor (slots are filled by identity, so such a call is not prepared). Module settings
+    (SURE_LIST_MAX, the programs per SM, ...) are not in the key: prepared calls keep the plan
+    they were made with, so code that changes a setting clears ``_PREPARED``."""
     key = [x.shape, x.stride(), x.dtype, x.get_device()]
     tensors = []
+    greedy = not isinstance(temperature, torch.Tensor) and temperature == 0.0
     for i, v in enumerate((temperature, top_k, top_p, min_p, seed, offset)):
-        if isinstance(v, torch.Tensor):
+        if greedy and i >= 4:
+            key.append(None)  # greedy draws no random numbers: seed and offset are never read
+        elif isinstance(v, torch.Tensor):
             if any(v is u for u in tensors):
                 return None
             tensors.append(v)

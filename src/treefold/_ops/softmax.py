@@ -441,8 +441,10 @@ def _rows(t: torch.Tensor, n: int):
     return rows, rows.stride(0)
 
 
-#: Prepared eager forward calls (``_PreparedCall``), keyed by (op, shape, strides, dtype, device):
-#: a repeated call allocates its output (and the plan's buffers) and launches.
+#: Prepared eager calls (``_PreparedCall``): forward calls keyed by (op, shape, strides, dtype,
+#: device), backward calls by ("backward", op, shapes, strides, dtypes, device, temperature)
+#: (``_prepared_call``, ``_prepared_backward``): a repeated call allocates its output (and the
+#: plan's buffers) and launches.
 _PREPARED: dict = {}
 _MAX_PREPARED = 1024
 

@@ -16,8 +16,8 @@ the highest score wins (lowest index on a tie). The winner is distributed exactl
 renormalised filtered distribution, no prefix sum or sort of the vocabulary is needed, and a row
 draws the same numbers whatever batch it sits in.
 
-Finding the prefix boundary without a sort (the filtered path: four launches, five when sampling or
-for the masks):
+Finding the prefix boundary without a sort (the filtered path: four launches, five when sampling
+on a large grid or for the masks):
 
 1. ``segment_max_kernel``: the maximum of y over each program's share of the row. One read of
    the logits, the only one that reaches HBM.
@@ -30,8 +30,9 @@ for the masks):
    kept for sure: their mass is summed and, when sampling, their indices are written from the
    end of the row's list. Tokens in the boundary bins are written from the front; when they are
    many, a histogram of sub-bins of the boundary bins is counted too.
-   When sampling, ``race_kernel`` (SURE_ONLY) follows: a row with more sure-kept tokens than
-   the resolve pass races cheaply races them there, drawing noise for whole segments.
+   When sampling, a row with more sure-kept tokens than the resolve pass races cheaply races
+   them in place, drawing noise for whole segments: in the compaction itself on grids the device
+   holds at once (RACE_SURE), else in ``race_kernel`` (SURE_ONLY) after it.
 4. ``resolve_kernel``: one program per row. When sampling, it first runs the race among the
    sure-kept tokens (their noise is drawn for them alone). A long boundary list is cut down with
    the sub-bins (``_refine``: the same bounds, much narrower bins). The remaining tokens are
@@ -503,8 +504,9 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     With SURE_ONLY (the filtered path's sampling, after ``compact_kernel``) only the sure-kept
     tokens race (bins before the plan's lo that min-p keeps), and only in the rows whose plan says
     they are raced in place (too many to list); the other rows' programs read their plan and
-    store no winner. This race lives apart from the compaction because its noise more than
-    doubles the registers of that pass, which would then hold half the programs per SM.
+    store no winner. This race runs apart from the compaction on grids larger than the device
+    holds at once, because its noise raises that pass's registers (sm_90: 128 -> 154, 4 programs
+    per SM -> 3); smaller grids race in the compaction itself (``compact_kernel``'s RACE_SURE).
 
     Bytes: reads the row's logits once (SURE_ONLY: only in the rows raced in place, from L2, and
     the plan's 16 bytes); writes 12 bytes per program.
