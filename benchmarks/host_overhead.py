@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import treefold
+from treefold._ops import sampling as sampling_ops
 
 
 def per_call_us(fn, calls=2000):
@@ -57,8 +58,11 @@ def main():
         ("treefold.sum 2^20 fp32", lambda: treefold.sum(logits)),
         ("treefold.sample greedy 1x151936", lambda: treefold.sample(logits, temperature=0.0)),
         ("treefold.sample top_p 0.9 1x151936", lambda: treefold.sample(logits, top_p=0.9, seed=1)),
+        # the same call without validation and prepared launches: the ordinary launch path
+        ("sampling.sample_rows top_p 0.9 1x151936", lambda: sampling_ops.sample_rows(logits, 1.0, None, 0.9, None, 1, 0)),
         ("treefold.sample 1x151936, offset = step", lambda: treefold.sample(logits, seed=1, offset=next(steps))),
         ("treefold.sample top_k 50 64x151936 bf16", lambda: treefold.sample(vocab64, top_k=50, seed=seeds)),
+        ("sampling.sample_rows top_k 50 64x151936 bf16", lambda: sampling_ops.sample_rows(vocab64, 1.0, 50, None, None, seeds, 0)),
         ("torch.multinomial(softmax) 1x151936", lambda: torch.multinomial(torch.softmax(logits, -1), 1)),
     ]
     for name, fn in cases:
