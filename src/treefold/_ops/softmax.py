@@ -637,11 +637,18 @@ class _SoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # once_differentiable costs host time on every call; it is needed only while the backward
-        # itself is recorded (create_graph), where a gradient of dx must raise
-        if torch.is_grad_enabled():
-            return _softmax_backward_once(ctx, grad)
-        return _softmax_backward(ctx, grad)
+        return _softmax_backward_recorded(ctx, grad)
+
+
+def _once_when_recorded(backward):
+    """``backward`` itself, wrapped in ``once_differentiable`` only while the backward is being
+    recorded (create_graph), where a gradient of its result must raise: the wrapper costs host
+    time on every call."""
+    once = torch.autograd.function.once_differentiable(backward)
+
+    def run(ctx, *grads):
+        return once(ctx, *grads) if torch.is_grad_enabled() else backward(ctx, *grads)
+    return run
 
 
 def _softmax_backward(ctx, grad):
@@ -655,7 +662,7 @@ def _softmax_backward(ctx, grad):
     return dx, None, None, None
 
 
-_softmax_backward_once = torch.autograd.function.once_differentiable(_softmax_backward)
+_softmax_backward_recorded = _once_when_recorded(_softmax_backward)
 
 
 class _LogsumexpFunction(torch.autograd.Function):
@@ -672,9 +679,7 @@ class _LogsumexpFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if torch.is_grad_enabled():  # see _SoftmaxFunction.backward
-            return _logsumexp_backward_once(ctx, grad)
-        return _logsumexp_backward(ctx, grad)
+        return _logsumexp_backward_recorded(ctx, grad)
 
 
 def _logsumexp_backward(ctx, grad):
@@ -684,7 +689,7 @@ def _logsumexp_backward(ctx, grad):
     return reference.logsumexp_backward(grad, x, lse)
 
 
-_logsumexp_backward_once = torch.autograd.function.once_differentiable(_logsumexp_backward)
+_logsumexp_backward_recorded = _once_when_recorded(_logsumexp_backward)
 
 
 # ---- entry points for the public functions --------------------------------------------------

@@ -493,6 +493,25 @@ def _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, min
 # ------------------------------------------------------------------------------------------
 
 @triton.jit
+def _race_lanes(lane_score, lane_index, keep, score, cols):
+    """One segment's step of a lane-wise race: each lane keeps its best (score, index) among the
+    tokens ``keep`` allows. Segments come in increasing index order, so a strict > keeps the
+    lowest index of a tie."""
+    take = keep & (score > lane_score)
+    return tl.where(take, score, lane_score), tl.where(take, cols.to(tl.int32), lane_index)
+
+
+@triton.jit
+def _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid):
+    """The lanes meet once: the program's winner (the lowest index among equal best scores;
+    (-inf, n) when no token raced) stored at ``pid``."""
+    best_score = tl.max(lane_score, axis=0)
+    best_index = tl.min(tl.where(lane_score == best_score, lane_index, n), axis=0)
+    tl.store(part_score_ptr + pid, best_score)
+    tl.store(part_index_ptr + pid, best_index.to(tl.int64))
+
+
+@triton.jit
 def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
                 temperature, seed, seed_stride, offset, offset_stride, plan_ptr,
                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
@@ -537,8 +556,8 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
-    # each lane keeps its best (score, index) across the segments; the lanes meet once at the end.
-    # Segments come in increasing index order, so a strict > keeps the lowest index of a tie.
+    # each lane keeps its best (score, index) across the segments (``_race_lanes``); the lanes
+    # meet once at the end (``_store_race_winner``)
     lanes = tl.arange(0, WIDTH)
     lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
     lane_index = tl.full([WIDTH], n, tl.int32)
@@ -564,13 +583,8 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
                 valid = valid & (_bin_of(x, y, m, valid, NUM_BINS, BINS_PER_NAT, False) < lo) & (w >= mp)
             if NOISE:
                 y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-            take = valid & (y > lane_score)
-            lane_score = tl.where(take, y, lane_score)
-            lane_index = tl.where(take, cols.to(tl.int32), lane_index)
-    best_score = tl.max(lane_score, axis=0)
-    best_index = tl.min(tl.where(lane_score == best_score, lane_index, n), axis=0)
-    tl.store(part_score_ptr + pid, best_score)
-    tl.store(part_index_ptr + pid, best_index.to(tl.int64))
+            lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
+    _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
 
 
 @triton.jit
@@ -801,9 +815,8 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                     if race_in_place:
                         start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
                         score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-                        take = above & survives & (score > lane_score)
-                        lane_score = tl.where(take, score, lane_score)
-                        lane_index = tl.where(take, cols.to(tl.int32), lane_index)
+                        lane_score, lane_index = _race_lanes(lane_score, lane_index, above & survives,
+                                                             score, cols)
             packed = listed.to(tl.int32) + sure.to(tl.int32) * 65536
             counts = tl.sum(packed, axis=0)
             if counts > 0:
@@ -825,10 +838,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
     tl.store(part_kept_ptr + pid, tl.sum(lane_kept, axis=0))
     if RACE_SURE:
-        best_score = tl.max(lane_score, axis=0)
-        best_index = tl.min(tl.where(lane_score == best_score, lane_index, n), axis=0)
-        tl.store(part_score_ptr + pid, best_score)
-        tl.store(part_index_ptr + pid, best_index.to(tl.int64))
+        _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
 
 
 # ------------------------------------------------------------------------------------------
