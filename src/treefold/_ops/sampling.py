@@ -73,11 +73,6 @@ SURE_LIST_MAX = 8192
 #: 151936 takes 149 programs). Larger grids keep the race apart: without it the compaction
 #: holds 4 programs per SM (128 registers) instead of 3.
 COMPACT_RACE_PROGRAMS_PER_SM = 3
-#: The compaction gives list places to the tokens of this many segments at once (one scan and one
-#: atomic per chunk instead of per segment; at most 32, the bits of a lane's mask).
-LIST_CHUNK = 32
-#: Warps of a compaction program with segments of 1024 tokens (the other row passes take 4).
-COMPACT_WARPS = 8
 #: Warps of the one-program-per-row resolve pass.
 RESOLVE_WARPS = 8
 #: Whether the row passes load each segment before working on the previous one (None: when a
@@ -135,11 +130,6 @@ def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int
         prefetch = spp > 1 if PREFETCH is None else PREFETCH
     return Plan(width, spp, programs_per_row, order.next_pow2(programs_per_row),
                 max(1, min(4, width // 256)), bool(prefetch))
-
-
-def _compact_warps(g: Plan) -> int:
-    """Warps of the compaction pass: COMPACT_WARPS for segments of 1024 tokens, fewer for narrower."""
-    return max(g.num_warps, min(COMPACT_WARPS, g.width // 128))
 
 
 def _param(value) -> tuple:
@@ -278,8 +268,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width, SURE_LIST_MAX=SURE_LIST_MAX,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
-        LIST_CHUNK=min(LIST_CHUNK, g.segments_per_program), RACE_SURE=race_in_compaction, PREFETCH=g.prefetch,
-        num_warps=_compact_warps(g))
+        RACE_SURE=race_in_compaction, PREFETCH=g.prefetch, num_warps=g.num_warps)
     if sure_race and not race_in_compaction:
         # (the other rows' programs read their plan and store no winner)
         run(_RACE,

@@ -702,7 +702,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         w, w_fixed = _fixed_mass(y, m, finite)
         lane_mass += w_fixed
     tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
-    tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
+    tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0)
 
 
 @triton.jit
@@ -716,7 +716,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                    SURE_LIST_MAX: tl.constexpr,
                    PARTS_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
-                   ALL_VALUES: tl.constexpr, LIST_CHUNK: tl.constexpr, RACE_SURE: tl.constexpr = False,
+                   ALL_VALUES: tl.constexpr, RACE_SURE: tl.constexpr = False,
                    PREFETCH: tl.constexpr = False):
     """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling in a row whose
     sure-kept bins hold at most SURE_LIST_MAX tokens, their indices, written from the end of the
@@ -761,8 +761,6 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
         FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
             will be longer than FINE_ABOVE tokens.
-        LIST_CHUNK: segments whose tokens get their list places together (<= 32: bits of an
-            int32 mask per lane).
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
@@ -787,11 +785,9 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         slots = tl.where(f == PLAN_MIN_P_BITS, tl.where(minp_on, mp_bits, 0), slots)
         slots = tl.where(f == PLAN_MAX_BITS, m_bits, slots)
         tl.store(plan_ptr + row * PLAN_SLOTS + f, slots)
-    # Per-lane integer sums (exact in any order), reduced once at the end. Tokens to list are
-    # marked in per-lane bit masks (bit j % LIST_CHUNK: segment j), with per-lane counts; every
-    # LIST_CHUNK segments (and after the last) one scan of the counts and one atomic reserve the
-    # places of all marked tokens at both ends of the list, and a loop over the masks writes them,
-    # lane after lane. No reduction, scan or atomic per segment.
+    # per-lane integer sums (exact in any order), reduced once at the end; a segment costs one
+    # reduction (its listed and sure-kept counts) and, when it has tokens to list, one scan and
+    # one atomic that reserves their places at both ends of the list
     lane_mass = tl.zeros([WIDTH], tl.int64)
     lane_kept = tl.zeros([WIDTH], tl.int64)
     lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
@@ -799,11 +795,6 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     fine = tl.zeros([FINE_BINS], tl.int32)
     lanes = tl.arange(0, WIDTH)
     if live_row:
-        listed_bits = tl.zeros([WIDTH], tl.int32)
-        sure_bits = tl.zeros([WIDTH], tl.int32)
-        # each lane's listed and sure-kept counts packed in one int32, one scan for both (a chunk
-        # lists at most LIST_CHUNK * WIDTH = 32768 boundary tokens and SURE_LIST_MAX sure-kept ones)
-        packed = tl.zeros([WIDTH], tl.int32)
         raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         for j in range(SEGMENTS_PER_PROGRAM):
             cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t,
@@ -816,6 +807,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
             survives = (minp_on == 0) | (w >= mp)
             lane_mass += tl.where(above, w_fixed, 0)
             lane_kept += tl.where(above & survives, w_fixed, 0)
+            # both counts (each <= WIDTH < 2^16) packed in one int32: one reduction, one scan
             sure = lanes < 0
             if MODE == MODE_SAMPLE:
                 sure = above & survives & (race_in_place == 0)
@@ -825,41 +817,24 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                         score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
                         lane_score, lane_index = _race_lanes(lane_score, lane_index, above & survives,
                                                              score, cols)
-            bit = j % LIST_CHUNK
-            listed_bits = listed_bits | (listed.to(tl.int32) << bit)
-            sure_bits = sure_bits | (sure.to(tl.int32) << bit)
-            packed += listed.to(tl.int32) + sure.to(tl.int32) * 65536
-            if n_range > FINE_ABOVE:
-                fine += tl.histogram(_fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT), FINE_BINS, mask=listed)
-            if (bit == LIST_CHUNK - 1) | (j == SEGMENTS_PER_PROGRAM - 1):
-                counts = tl.sum(packed, axis=0)
-                if counts > 0:
-                    # (relaxed: the list is read by a later launch; the atomic only hands out places)
-                    bases = tl.atomic_add(counter_ptr + row, ((counts // 65536).to(tl.int64) << 32) + counts % 65536,
-                                          sem="relaxed")
-                    before = tl.cumsum(packed, 0) - packed
-                    # places inside the row's list (< list_stride < 2^31): int32 keeps the registers low
-                    first_listed = (bases & 0xFFFFFFFF).to(tl.int32) + (before % 65536)
-                    first_sure = n - 1 - (bases >> 32).to(tl.int32) - (before // 65536)
-                    row_list = list_ptr + row * list_stride
-                    # (nothing carried by this loop but the lanes' counts, so that the stores' layout,
-                    # which differs from the loads', is met once before the loop and not per segment)
-                    listed_so_far = tl.zeros([WIDTH], tl.int32)
-                    sure_so_far = tl.zeros([WIDTH], tl.int32)
-                    for chunk_segment in range(LIST_CHUNK):  # (past the chunk's last segment: no bits)
-                        # a token is listed or sure-kept, never both (bins >= lo or < lo): one store
-                        is_listed = (listed_bits >> chunk_segment) & 1
-                        is_sure = (sure_bits >> chunk_segment) & 1
-                        place = tl.where(is_listed != 0, first_listed + listed_so_far, first_sure - sure_so_far)
-                        tl.store(row_list + place, (cols + (chunk_segment - bit) * WIDTH).to(tl.int32),
-                                 mask=(is_listed | is_sure) != 0)
-                        listed_so_far += is_listed
-                        sure_so_far += is_sure
-                listed_bits = tl.zeros([WIDTH], tl.int32)
-                sure_bits = tl.zeros([WIDTH], tl.int32)
-                packed = tl.zeros([WIDTH], tl.int32)
+            packed = listed.to(tl.int32) + sure.to(tl.int32) * 65536
+            counts = tl.sum(packed, axis=0)
+            if counts > 0:
+                c_list = counts % 65536
+                c_sure = counts // 65536
+                bases = tl.atomic_add(counter_ptr + row, (c_sure.to(tl.int64) << 32) + c_list)
+                ranks = tl.cumsum(packed, 0)
+                row_list = list_ptr + row * list_stride
+                pos = (bases & 0xFFFFFFFF) + (ranks % 65536) - 1
+                tl.store(row_list + pos, cols.to(tl.int32), mask=listed)
+                if MODE == MODE_SAMPLE:
+                    spos = n - (bases >> 32) - (ranks // 65536)
+                    tl.store(row_list + spos, cols.to(tl.int32), mask=sure)
+                if n_range > FINE_ABOVE:
+                    fine += tl.histogram(_fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT),
+                                         FINE_BINS, mask=listed)
         if n_range > FINE_ABOVE:
-            tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0, sem="relaxed")
+            tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0)
     tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
     tl.store(part_kept_ptr + pid, tl.sum(lane_kept, axis=0))
     if RACE_SURE:
