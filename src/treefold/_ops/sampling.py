@@ -73,6 +73,12 @@ SURE_LIST_MAX = 8192
 #: 151936 takes 149 programs). Larger grids keep the race apart: without it the compaction
 #: holds 4 programs per SM (128 registers) instead of 3.
 COMPACT_RACE_PROGRAMS_PER_SM = 3
+#: Warps of a compaction program with segments of 1024 tokens on a grid the device holds at 2
+#: programs per SM (sm_90: 80 registers, 102 with the race in place; the row passes take 4).
+#: H200, CUDA graph, L2 flushed, one process each (results/h200-probe-sampling-compact.txt): one
+#: row of 151936 fp32, 149 programs: top-k 50 + top-p 32.3 -> 29.8 us, top_k(50) 20.6 -> 19.5,
+#: top-p 37.5 -> 37.0; at 64 rows (1920 programs) 8 warps lost 1-15 us everywhere, so 4 stay.
+COMPACT_WARPS_ONE_WAVE = 8
 #: Warps of the one-program-per-row resolve pass.
 RESOLVE_WARPS = 8
 #: Whether the row passes load each segment before working on the previous one (None: when a
@@ -130,6 +136,14 @@ def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int
         prefetch = spp > 1 if PREFETCH is None else PREFETCH
     return Plan(width, spp, programs_per_row, order.next_pow2(programs_per_row),
                 max(1, min(4, width // 256)), bool(prefetch))
+
+
+def _compact_warps(g: Plan, programs: int, sms: int) -> int:
+    """Warps of a compaction program: the row passes' warps, or COMPACT_WARPS_ONE_WAVE for
+    segments of 1024 tokens when the grid fits on the device at 2 programs per SM."""
+    if programs <= 2 * sms:
+        return max(g.num_warps, min(COMPACT_WARPS_ONE_WAVE, g.width // 128))
+    return g.num_warps
 
 
 def _param(value) -> tuple:
@@ -268,7 +282,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width, SURE_LIST_MAX=SURE_LIST_MAX,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
-        RACE_SURE=race_in_compaction, PREFETCH=g.prefetch, num_warps=g.num_warps)
+        RACE_SURE=race_in_compaction, PREFETCH=g.prefetch, num_warps=_compact_warps(g, grid[0], _sm_count(dev)))
     if sure_race and not race_in_compaction:
         # (the other rows' programs read their plan and store no winner)
         run(_RACE,

@@ -702,7 +702,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         w, w_fixed = _fixed_mass(y, m, finite)
         lane_mass += w_fixed
     tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
-    tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0)
+    tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
 
 
 @triton.jit
@@ -822,7 +822,9 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
             if counts > 0:
                 c_list = counts % 65536
                 c_sure = counts // 65536
-                bases = tl.atomic_add(counter_ptr + row, (c_sure.to(tl.int64) << 32) + c_list)
+                # relaxed: the atomic only hands out places; the list is read by a later launch (an
+                # acquire-release atomic fences every segment: MEMBAR.GPU, waiting on the prefetch)
+                bases = tl.atomic_add(counter_ptr + row, (c_sure.to(tl.int64) << 32) + c_list, sem="relaxed")
                 ranks = tl.cumsum(packed, 0)
                 row_list = list_ptr + row * list_stride
                 pos = (bases & 0xFFFFFFFF) + (ranks % 65536) - 1
@@ -834,7 +836,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                     fine += tl.histogram(_fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT),
                                          FINE_BINS, mask=listed)
         if n_range > FINE_ABOVE:
-            tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0)
+            tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0, sem="relaxed")
     tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
     tl.store(part_kept_ptr + pid, tl.sum(lane_kept, axis=0))
     if RACE_SURE:
