@@ -24,3 +24,20 @@ def device():
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261130)
+
+
+@pytest.fixture
+def poison_allocations(monkeypatch):
+    """Call it to make every later torch.empty / empty_like / new_empty return NaN (floats) or a
+    sentinel (integers), so that a result or a scratch buffer a kernel forgets to write (or reads
+    before writing) cannot pass by luck. Take the references first: they allocate too."""
+    real_empty, real_like, real_new = torch.empty, torch.empty_like, torch.Tensor.new_empty
+
+    def fill(t):
+        return t.fill_(float("nan") if t.dtype.is_floating_point else -777)
+
+    def start():
+        monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
+        monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_like(*a, **k)))
+        monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: fill(real_new(self, *a, **k)))
+    return start

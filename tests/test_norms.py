@@ -250,6 +250,33 @@ def test_layer_norm_backward_matches_reference_bits(n, dtype):
     assert_bits(db, want_db)
 
 
+@pytest.mark.parametrize("shape", [(5, 4095), (260, 33)])
+def test_every_output_is_written(shape, poison_allocations):
+    """Outputs, gradients and the weight-gradient partials start as NaN (integers as a sentinel):
+    every element the kernels owe is written and nothing is read before it is (260 rows: each
+    backward block folds several rows). The results equal those of clean buffers, bit for bit."""
+    m, n = shape
+    x = randn(shape, torch.bfloat16, seed=41).requires_grad_()
+    kernel_or_skip(x)
+    w = weight_like(n, torch.bfloat16).requires_grad_()
+    b = randn(n, torch.bfloat16, seed=42).requires_grad_()
+    r = randn(shape, torch.float32, seed=43).requires_grad_()
+    dy, dh = randn(shape, torch.bfloat16, seed=44), randn(shape, torch.float32, seed=45)
+
+    def results():
+        y, h = treefold.rms_norm(x, w, residual=r, casting="llama")
+        plain = treefold.rms_norm(x.detach(), w.detach(), offset=1.0, casting="gemma")
+        z = treefold.layer_norm(x, (n,), w, b)
+        return ((y, h, plain, z) + torch.autograd.grad((y, h), (x, w, r), (dy, dh))
+                + torch.autograd.grad(z, (x, w, b), dy))
+
+    clean = results()
+    poison_allocations()
+    for got, want in zip(results(), clean):
+        assert not torch.isnan(got).any()
+        assert_bits(got, want)
+
+
 def test_weight_gradient_over_many_blocks_matches_reference_bits():
     """More rows than blocks: each block folds several rows, the partials go through the tree."""
     m, n = 260, 33

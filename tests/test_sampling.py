@@ -290,11 +290,26 @@ def test_bad_rows_sample_minus_one(device):
     k = torch.tensor([3, 3, 3, 3, 0, n + 1, 3, 3, 3], device=device)
     p = torch.tensor([0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.0, 0.9, 0.9], device=device)
     mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.5], device=device)
-    out = treefold.sample(x, temperature=t, top_k=k, top_p=p, min_p=mp, seed=1).cpu()
+    seeds = torch.full((9,), 1, device=device)
+    # below the argument checks (kernels or reference) every bad row gives -1, parameters or
+    # logits, on every device
+    out = ops.sample(x, t, k, p, mp, seeds, 0).cpu()
     assert out[0] >= 0 and out[1:].tolist() == [-1] * 8
-    assert treefold.sample(x[7:], seed=1).tolist() == [-1, -1]
-    assert treefold.sample(x[7:], temperature=0).tolist() == [-1, -1]
-    assert treefold.sample(x[7:], top_k=2, seed=1).tolist() == [-1, -1]
+    assert ops.sample(x[7:], 1.0, None, None, None, seeds[:2], 0).tolist() == [-1, -1]
+    assert ops.sample(x[7:], 0.0, None, None, None, seeds[:2], 0).tolist() == [-1, -1]
+    assert ops.sample(x[7:], 1.0, 2, None, None, seeds[:2], 0).tolist() == [-1, -1]
+    if x.is_cuda:  # the graph-safe path: no host synchronisation, the documented -1
+        out = treefold.sample(x, temperature=t, top_k=k, top_p=p, min_p=mp, seed=1).cpu()
+        assert out[0] >= 0 and out[1:].tolist() == [-1] * 8
+        assert treefold.sample(x[7:], seed=1).tolist() == [-1, -1]
+        assert treefold.sample(x[7:], temperature=0).tolist() == [-1, -1]
+    else:  # logits on the host: a row with nothing to sample is an error naming the rows
+        with pytest.raises(ValueError, match=r"row\(s\) 7, 8 .*no finite value"):
+            treefold.sample(x, temperature=t, top_k=k, top_p=p, min_p=mp, seed=1)
+        with pytest.raises(ValueError, match=r"row\(s\) 1 .*no finite value"):
+            treefold.sample(x[6:8].reshape(1, 2, n), temperature=0)
+        out = treefold.sample(x[:7], temperature=t[:7], top_k=k[:7], top_p=p[:7], min_p=mp[:7], seed=1)
+        assert out[0] >= 0 and out[1:].tolist() == [-1] * 6
     bad_t = torch.tensor([-0.5], device=device)
     assert treefold.sample(x[:1], temperature=bad_t, seed=0).tolist() == [-1]
 
@@ -468,6 +483,30 @@ def test_tiny_top_p_keeps_the_top_token(device):
         want = torch.zeros_like(probs)
         want[0, 1] = want[1, 0] = 1.0
         assert torch.equal(probs, want), p
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_every_output_and_buffer_is_written_before_it_is_read(device, poison_allocations):
+    """Tokens, top_k's outputs, masks and every scratch buffer (histograms, list counters,
+    partials) start as NaN or a sentinel: the kernels clear or write each before reading it, so
+    the results equal those of clean buffers."""
+    g = torch.Generator().manual_seed(12)
+    x = (torch.randn(3, 300, generator=g) * torch.tensor([[0.4], [2.0], [4.0]])).to(device)
+    seeds = torch.tensor([5, 6, 7], device=device)
+
+    def results():
+        out = [ops.sample_rows(x, 0.8, *c, seeds, 3) for c in
+               ((None, 0.9, None), (20, 0.8, None), (None, None, 0.05), (None, None, None))]
+        out.append(ops.sample_rows(x, 0.0, None, None, None, seeds, 3))
+        out.extend(ops.top_k_rows(x, 40))
+        out.append(ops.filter_rows(x, None, 0.9, None, probs=True))
+        out.append(ops.filter_rows(x, 20, None, 0.05, probs=False))
+        return out
+
+    clean = results()
+    poison_allocations()
+    for got, want in zip(results(), clean):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")

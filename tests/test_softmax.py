@@ -321,7 +321,7 @@ def test_reference_follows_the_same_rules():
 @needs_kernel
 @pytest.mark.parametrize("n", [1, 33, 4095, 5120])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
-def test_gradients_match_torch_in_float64(op, n):
+def test_gradients_match_torch_in_float64(op, n, poisoned_outputs):
     x = _data((3, n), torch.float32, seed=n + 1)
     temperature = 1.0 if op == "logsumexp" else 1.7
     kw = {} if op == "logsumexp" else {"temperature": temperature}

@@ -10,9 +10,10 @@ CUDA tensors run the Triton kernels (``treefold.kernels.sampling`` explains the 
 tensors run the same kernels interpreted under ``TRITON_INTERPRET=1``, otherwise the reference
 (``treefold.reference.sampling``), which gives the same tokens.
 
-Python scalars are checked here and raise TypeError / ValueError. Tensor arguments are never
-read back to the host (that would stall the GPU and break CUDA graphs): a row whose own
-parameter is out of range samples -1, as does a row without a finite logit.
+Python scalars are checked here and raise TypeError / ValueError. Tensor arguments on the GPU
+are never read back to the host (that would stall the GPU and break CUDA graphs): a row whose
+own parameter is out of range samples -1, as does a row without a finite logit. Logits on the
+CPU are on the host already: ``sample`` raises ValueError for a row without a finite logit there.
 """
 from __future__ import annotations
 
@@ -174,11 +175,14 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
             into the counter of the random numbers: advance it to draw fresh numbers.
 
     Returns int64 token ids. A row whose own tensor parameter is out of range (temperature
-    negative or not finite, k outside [1, n], p outside (0, 1], min_p outside [0, 1]) or that
-    holds no finite logit gives -1, on the GPU without any host synchronisation; the same call
-    is CUDA-graph safe when every parameter that changes between replays is a device tensor.
+    negative or not finite, k outside [1, n], p outside (0, 1], min_p outside [0, 1]) or, on the
+    GPU, that holds no finite logit (all -inf or NaN) gives -1, without any host
+    synchronisation; the same call is CUDA-graph safe when every parameter that changes between
+    replays is a device tensor.
 
-    Raises TypeError / ValueError for wrong types, shapes, devices and out-of-range scalars.
+    Raises TypeError / ValueError for wrong types, shapes, devices and out-of-range scalars, and
+    ValueError for CPU logits with a row that holds no finite logit (the host path can tell;
+    inside torch.compile such a row gives -1 there too).
     """
     fn = "sample"
     x, batch = _logits(fn, "logits", logits)
@@ -204,6 +208,13 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
         mp = None
     if rows == 0:
         return torch.empty(batch, dtype=torch.int64, device=dev)
+    if dev.type == "cpu" and not torch.compiler.is_compiling():  # (a compiled graph reads nothing back)
+        no_finite = ~torch.isfinite(x).any(dim=-1)
+        if bool(no_finite.any()):
+            bad = no_finite.nonzero().flatten().tolist()
+            shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+            raise ValueError(f"{fn}: logits row(s) {shown} (of the flattened batch) hold no finite value "
+                             f"(every logit -inf or NaN): there is nothing to sample")
     return _ops.sample(x, t, k, p, mp, s, o).reshape(batch)
 
 
@@ -216,7 +227,7 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
     Args:
         x: float32, bfloat16 or float16, shape ``[..., n]`` (1 <= n <= 2^20).
-        k: an int in [1, n]. Up to 4096 the Triton kernels serve it; beyond, a stable
+        k: an int in [1, n]. Up to 1024 the Triton kernels serve it; beyond, a stable
             ``torch.sort``.
 
     Returns ``(values, indices)`` of shape ``[..., k]``: values in x's dtype, int64 indices.
