@@ -70,11 +70,9 @@ def assert_same_bits(a, b, what=""):
 # ---- accuracy against float64 ----------------------------------------------------------------
 
 @pytest.fixture
-def poisoned_outputs(monkeypatch):
-    """Output buffers start as NaN, so an element a kernel forgets to write cannot pass."""
-    def poisoned(shape, dtype, like):
-        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
-    monkeypatch.setattr(ops, "_new_output", poisoned)
+def poisoned_outputs(poison_allocations):
+    """Output and scratch buffers start as NaN, so an element a kernel forgets to write cannot pass."""
+    poison_allocations()
 
 
 @needs_kernel

@@ -77,7 +77,7 @@ COMPACT_RACE_PROGRAMS_PER_SM = 3
 #: programs per SM (sm_90: 80 registers, 102 with the race in place; the row passes take 4).
 #: H200, CUDA graph, L2 flushed, one process each (results/h200-probe-sampling-compact.txt): one
 #: row of 151936 fp32, 149 programs: top-k 50 + top-p 32.3 -> 29.8 us, top_k(50) 20.6 -> 19.5,
-#: top-p 37.5 -> 37.0; at 64 rows (1920 programs) 8 warps lost 1-15 us everywhere, so 4 stay.
+#: top-p 37.5 -> 37.0; at 64 rows (1920 programs) 8 warps lost 1-26 us everywhere, so 4 stay.
 COMPACT_WARPS_ONE_WAVE = 8
 #: Warps of the one-program-per-row resolve pass.
 RESOLVE_WARPS = 8
