@@ -1,8 +1,9 @@
 """softmax, log_softmax and logsumexp: accuracy, the treefold order's bits, strategies, autograd.
 
 CPU tier: the Triton kernels run through the interpreter (TRITON_INTERPRET=1); tests that need
-the kernels skip otherwise. GPU tier (``gpu`` marker): bigger shapes, bitwise equality across
-strategies, num_warps and batch sizes.
+the kernels skip otherwise. On a machine with a GPU the same tests run the compiled kernels on
+``DEVICE``. GPU tier (``gpu`` marker): bigger shapes, bitwise equality across strategies,
+num_warps and batch sizes.
 
 Tolerances are ``treefold.numerics.TOLERANCES`` for the output dtype (float32: rtol 1.3e-6,
 about 22 ulp, covering the log2 depth of the trees, exp and one reciprocal; bf16/fp16: a few
@@ -28,6 +29,9 @@ needs_kernel = pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_availabl
 FUNCS = {"softmax": treefold.softmax, "log_softmax": treefold.log_softmax}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 LENGTHS = [1, 33, 4095, 5120]
+#: Where the kernel tests put their data: the GPU when there is one (the compiled kernels), else
+#: the CPU (the interpreter, or the reference for the tests that do not need the kernels).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _data(shape, dtype=torch.float32, scale=3.0, seed=0):
@@ -35,7 +39,7 @@ def _data(shape, dtype=torch.float32, scale=3.0, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(*shape, generator=g, dtype=torch.float64) * scale
     x = torch.where(x == 0, torch.full_like(x, 0.5), x)
-    return x.to(dtype)
+    return x.to(DEVICE, dtype)
 
 
 def _float64(op, x, dim=-1, temperature=1.0):
@@ -193,7 +197,7 @@ def test_shift_by_an_exact_constant_changes_no_bit():
     # Values on a grid of 1/256 below 2^10: x + 1024 is exact in float32, every x - max is the
     # same float, so softmax and log_softmax are bit-identical and logsumexp moves by 1024.
     g = torch.Generator().manual_seed(5)
-    x = (torch.randint(-256 * 500, 256 * 500, (4, 5000), generator=g) / 256.0).float()
+    x = (torch.randint(-256 * 500, 256 * 500, (4, 5000), generator=g) / 256.0).float().to(DEVICE)
     shifted = x + 1024.0
     assert_same_bits(treefold.softmax(shifted), treefold.softmax(x))
     assert_same_bits(treefold.log_softmax(shifted), treefold.log_softmax(x))
@@ -283,26 +287,27 @@ EXTREME = torch.tensor([
 @needs_kernel
 @pytest.mark.parametrize("strategy", ops.STRATEGIES)
 def test_extremes(strategy):
-    y = ops.softmax_forward(EXTREME, strategy=strategy)
-    ls = ops.softmax_forward(EXTREME, log=True, strategy=strategy)
-    lse = ops.logsumexp_forward(EXTREME, strategy=strategy)
-    assert torch.equal(y[0], torch.zeros(6)) and torch.all(ls[0] == float("-inf")) and lse[0] == float("-inf")
+    extreme = EXTREME.to(DEVICE)
+    y = ops.softmax_forward(extreme, strategy=strategy)
+    ls = ops.softmax_forward(extreme, log=True, strategy=strategy)
+    lse = ops.logsumexp_forward(extreme, strategy=strategy)
+    assert torch.equal(y[0], torch.zeros(6, device=DEVICE)) and torch.all(ls[0] == float("-inf")) and lse[0] == float("-inf")
     assert torch.all(torch.isnan(y[1])) and torch.all(torch.isnan(ls[1])) and torch.isnan(lse[1])
     assert torch.all(torch.isnan(y[2])) and torch.all(torch.isnan(ls[2])) and lse[2] == float("inf")
-    assert torch.equal(lse[2:3], torch.logsumexp(EXTREME[2:3], -1))
+    assert torch.equal(lse[2:3], torch.logsumexp(extreme[2:3], -1))
     for row in (3, 4, 5):
-        assert compare(y[row], torch.softmax(EXTREME[row].double(), -1)).ok
-        assert compare(ls[row], torch.log_softmax(EXTREME[row].double(), -1)).ok
-        assert compare(lse[row], torch.logsumexp(EXTREME[row].double(), -1)).ok
+        assert compare(y[row], torch.softmax(extreme[row].double(), -1)).ok
+        assert compare(ls[row], torch.log_softmax(extreme[row].double(), -1)).ok
+        assert compare(lse[row], torch.logsumexp(extreme[row].double(), -1)).ok
     # the rules hold with longer rows too, where the -inf segments meet finite ones in the tree
     # (a segment that is all -inf gets a zero factor, not exp(0 - M), which overflows for M = -1e4)
-    long = torch.full((3, 9000), float("-inf"))
+    long = torch.full((3, 9000), float("-inf"), device=DEVICE)
     long[1, 8999] = -3.0
     long[2, 8990:] = -1e4
     out = ops.softmax_forward(long, strategy=strategy)
     assert torch.all(out[0] == 0) and out[1, 8999] == 1.0 and torch.all(out[1, :8999] == 0)
     assert torch.all(out[2, :8990] == 0) and torch.all(out[2, 8990:] == 0.1)
-    assert torch.equal(ops.logsumexp_forward(long, strategy=strategy)[:2], torch.tensor([float("-inf"), -3.0]))
+    assert torch.equal(ops.logsumexp_forward(long, strategy=strategy)[:2], torch.tensor([float("-inf"), -3.0], device=DEVICE))
 
 
 def test_reference_follows_the_same_rules():
@@ -362,9 +367,9 @@ def test_gradient_dtypes_and_other_dims():
     lse_in = _data((3, 50), torch.float32, seed=13).requires_grad_()
     treefold.logsumexp(lse_in, dim=0, keepdim=True).sum().backward()
     assert compare(lse_in.grad, torch.softmax(lse_in.detach().double(), 0)).ok
-    masked = torch.full((2, 8), float("-inf"), requires_grad=True)
+    masked = torch.full((2, 8), float("-inf"), device=DEVICE, requires_grad=True)
     treefold.logsumexp(masked).sum().backward()
-    assert torch.equal(masked.grad, torch.zeros(2, 8))  # a fully masked row gets a zero gradient
+    assert torch.equal(masked.grad, torch.zeros(2, 8, device=DEVICE))  # a fully masked row gets a zero gradient
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
@@ -394,25 +399,29 @@ def test_prepared_calls_take_their_tensors_distinct_and_in_launch_order():
 
 @needs_kernel
 def test_torch_compile_fullgraph():
-    # Inductor when a C++ compiler is present (CPU codegen for the surrounding ops), otherwise
-    # aot_eager; both require a single graph through the registered ops, their fake
-    # implementations and their autograd formulas.
+    # Inductor when a C++ compiler is present, otherwise aot_eager; both require a single graph
+    # through the registered ops, their fake implementations and their autograd formulas. Each
+    # input feeds one treefold op, and the results are returned as they are: the ops' bits must
+    # match eager ones, while ops around them (a sum, the adding up of gradients from several
+    # uses) are Inductor's to reorder.
     compiler = "inductor" if (shutil.which("g++") or shutil.which("c++")) else "aot_eager"
 
-    def f(x):
-        return (treefold.softmax(x * 2.0, dim=-1).square().sum(-1) + treefold.logsumexp(x, -1)
-                + treefold.log_softmax(x, dim=0, temperature=2.0)[0, :3].sum())
+    def f(a, b, c):
+        return (treefold.softmax(a * 2.0, dim=-1), treefold.logsumexp(b, -1),
+                treefold.log_softmax(c, dim=0, temperature=2.0))
 
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend=compiler)
-    x = _data((4, 33), torch.float32, seed=14).requires_grad_()
-    got = compiled(x)
-    got.sum().backward()
-    g_compiled, x.grad = x.grad.clone(), None
-    want = f(x)
-    want.sum().backward()
-    assert_same_bits(got.detach(), want.detach(), compiler)
-    assert_same_bits(g_compiled, x.grad, compiler + " backward")
+    inputs = [_data((4, 33), torch.float32, seed=14 + i).requires_grad_() for i in range(3)]
+    cotangents = [_data((4, 33), seed=20), _data((4,), seed=21), _data((4, 33), seed=22)]
+    got = compiled(*inputs)
+    g_compiled = torch.autograd.grad(got, inputs, cotangents)
+    want = f(*inputs)
+    g_eager = torch.autograd.grad(want, inputs, cotangents)
+    for name, a, b in zip(("softmax", "logsumexp", "log_softmax dim 0"), got, want):
+        assert_same_bits(a.detach(), b.detach(), f"{compiler} {name}")
+    for name, a, b in zip(("softmax", "logsumexp", "log_softmax dim 0"), g_compiled, g_eager):
+        assert_same_bits(a, b, f"{compiler} {name} backward")
 
 
 @needs_kernel
@@ -438,15 +447,27 @@ def test_eager_autograd_and_registered_op_give_the_same_bits():
     assert_same_bits(xg.grad, x2.grad, "logsumexp backward")
 
 
-@needs_kernel
-def test_registered_ops_pass_opcheck():
-    # schema, fake (meta) implementation, autograd registration and AOT dispatch of each op
-    x = _data((3, 40), torch.float32, seed=17).requires_grad_()
+@pytest.mark.parametrize("path", ["kernel", "reference"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_registered_ops_pass_opcheck(path, layout, monkeypatch):
+    """Schema, fake (meta) implementation, autograd registration and AOT dispatch of each op, on
+    the kernels and on the reference path (CPU tensors without the interpreter). A softmax over
+    dim 0 hands the op a transposed view: every path must return the contiguous layout its fake
+    promises, or code compiled by Inductor fails its stride assertions."""
+    if path == "kernel" and not (INTERPRETED or DEVICE == "cuda"):
+        pytest.skip("needs TRITON_INTERPRET=1 (or a GPU) to run the kernels")
+    device = DEVICE if path == "kernel" else "cpu"
+    if path == "reference":
+        monkeypatch.setattr(backend, "use_kernel", lambda t: False)
+    x = _data((40, 3) if layout == "transposed" else (3, 40), torch.float32, seed=17).to(device)
+    x = (x.t() if layout == "transposed" else x).requires_grad_()
     y = torch.softmax(x.detach(), -1)
     lse = torch.logsumexp(x.detach(), -1)
+    dy, dlse = _data((3, 40), seed=18).to(device), _data((3,), seed=19).to(device)
     cases = [(ops._softmax_op, (x, False, 0.5, torch.bfloat16, "auto")), (ops._logsumexp_op, (x, "split")),
-             (ops._softmax_backward_op, (torch.randn(3, 40), y, True, 2.0, torch.float32, "online")),
-             (ops._logsumexp_backward_op, (torch.randn(3), x.detach(), lse, "auto"))]
+             (ops._softmax_backward_op, (dy, y, True, 2.0, torch.float32, "online")),
+             (ops._softmax_backward_op, (y.t().contiguous().t(), y, False, 1.0, torch.float32, "auto")),
+             (ops._logsumexp_backward_op, (dlse, x.detach(), lse, "auto"))]
     for op, args in cases:
         results = torch.library.opcheck(op, args)
         assert all(v == "SUCCESS" for v in results.values()), (op, results)
@@ -542,9 +563,11 @@ def test_cooperative_rows_never_get_more_programs_than_sms():
      "softmax: x has 16777217 elements along dim -1; rows longer than 16777216 elements are not supported"),
     (lambda: ops.softmax_forward(torch.ones(2, 8), strategy="fast"), ValueError,
      "softmax: strategy='fast' is not one of auto, warp, block, online, split, cooperative"),
-    (lambda: ops.softmax_forward(torch.ones(1, 9000), strategy="cooperative",
-                                 tuning=ops.Tuning(segments_per_program=2)), ValueError,
-     "softmax: strategy='cooperative' with 2 programs per row needs them to run at once"),
+    # the interpreter runs programs one after another; on a GPU the two programs run at once
+    pytest.param(lambda: ops.softmax_forward(torch.ones(1, 9000), strategy="cooperative",
+                                             tuning=ops.Tuning(segments_per_program=2)), ValueError,
+                 "softmax: strategy='cooperative' with 2 programs per row needs them to run at once",
+                 marks=pytest.mark.skipif(not INTERPRETED, reason="the interpreter's limit")),
     (lambda: ops.softmax_forward(torch.ones(2, 8), tuning=ops.Tuning(num_warps=3)), ValueError,
      "softmax: num_warps must be a power of two >= 1, got 3"),
     (lambda: ops.softmax_forward(torch.ones(2, 8), tuning=ops.Tuning(stages=0)), ValueError,

@@ -3,7 +3,9 @@
 ``softmax``, ``logsumexp`` and their backward functions compute in float64 from the same float32
 inputs the kernels see (x converted to float32 and multiplied by float32(1 / temperature)), then
 round once to the output dtype: correct to the last bit of bf16/fp16 outputs and to about one ulp
-of float32 ones. They are what a CPU tensor gets when the Triton interpreter is off.
+of float32 ones. They are what a CPU tensor gets when the Triton interpreter is off, so their
+results are contiguous whatever the input's strides, like the kernels' (the registered ops' fake
+implementations promise that layout to torch.compile).
 
 ``order_forward`` and ``order_backward`` follow the kernels' order operation for operation in
 float32 NumPy (segment maxima, ``order.halving_tree`` sums of exponentials, the halving tree of
@@ -55,7 +57,7 @@ def softmax(x: torch.Tensor, log: bool = False, temperature: float = 1.0,
         y = (xs - m_safe) - log_z
     else:
         y = torch.where(z == 0, torch.zeros_like(xs), torch.exp(xs - m_safe) / z)
-    return y.to(out_dtype)
+    return y.to(out_dtype, memory_format=torch.contiguous_format)
 
 
 def logsumexp(x: torch.Tensor) -> torch.Tensor:
@@ -67,7 +69,8 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     # Shifting by 0 when the maximum is infinite: a -inf row sums to 0 (log: -inf); a row with
     # +inf sums to +inf; NaN stays NaN.
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    return (m_safe + torch.log(torch.exp(xs - m_safe[..., None]).sum(dim=-1))).to(x.dtype)
+    lse = m_safe + torch.log(torch.exp(xs - m_safe[..., None]).sum(dim=-1))
+    return lse.to(x.dtype, memory_format=torch.contiguous_format)
 
 
 def softmax_backward(grad: torch.Tensor, y: torch.Tensor, log: bool = False, temperature: float = 1.0,
@@ -80,14 +83,15 @@ def softmax_backward(grad: torch.Tensor, y: torch.Tensor, log: bool = False, tem
         dx = yy * (dy - (dy * yy).sum(dim=-1, keepdim=True))
     if temperature != 1.0:
         dx = dx * _inverse_temperature32(temperature)
-    return dx.to(x_dtype or y.dtype)
+    return dx.to(x_dtype or y.dtype, memory_format=torch.contiguous_format)
 
 
 def logsumexp_backward(grad: torch.Tensor, x: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """dx of logsumexp: dlse * exp(x - lse), 0 for a row that is entirely -inf."""
     lse64 = lse.double()
     lse64 = torch.where(lse64 == float("-inf"), torch.zeros_like(lse64), lse64)
-    return (grad.double()[..., None] * torch.exp(x.double() - lse64[..., None])).to(x.dtype)
+    dx = grad.double()[..., None] * torch.exp(x.double() - lse64[..., None])
+    return dx.to(x.dtype, memory_format=torch.contiguous_format)
 
 
 # ---- the kernels' order in float32 NumPy ---------------------------------------------------
