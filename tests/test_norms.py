@@ -1,7 +1,8 @@
 """RMSNorm and LayerNorm: bits against the NumPy reference, accuracy against float64 and against
 Hugging Face's code, autograd, the nn modules, torch.compile, and argument errors.
 
-CPU tier: the Triton kernels through the interpreter (TRITON_INTERPRET=1), small shapes.
+CPU tier: the Triton kernels through the interpreter (TRITON_INTERPRET=1), small shapes; on a
+machine with a GPU the same tests run the compiled kernels on ``DEVICE``.
 GPU tier (``gpu`` marker): the compiled kernels, bigger shapes, invariance across launches.
 """
 import copy
@@ -18,6 +19,8 @@ from treefold.backend import INTERPRETED, use_kernel
 from treefold.reference import norms as ref
 
 LENGTHS_CPU = [1, 33, 4095, 5120]
+#: Where the tests put their data unless they say otherwise: the GPU when there is one.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 CASTINGS = ["llama", "gemma", "none"]
 
@@ -40,7 +43,7 @@ def kernel_or_skip(t):
         pytest.skip("runs the kernel: needs TRITON_INTERPRET=1 (CPU) or a GPU")
 
 
-def randn(shape, dtype=torch.float32, seed=0, scale=1.0, device="cpu"):
+def randn(shape, dtype=torch.float32, seed=0, scale=1.0, device=DEVICE):
     """Normal values, never exactly zero, rounded to dtype."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g, dtype=torch.float64) * scale
@@ -48,7 +51,7 @@ def randn(shape, dtype=torch.float32, seed=0, scale=1.0, device="cpu"):
     return x.to(dtype).to(device)
 
 
-def weight_like(n, dtype, seed=1, device="cpu"):
+def weight_like(n, dtype, seed=1, device=DEVICE):
     return (1.0 + 0.25 * randn(n, torch.float64, seed)).to(dtype).to(device)
 
 
@@ -62,14 +65,16 @@ def assert_bits(got, want):
 
 
 def assert_close(got, want64, dtype, floor=ABS_FLOOR):
-    err = (got.detach().cpu().double() - want64.detach().cpu()).abs()
+    want64 = want64.detach().cpu()
+    err = (got.detach().cpu().double() - want64).abs()
     bound = TOL[dtype] * (want64.abs() + floor * want64.abs().max())
     bad = err > bound
     assert not bool(bad.any()), f"{int(bad.sum())} elements off; worst error {err.max().item():.3g}"
 
 
 def assert_grad_close(got, want64, dtype):
-    err = (got.detach().cpu().double() - want64.detach().cpu()).abs().max().item()
+    want64 = want64.detach().cpu()
+    err = (got.detach().cpu().double() - want64).abs().max().item()
     scale = want64.abs().max().item()
     assert err <= TOL_GRAD[dtype] * scale + 1e-30, f"error {err:.3g} vs scale {scale:.3g}"
 
@@ -161,16 +166,16 @@ def test_layer_norm_matches_reference_bits(n, dtype):
 def test_group_width_is_part_of_the_order():
     """The bitwise tests have teeth: the statistics group lanes by the input dtype's vector."""
     n = 4096
-    base = randn((16, n), torch.float64, seed=3) * torch.logspace(-6, 6, n, dtype=torch.float64)
+    base = randn((16, n), torch.float64, seed=3) * torch.logspace(-6, 6, n, dtype=torch.float64, device=DEVICE)
     x = base.to(torch.bfloat16)
-    v = x.float().numpy()
+    v = x.float().cpu().numpy()
     by_bf16 = order.reference_sum(v * v, dtype=torch.bfloat16)
     by_fp32 = order.reference_sum(v * v, dtype=torch.float32)
     assert by_bf16.tobytes() != by_fp32.tobytes()
     if use_kernel(x):
         _, _, rstd = ops.rms_norm_impl(x, None, None, 0.0, 0.0, "llama", torch.bfloat16)
         want = (np.float32(1) / np.sqrt(by_bf16 / np.float32(n))).astype(np.float32)
-        assert rstd.numpy().tobytes() == want.tobytes()
+        assert rstd.cpu().numpy().tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("n", [33, 4095])
@@ -287,6 +292,7 @@ def test_weight_gradient_over_many_blocks_matches_reference_bits():
     dy = randn((m, n), torch.float32, seed=2)
     dw = torch.autograd.grad(treefold.rms_norm(x, w), w, dy)[0]
     _, _, rstd = ref.rms_norm(x, w, 1e-6)
+    rstd = rstd.to(x.device)
     assert_bits(dw, ref.rms_norm_backward(dy, x, w, rstd)[2])
     # loading each block's next row ahead, in registers or through a pipeline, changes no bits
     for launch in (dict(prefetch=False, num_stages=1), dict(prefetch=True), dict(prefetch=False, num_stages=3)):
@@ -321,7 +327,8 @@ def test_weight_gradient_over_many_blocks_matches_reference_bits():
     for g, g_want in zip(got, ref.layer_norm_backward(dy2, x2, w2, mean2, rstd_ln2, bias_dtype=torch.bfloat16)):
         assert_bits(g, g_want)
     # a different block size is a different order: the rule, not the launch, fixes it
-    other = ref.column_sum(dy.numpy() * (x.detach().numpy() * rstd.numpy()[:, None]), 1)
+    dy, x, rstd, dw = (t.detach().cpu() for t in (dy, x, rstd, dw))
+    other = ref.column_sum(dy.numpy() * (x.numpy() * rstd.numpy()[:, None]), 1)
     assert other.tobytes() != dw.numpy().tobytes()
 
 
@@ -564,9 +571,9 @@ def test_layer_norm_over_several_trailing_dims():
 def test_empty_inputs_give_empty_results():
     w = weight_like(16, torch.bfloat16)
     for shape in [(0, 16), (2, 0, 16)]:
-        x = torch.empty(shape, dtype=torch.bfloat16)
+        x = torch.empty(shape, dtype=torch.bfloat16, device=DEVICE)
         assert treefold.rms_norm(x, w).shape == shape
-        y, h = treefold.rms_norm(x, w, residual=torch.empty(shape, dtype=torch.float32))
+        y, h = treefold.rms_norm(x, w, residual=torch.empty(shape, dtype=torch.float32, device=DEVICE))
         assert y.shape == shape and h.shape == shape and h.dtype == torch.float32
         assert treefold.layer_norm(x, 16, w, w).shape == shape
         treefold.fused_add_rms_norm_(x, x.clone(), w)
@@ -662,40 +669,40 @@ def test_gradient_through_h_only_and_without_weight_grad():
 def test_modules_load_torch_state_dicts():
     torch.manual_seed(0)
     x = randn((4, 3, 32), torch.float32, seed=2)
-    src = torch.nn.RMSNorm(32, eps=1e-6)
+    src = torch.nn.RMSNorm(32, eps=1e-6, device=DEVICE)
     with torch.no_grad():
         src.weight.copy_(weight_like(32, torch.float32))
-    mod = tnn.RMSNorm(32, eps=1e-6, casting="gemma")
+    mod = tnn.RMSNorm(32, eps=1e-6, casting="gemma").to(DEVICE)
     mod.load_state_dict(src.state_dict())
     assert_close(mod(x), copy.deepcopy(src).double()(x.double()), torch.float32)
 
-    gemma = tnn.RMSNorm(32, casting="gemma", offset=1.0)
-    assert torch.equal(gemma.weight, torch.zeros(32))  # a fresh module scales by 1 + 0
+    gemma = tnn.RMSNorm(32, casting="gemma", offset=1.0).to(DEVICE)
+    assert torch.equal(gemma.weight, torch.zeros(32, device=DEVICE))  # a fresh module scales by 1 + 0
     assert_close(gemma(x), rms_norm64(x, None, 1e-6), torch.float32)
 
-    two_dims = tnn.RMSNorm((3, 32), eps=None)
-    src = torch.nn.RMSNorm((3, 32))
+    two_dims = tnn.RMSNorm((3, 32), eps=None).to(DEVICE)
+    src = torch.nn.RMSNorm((3, 32), device=DEVICE)
     with torch.no_grad():
         src.weight.copy_(weight_like(96, torch.float32).view(3, 32))
     two_dims.load_state_dict(src.state_dict())
     assert_close(two_dims(x), copy.deepcopy(src).double()(x.double()), torch.float32)
 
     for bias in (True, False):
-        src = torch.nn.LayerNorm(32, bias=bias)
+        src = torch.nn.LayerNorm(32, bias=bias, device=DEVICE)
         with torch.no_grad():
             src.weight.copy_(weight_like(32, torch.float32))
             if bias:
                 src.bias.copy_(randn(32, torch.float32, seed=9))
-        mod = tnn.LayerNorm(32, bias=bias)
+        mod = tnn.LayerNorm(32, bias=bias).to(DEVICE)
         mod.load_state_dict(src.state_dict())
         assert_close(mod(x), copy.deepcopy(src).double()(x.double()), torch.float32)
-    y, h = tnn.RMSNorm(32)(x, x)
+    y, h = tnn.RMSNorm(32).to(DEVICE)(x, x)
     assert y.shape == x.shape and torch.equal(h, x + x)
 
 
 def test_modules_train():
-    mod = tnn.LayerNorm(33)
-    rms = tnn.RMSNorm(33)
+    mod = tnn.LayerNorm(33).to(DEVICE)
+    rms = tnn.RMSNorm(33).to(DEVICE)
     x = randn((5, 33), torch.float32, seed=3).requires_grad_()
     (mod(x).sum() + (rms(x) ** 2).sum()).backward()
     assert mod.weight.grad.shape == (33,) and mod.bias.grad.shape == (33,) and rms.weight.grad.shape == (33,)
@@ -758,7 +765,7 @@ def test_custom_ops_pass_opcheck():
 # --------------------------------------------------------------------------------------------
 
 def test_bad_arguments_name_themselves():
-    x = randn((2, 8), torch.float32)
+    x = randn((2, 8), torch.float32, device="cpu")
     w = torch.ones(8)
     with pytest.raises(ValueError, match=r"rms_norm: weight has shape \(7,\), expected \(8,\) \(x.shape\[-1\]\)"):
         treefold.rms_norm(x, torch.ones(7))
@@ -905,7 +912,7 @@ def test_tiny_bf16_rows_would_show_fused_squares():
     # emulate the first tree level (lane j meets lane j + 4 of each group of 8) with either
     # square fused (exact, then one rounding) and check that some rows' rstd changes, whichever
     # operand the compiler would fuse.
-    x = randn(TINY_ROWS, torch.bfloat16, seed=7, scale=TINY_BF16_SCALE).float().numpy()
+    x = randn(TINY_ROWS, torch.bfloat16, seed=7, scale=TINY_BF16_SCALE, device="cpu").float().numpy()
     x = np.concatenate([x, np.zeros((x.shape[0], 64 - x.shape[1]), np.float32)], axis=1)  # C(33) = 64
     rounded = (x * x).astype(np.float32)
     exact = x.astype(np.float64) ** 2
