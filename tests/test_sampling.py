@@ -173,6 +173,7 @@ STAT_CONFIGS = [
     dict(temperature=0.8, top_k=6),
     dict(temperature=1.2, top_p=0.7),
     dict(temperature=1.0, top_k=8, top_p=0.8, min_p=0.3),
+    dict(temperature=0.9, min_p=0.25),
 ]
 
 
@@ -199,6 +200,36 @@ def test_kernel_chi_square(device, config):
     assert (probs[tokens.cpu().numpy()] > 0).all()
     stat, dof = chi_square(tokens, probs)
     assert stat < chi2_critical(dof), (stat, dof)
+
+
+#: Two requests in one batch, each with its own temperature, top-k, top-p and min-p (per-row
+#: tensors): each must draw from its own filtered distribution.
+PER_ROW = dict(temperature=torch.tensor([0.7, 1.4]), top_k=torch.tensor([9, 12]),
+               top_p=torch.tensor([0.9, 0.6]), min_p=torch.tensor([0.05, 0.0]))
+
+
+def _per_row_chi_square(sample, draws: int, device):
+    params = {k: v.repeat_interleave(draws).to(device) for k, v in PER_ROW.items()}
+    x = STAT_LOGITS.to(device).expand(2 * draws, -1)
+    tokens = sample(x, seed=torch.arange(2 * draws, device=device) + 5, offset=2, **params).cpu()
+    for request in range(2):
+        own = {k: v[request:request + 1] for k, v in PER_ROW.items()}
+        probs = ref.filtered_probs(STAT_LOGITS[None], **own)[0].numpy()
+        part = tokens[request * draws:(request + 1) * draws]
+        assert (probs[part.numpy()] > 0).all(), f"request {request} drew a token its filters removed"
+        stat, dof = chi_square(part, probs)
+        assert stat < chi2_critical(dof), (request, stat, dof, probs)
+
+
+def test_reference_chi_square_with_per_row_parameters():
+    _per_row_chi_square(ref.sample, 10_000, "cpu")
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_kernel_chi_square_with_per_row_parameters(device):
+    # the interpreter runs programs one by one: few draws on the CPU (the kernels equal the
+    # reference token for token there, which carries the reference's 10,000-draw test over)
+    _per_row_chi_square(treefold.sample, 10_000 if CUDA else 60, device)
 
 
 def test_composition_order_top_k_then_top_p_then_min_p(device):
