@@ -189,7 +189,7 @@ def test_reference_chi_square(config):
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
-@pytest.mark.parametrize("config", [STAT_CONFIGS[0], STAT_CONFIGS[3]],
+@pytest.mark.parametrize("config", [STAT_CONFIGS[0], STAT_CONFIGS[3], STAT_CONFIGS[4]],
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_kernel_chi_square(device, config):
     # many rows with different seeds in one call (the interpreter runs programs one by one)
@@ -203,15 +203,22 @@ def test_kernel_chi_square(device, config):
 
 
 #: Two requests in one batch, each with its own temperature, top-k, top-p and min-p (per-row
-#: tensors): each must draw from its own filtered distribution.
+#: tensors): each must draw from its own filtered distribution. Every kind of parameter tells the
+#: rows apart somewhere: given the other row's value, request 0's temperature, top-p or min-p
+#: and request 1's temperature, top-k or top-p change the set that row draws from (5 tokens
+#: each), so a row that reads another row's parameter draws a token its own filters removed.
 PER_ROW = dict(temperature=torch.tensor([0.7, 1.4]), top_k=torch.tensor([9, 12]),
-               top_p=torch.tensor([0.9, 0.6]), min_p=torch.tensor([0.05, 0.0]))
+               top_p=torch.tensor([0.9, 0.6]), min_p=torch.tensor([0.3, 0.0]))
 
 
 def _per_row_chi_square(sample, draws: int, device):
     params = {k: v.repeat_interleave(draws).to(device) for k, v in PER_ROW.items()}
     x = STAT_LOGITS.to(device).expand(2 * draws, -1)
-    tokens = sample(x, seed=torch.arange(2 * draws, device=device) + 5, offset=2, **params).cpu()
+    seeds = torch.arange(2 * draws, device=device) + 5
+    tokens = sample(x, seed=seeds, offset=2, **params).cpu()
+    if sample is not ref.sample and not CUDA:  # the interpreter's draws are the reference's
+        params_cpu = {k: v.cpu() for k, v in params.items()}
+        assert torch.equal(tokens, ref.sample(x.cpu(), seed=seeds.cpu(), offset=2, **params_cpu))
     for request in range(2):
         own = {k: v[request:request + 1] for k, v in PER_ROW.items()}
         probs = ref.filtered_probs(STAT_LOGITS[None], **own)[0].numpy()
@@ -227,8 +234,8 @@ def test_reference_chi_square_with_per_row_parameters():
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_kernel_chi_square_with_per_row_parameters(device):
-    # the interpreter runs programs one by one: few draws on the CPU (the kernels equal the
-    # reference token for token there, which carries the reference's 10,000-draw test over)
+    # the interpreter runs programs one by one: few draws on the CPU, where the kernels must
+    # equal the reference token for token, which carries the reference's 10,000-draw test over
     _per_row_chi_square(treefold.sample, 10_000 if CUDA else 60, device)
 
 
