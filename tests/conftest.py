@@ -5,6 +5,9 @@ import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
+#: Where tests put data that should reach the kernels: the GPU when there is one (compiled
+#: kernels), else the CPU (the interpreter under TRITON_INTERPRET=1, otherwise the references).
+DEVICE = "cuda" if CUDA else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -18,7 +21,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     """The device the CPU tier or the GPU tier runs on."""
-    return "cuda" if CUDA else "cpu"
+    return DEVICE
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from treefold._ops import norms as ops
 from treefold.backend import INTERPRETED, use_kernel
 from treefold.reference import norms as ref
 
+from conftest import DEVICE
+
 LENGTHS_CPU = [1, 33, 4095, 5120]
-#: Where the tests put their data unless they say otherwise: the GPU when there is one.
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 CASTINGS = ["llama", "gemma", "none"]
 

@@ -21,6 +21,8 @@ from treefold._ops import softmax as ops
 from treefold.numerics import compare
 from treefold.reference import softmax as reference
 
+from conftest import DEVICE
+
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 INTERPRETED = backend.INTERPRETED
@@ -29,9 +31,6 @@ needs_kernel = pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_availabl
 FUNCS = {"softmax": treefold.softmax, "log_softmax": treefold.log_softmax}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 LENGTHS = [1, 33, 4095, 5120]
-#: Where the kernel tests put their data: the GPU when there is one (the compiled kernels), else
-#: the CPU (the interpreter, or the reference for the tests that do not need the kernels).
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _data(shape, dtype=torch.float32, scale=3.0, seed=0):
@@ -412,8 +411,20 @@ def test_prepared_calls_take_their_tensors_distinct_and_in_launch_order():
 
 # ---- torch.compile, the reference path, host-side caching -----------------------------------
 
-@pytest.mark.parametrize("path", ["kernel", "reference"])
-def test_torch_compile_fullgraph(path, monkeypatch):
+@pytest.fixture(params=["kernel", "reference"])
+def path_device(request, monkeypatch):
+    """The device a test's data goes to for each path of the registered ops: the kernels (on
+    DEVICE; skipped without the interpreter or a GPU) and the reference (CPU tensors, with the
+    kernels switched off as on a machine without the interpreter)."""
+    if request.param == "reference":
+        monkeypatch.setattr(backend, "use_kernel", lambda t: False)
+        return "cpu"
+    if not (INTERPRETED or DEVICE == "cuda"):
+        pytest.skip("needs TRITON_INTERPRET=1 (or a GPU) to run the kernels")
+    return DEVICE
+
+
+def test_torch_compile_fullgraph(path_device):
     # Inductor when a C++ compiler is present, otherwise aot_eager; both require a single graph
     # through the registered ops, their fake implementations and their autograd formulas. Each
     # input feeds one treefold op, and the results are returned as they are: the ops' bits must
@@ -421,11 +432,7 @@ def test_torch_compile_fullgraph(path, monkeypatch):
     # uses) are Inductor's to reorder. The reference path (CPU tensors without the interpreter)
     # must return the layouts the fakes promise: log_softmax over dim 0 hands its op a transposed
     # view.
-    if path == "kernel" and not (INTERPRETED or DEVICE == "cuda"):
-        pytest.skip("needs TRITON_INTERPRET=1 (or a GPU) to run the kernels")
-    device = DEVICE if path == "kernel" else "cpu"
-    if path == "reference":
-        monkeypatch.setattr(backend, "use_kernel", lambda t: False)
+    device = path_device
     compiler = "inductor" if (shutil.which("g++") or shutil.which("c++")) else "aot_eager"
 
     def f(a, b, c):
@@ -469,18 +476,13 @@ def test_eager_autograd_and_registered_op_give_the_same_bits():
     assert_same_bits(xg.grad, x2.grad, "logsumexp backward")
 
 
-@pytest.mark.parametrize("path", ["kernel", "reference"])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
-def test_registered_ops_pass_opcheck(path, layout, monkeypatch):
+def test_registered_ops_pass_opcheck(path_device, layout):
     """Schema, fake (meta) implementation, autograd registration and AOT dispatch of each op, on
     the kernels and on the reference path (CPU tensors without the interpreter). A softmax over
     dim 0 hands the op a transposed view: every path must return the contiguous layout its fake
     promises, or code compiled by Inductor fails its stride assertions."""
-    if path == "kernel" and not (INTERPRETED or DEVICE == "cuda"):
-        pytest.skip("needs TRITON_INTERPRET=1 (or a GPU) to run the kernels")
-    device = DEVICE if path == "kernel" else "cpu"
-    if path == "reference":
-        monkeypatch.setattr(backend, "use_kernel", lambda t: False)
+    device = path_device
     x = _data((40, 3) if layout == "transposed" else (3, 40), torch.float32, seed=17).to(device)
     x = (x.t() if layout == "transposed" else x).requires_grad_()
     y = torch.softmax(x.detach(), -1)
