@@ -146,9 +146,17 @@ def _held_tile_compiles(strategy, tuning, n):
     held = ops._tile_elements(n)
     if INTERPRETED or DEVICE == "cpu":
         return held <= ops.REGISTER_ELEMENTS_LIMIT
+    if strategy == "block" and tuning.num_warps is None:
+        return True  # the launch plan picks warps that fit
+    return _compiled_tile_fits(strategy, held, tuning.num_warps)
+
+
+def _compiled_tile_fits(strategy, held, num_warps):
+    """The GPU's rule for rows held in registers (``held`` elements per row): a warp holds at most
+    4096 (whatever ``num_warps``), a thread of a block at most 128."""
     if strategy == "warp":
         return held <= 4096
-    return tuning.num_warps is None or held // (32 * tuning.num_warps) <= 128
+    return held <= ops.REGISTER_ELEMENTS and held // (32 * num_warps) <= 128
 
 
 def _study_forward(op, x, strategy, tuning, **kw):
@@ -648,11 +656,10 @@ def _gpu_configs(n, held_factor=1, every=True):
                     ("split", ops.Tuning(segments_per_program=1, num_warps=8)),
                     ("split", ops.Tuning(dependent_launch=True)), ("split", ops.Tuning(dependent_launch=False))]
     held = ops._tile_elements(n) * held_factor
-    if held <= 4096 and every:
+    if every and _compiled_tile_fits("warp", held, 2):
         configs += [("warp", ops.Tuning(num_warps=2))]
-    if held <= ops.REGISTER_ELEMENTS:
-        configs += [("block", ops.Tuning(num_warps=w)) for w in ((8, 16) if every else (16,))
-                    if held // (32 * w) <= 128]
+    configs += [("block", ops.Tuning(num_warps=w)) for w in ((8, 16) if every else (16,))
+                if _compiled_tile_fits("block", held, w)]
     return configs
 
 
