@@ -593,6 +593,68 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
         ops.plan.cache_clear()
 
 
+class _RecordingRun(ops._Run):
+    """A run of launches that keeps its buffers, to read what the passes decided."""
+
+    def __init__(self):
+        super().__init__()
+        self.buffers = {}
+
+    def buffer(self, name, shape, dtype, device):
+        self.buffers[name] = super().buffer(name, shape, dtype, device)
+        return self.buffers[name]
+
+
+def _rows_read_from_the_pre_list(x, **config) -> list:
+    """Which rows' compactions read the pre-list, from the plan and the pre-list counts that a
+    sampling call's buffers hold afterwards (``compact_kernel``'s rule)."""
+    run = _RecordingRun()
+    out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    ops._pipeline(x, kernels.MODE_SAMPLE.value, 0.8, config.get("top_k"), config.get("top_p"),
+                  config.get("min_p"), 5, 3, all_values=False, outputs={"token": out}, k_out=0,
+                  programs_per_row=None, run=run)
+    plan = run.buffers["plan"].cpu()
+    count = run.buffers["prelist_count"].cpu()
+    stride = run.buffers["prelist"].shape[1]
+    return [bool(count[r] <= stride and plan[r, kernels.PLAN_HI.value] < ops.PRELIST_BINS
+                 and plan[r, kernels.PLAN_LO.value] <= ops.PRELIST_BINS
+                 and plan[r, kernels.PLAN_RACE_IN_PLACE.value] == 0 and plan[r, kernels.PLAN_VALID.value] > 0)
+            for r in range(x.shape[0])]
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypatch):
+    """Peaked rows have the compaction read the histogram's pre-list (the tokens within
+    PRELIST_BINS bins of the maximum) instead of the row; a flat row's pre-list overflows its
+    capacity and that row reads its logits. Tokens, masks and top_k equal the reference's and
+    those of the whole-row compaction (no pre-list, or a pre-list too small for any row)."""
+    g = torch.Generator().manual_seed(21)
+    x = (torch.randn(3, 400, generator=g) * torch.tensor([[4.0], [6.0], [0.3]])).to(device)
+    seeds = torch.tensor([5, 6, 7], device=device)
+    configs = (dict(top_p=0.9), dict(top_k=20, top_p=0.8), dict(min_p=0.05), dict(top_k=20))
+
+    def outputs():
+        out = []
+        for c in configs:
+            args = (c.get("top_k"), c.get("top_p"), c.get("min_p"))
+            out.append(ops.sample_rows(x, 0.8, *args, seeds, 3))
+            out.append(ops.filter_rows(x, *args, probs=True))
+        out.extend(ops.top_k_rows(x, 20))
+        return out
+
+    for c in configs:
+        assert _rows_read_from_the_pre_list(x, **c) == [True, True, False], c
+        want = ref.sample(x.cpu(), temperature=0.8, seed=seeds.cpu(), offset=3, **c)
+        assert torch.equal(ops.sample_rows(x, 0.8, c.get("top_k"), c.get("top_p"), c.get("min_p"),
+                                           seeds, 3).cpu(), want), c
+    want = outputs()
+    for bins, fraction in ((0, ops.PRELIST_FRACTION), (ops.PRELIST_BINS, 1e-9)):
+        monkeypatch.setattr(ops, "PRELIST_BINS", bins)
+        monkeypatch.setattr(ops, "PRELIST_FRACTION", fraction)
+        assert not any(_rows_read_from_the_pre_list(x, top_p=0.9))
+        assert all(torch.equal(a, b) for a, b in zip(outputs(), want)), (bins, fraction)
+
+
 def test_top_k_beyond_the_kernel_limit_uses_a_stable_sort(device, monkeypatch):
     monkeypatch.setattr(ops, "TOP_K_KERNEL_MAX", 2)
     x = torch.tensor([[1.0, 2.0, 2.0, 0.0]], device=device)
@@ -748,6 +810,33 @@ def test_gpu_sure_kept_race_inside_or_after_the_compaction_gives_the_same_tokens
     for a, b in zip(inside, apart):
         assert torch.equal(a, b)
         assert (a >= 0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_compaction_from_the_pre_list_gives_the_same_results(monkeypatch):
+    # 64 rows of 151936: peaked rows (standard deviation 4) read their pre-list, flat ones
+    # (standard deviation 1: over half the row within 10 nats of the maximum) their logits
+    x = qwen_like_logits(64, 8, scale=4.0)
+    x[40:] = x[40:] / 4
+    seeds = torch.arange(64, device="cuda") * 13 + 1
+    configs = (dict(top_p=0.9), dict(top_k=50, top_p=0.9), dict(min_p=0.05), dict(top_k=50))
+
+    def outputs():
+        out = []
+        for c in configs:
+            args = (c.get("top_k"), c.get("top_p"), c.get("min_p"))
+            out.append(ops.sample_rows(x, 1.0, *args, seeds, 4))
+            out.append(ops.sample_rows(x.bfloat16(), 1.0, *args, seeds, 4))
+            out.append(ops.filter_rows(x, *args, probs=True))
+        out.extend(ops.top_k_rows(x, 50))
+        return out
+
+    for c in configs:
+        taken = _rows_read_from_the_pre_list(x, **c)
+        assert all(taken[:40]) and not any(taken[40:]), c
+    want = outputs()
+    monkeypatch.setattr(ops, "PRELIST_BINS", 0)
+    assert all(torch.equal(a, b) for a, b in zip(outputs(), want))
 
 
 @pytest.mark.gpu

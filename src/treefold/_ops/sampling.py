@@ -79,6 +79,14 @@ COMPACT_RACE_PROGRAMS_PER_SM = 3
 #: row of 151936 fp32, 149 programs: top-k 50 + top-p 32.3 -> 29.8 us, top_k(50) 20.6 -> 19.5,
 #: top-p 37.5 -> 37.0; at 64 rows (1920 programs) 8 warps lost 1-26 us everywhere, so 4 stay.
 COMPACT_WARPS_ONE_WAVE = 8
+#: The histogram pass lists the tokens of its first PRELIST_BINS bins (within PRELIST_BINS /
+#: BINS_PER_NAT = 10 nats of the row's maximum), up to a capacity of PRELIST_FRACTION of the row;
+#: a row whose kept prefix ends inside those bins, with its pre-list complete, has the
+#: compaction read the pre-list instead of the row. Logits of standard deviation 4 over 151936
+#: tokens (the benchmark's peaked rows) put about 5000 tokens within 10 nats of the maximum, and
+#: the boundaries of top-p 0.9 about 7 nats, min-p 0.05 3 nats and top-k 50 about 3 nats below it.
+PRELIST_BINS = 40
+PRELIST_FRACTION = 0.5
 #: Warps of the one-program-per-row resolve pass.
 RESOLVE_WARPS = 8
 #: Whether the row passes load each segment before working on the previous one (None: when a
@@ -260,15 +268,20 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     part_kept = run.buffer("part_kept", grid[0], torch.int64, dev)
     part_score = run.buffer("part_score", grid[0], torch.float32, dev)
     part_index = run.buffer("part_index", grid[0], torch.int64, dev)
+    prelist_stride = max(1, int(n * PRELIST_FRACTION)) if PRELIST_BINS else 1
+    prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
+    prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
     run(_SEGMENT_MAX,
-        grid, x, n, x.stride(0), part_max, hist, fine, counter, g.programs_per_row, t,
+        grid, x, n, x.stride(0), part_max, hist, fine, counter, prelist_count, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, num_warps=g.num_warps)
     run(_HISTOGRAM,
-        grid, x, n, x.stride(0), part_max, part_total, hist, g.programs_per_row, t,
+        grid, x, n, x.stride(0), part_max, part_total, hist, prelist, prelist_stride, prelist_count,
+        g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PREFETCH=g.prefetch, num_warps=g.num_warps)
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=PRELIST_BINS, PREFETCH=g.prefetch,
+        num_warps=g.num_warps)
     # Sampling: rows with more sure-kept tokens than the resolve pass races cheaply race them in
     # place, in the compaction pass or in a race launch after it. A scalar top_k <= SURE_LIST_MAX
     # leaves at most k tokens before the boundary bins in every row: nothing to race there.
@@ -278,11 +291,13 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         rows * g.programs_per_row <= COMPACT_RACE_PROGRAMS_PER_SM * _sm_count(dev))
     run(_COMPACT,
         grid, x, n, x.stride(0), part_max, part_total, hist, fine, counter, plan_rows, boundary, n,
-        part_mass, part_kept, part_score, part_index, g.programs_per_row, t, k, p, mp, filters,
+        part_mass, part_kept, part_score, part_index, prelist, prelist_stride, prelist_count,
+        g.programs_per_row, t, k, p, mp, filters,
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width, SURE_LIST_MAX=SURE_LIST_MAX,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
-        RACE_SURE=race_in_compaction, PREFETCH=g.prefetch, num_warps=_compact_warps(g, grid[0], _sm_count(dev)))
+        RACE_SURE=race_in_compaction, PRELIST_BINS=PRELIST_BINS, PREFETCH=g.prefetch,
+        num_warps=_compact_warps(g, grid[0], _sm_count(dev)))
     if sure_race and not race_in_compaction:
         # (the other rows' programs read their plan and store no winner)
         run(_RACE,

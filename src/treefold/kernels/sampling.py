@@ -619,7 +619,7 @@ def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_ro
 
 @triton.jit
 def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, counter_ptr,
-                       programs_per_row, temperature,
+                       prelist_count_ptr, programs_per_row, temperature,
                        T_ROW: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                        NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr, PREFETCH: tl.constexpr = False):
     """Maximum of y = x / t over the finite tokens of each program's segments; the first program
@@ -636,6 +636,8 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         hist_ptr: int32 [rows, NUM_BINS], cleared here.
         fine_ptr: int32 [rows, FINE_BINS], cleared here.
         counter_ptr: int64 [rows], cleared here.
+        prelist_count_ptr: int32 [rows], the pre-list lengths of ``bin_histogram_kernel``,
+            cleared here.
         programs_per_row: programs sharing a row.
         temperature, T_ROW: as in ``race_kernel``.
         WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as in ``race_kernel``.
@@ -650,6 +652,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         tl.store(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS),
                  tl.zeros([FINE_BINS], tl.int32))
         tl.store(counter_ptr + row, 0)
+        tl.store(prelist_count_ptr + row, 0)
     lanes = tl.arange(0, WIDTH)
     lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
     raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
@@ -662,16 +665,25 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
 
 @triton.jit
 def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr,
+                         prelist_ptr, prelist_stride, prelist_count_ptr,
                          programs_per_row, temperature,
                          T_ROW: tl.constexpr, WIDTH: tl.constexpr,
                          SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
                          NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
-                         ALL_VALUES: tl.constexpr, PREFETCH: tl.constexpr = False):
+                         ALL_VALUES: tl.constexpr, PRELIST_BINS: tl.constexpr = 0,
+                         PREFETCH: tl.constexpr = False):
     """Bin histogram of the row (integer atomics) and the fixed-point mass of each program's
     tokens (per-lane integer sums, one reduction per program). Grid rows * programs_per_row.
 
+    With PRELIST_BINS > 0 it also lists the tokens of bins 0 .. PRELIST_BINS - 1 (the pre-list:
+    their indices, in no particular order, as many as fit in prelist_stride; the count goes on
+    past it). When a row's kept prefix ends inside those bins and its pre-list is complete, the
+    compaction reads the pre-list instead of the row (``compact_kernel``): in peaked rows a few
+    thousand tokens instead of the vocabulary.
+
     Bytes: reads the logits once (from L2) and the per-program maxima; writes 8 bytes per
-    program and at most NUM_BINS atomic adds per program.
+    program, at most NUM_BINS atomic adds per program, and 4 bytes per pre-listed token with one
+    atomic add per segment that has any.
 
     Args:
         x_ptr, n, stride_x: logits as in ``race_kernel``.
@@ -683,12 +695,17 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         PARTS_POW2: next power of two of programs_per_row.
         NUM_BINS, BINS_PER_NAT: the bins (see ``_bin_of``).
         ALL_VALUES: count non-finite logits too (top_k orders every value).
+        prelist_ptr: int32 [rows, prelist_stride] out: the pre-list (PRELIST_BINS > 0).
+        prelist_count_ptr: int32 [rows] pre-list lengths (atomic), cleared by
+            ``segment_max_kernel``; may exceed prelist_stride (then the list is incomplete).
+        PRELIST_BINS: list the tokens of the bins below this (0: no pre-list).
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
+    prelist_row = prelist_ptr + row * prelist_stride
     counts = tl.zeros([NUM_BINS], tl.int32)
     lane_mass = tl.zeros([WIDTH], tl.int64)
     lanes = tl.arange(0, WIDTH)
@@ -697,10 +714,18 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
                                                           SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         valid = in_row if ALL_VALUES else finite
-        counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES),
-                               NUM_BINS, mask=valid)
+        b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
+        counts += tl.histogram(b, NUM_BINS, mask=valid)
         w, w_fixed = _fixed_mass(y, m, finite)
         lane_mass += w_fixed
+        if PRELIST_BINS > 0:
+            pre = (valid & (b < PRELIST_BINS)).to(tl.int32)
+            c_pre = tl.sum(pre, axis=0)
+            if c_pre > 0:
+                # relaxed: the atomic only hands out places (as in the compaction)
+                base = tl.atomic_add(prelist_count_ptr + row, c_pre, sem="relaxed")
+                pos = base + tl.cumsum(pre, 0) - 1
+                tl.store(prelist_row + pos, cols, mask=(pre != 0) & (pos < prelist_stride))
     tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
     tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
 
@@ -708,7 +733,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
 @triton.jit
 def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, fine_ptr, counter_ptr,
                    plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr,
-                   part_index_ptr, programs_per_row,
+                   part_index_ptr, prelist_ptr, prelist_stride, prelist_count_ptr, programs_per_row,
                    temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
                    T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
                    MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
@@ -717,7 +742,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                    PARTS_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
                    ALL_VALUES: tl.constexpr, RACE_SURE: tl.constexpr = False,
-                   PREFETCH: tl.constexpr = False):
+                   PRELIST_BINS: tl.constexpr = 0, PREFETCH: tl.constexpr = False):
     """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling in a row whose
     sure-kept bins hold at most SURE_LIST_MAX tokens, their indices, written from the end of the
     row's list (``resolve_kernel`` races them, drawing noise for those tokens alone); a row with
@@ -726,8 +751,15 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     Boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
     more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row.
 
-    Bytes: reads the logits once (from L2), the per-program results and the histogram; writes 4
-    bytes per listed token (boundary or sure-kept) and 28 bytes per program.
+    A row whose bins before lo and bins lo..hi all lie below PRELIST_BINS, whose pre-list
+    (``bin_histogram_kernel``) is complete and whose sure-kept tokens are not raced in place
+    reads its pre-list instead of the row: every token this pass counts or lists is on it. The
+    programs share the pre-list's segments (segment j * programs_per_row + prog in step j);
+    the results are the same integers and the same sets as from the row.
+
+    Bytes: reads the logits once (from L2; a pre-listed row reads its pre-list and the logits it
+    names), the per-program results and the histogram; writes 4 bytes per listed token
+    (boundary or sure-kept) and 28 bytes per program.
 
     Args:
         x_ptr, n, stride_x, part_max_ptr, hist_ptr, programs_per_row: as above.
@@ -761,6 +793,8 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
         FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
             will be longer than FINE_ABOVE tokens.
+        prelist_ptr, prelist_stride, prelist_count_ptr, PRELIST_BINS: the pre-list, as
+            ``bin_histogram_kernel`` wrote it (PRELIST_BINS = 0: every row reads its logits).
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
@@ -775,6 +809,13 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     race_in_place = live_row & (count_above > SURE_LIST_MAX)
     if MODE != MODE_SAMPLE:
         race_in_place = False
+    from_list = live_row & False
+    pre_count = 0
+    if PRELIST_BINS > 0:
+        pre_count = tl.load(prelist_count_ptr + row)
+        from_list = (live_row & (race_in_place == 0) & (lo <= PRELIST_BINS) & (hi < PRELIST_BINS)
+                     & (pre_count <= prelist_stride))
+    prelist_row = prelist_ptr + row * prelist_stride
     if prog == 0:
         f = tl.arange(0, PLAN_SLOTS)
         mp_bits = mp.to(tl.int32, bitcast=True)
@@ -797,44 +838,54 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     if live_row:
         raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         for j in range(SEGMENTS_PER_PROGRAM):
-            cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t,
-                                                              raw, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
-            valid = in_row if ALL_VALUES else finite
-            b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
-            above = valid & (b < lo)
-            listed = valid & (b >= lo) & (b <= hi)
-            w, w_fixed = _fixed_mass(y, m, finite)
-            survives = (minp_on == 0) | (w >= mp)
-            lane_mass += tl.where(above, w_fixed, 0)
-            lane_kept += tl.where(above & survives, w_fixed, 0)
-            # both counts (each <= WIDTH < 2^16) packed in one int32: one reduction, one scan
-            sure = lanes < 0
-            if MODE == MODE_SAMPLE:
-                sure = above & survives & (race_in_place == 0)
-                if RACE_SURE:
-                    if race_in_place:
-                        start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
-                        score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-                        lane_score, lane_index = _race_lanes(lane_score, lane_index, above & survives,
-                                                             score, cols)
-            packed = listed.to(tl.int32) + sure.to(tl.int32) * 65536
-            counts = tl.sum(packed, axis=0)
-            if counts > 0:
-                c_list = counts % 65536
-                c_sure = counts // 65536
-                # relaxed: the atomic only hands out places; the list is read by a later launch (an
-                # acquire-release atomic fences every segment: MEMBAR.GPU, waiting on the prefetch)
-                bases = tl.atomic_add(counter_ptr + row, (c_sure.to(tl.int64) << 32) + c_list, sem="relaxed")
-                ranks = tl.cumsum(packed, 0)
-                row_list = list_ptr + row * list_stride
-                pos = (bases & 0xFFFFFFFF) + (ranks % 65536) - 1
-                tl.store(row_list + pos, cols.to(tl.int32), mask=listed)
+            g = j * programs_per_row + prog  # the pre-list's segment (a pre-listed row)
+            if (from_list == 0) | (g * WIDTH < pre_count):
+                if from_list:
+                    slots = g * WIDTH + lanes
+                    in_row = slots < pre_count
+                    cols = tl.load(prelist_row + slots, mask=in_row, other=0)
+                    x, finite, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t)
+                else:
+                    cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n,
+                                                                      inv_t, raw, SEGMENTS_PER_PROGRAM, WIDTH,
+                                                                      PREFETCH)
+                valid = in_row if ALL_VALUES else finite
+                b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
+                above = valid & (b < lo)
+                listed = valid & (b >= lo) & (b <= hi)
+                w, w_fixed = _fixed_mass(y, m, finite)
+                survives = (minp_on == 0) | (w >= mp)
+                lane_mass += tl.where(above, w_fixed, 0)
+                lane_kept += tl.where(above & survives, w_fixed, 0)
+                # both counts (each <= WIDTH < 2^16) packed in one int32: one reduction, one scan
+                sure = lanes < 0
                 if MODE == MODE_SAMPLE:
-                    spos = n - (bases >> 32) - (ranks // 65536)
-                    tl.store(row_list + spos, cols.to(tl.int32), mask=sure)
-                if n_range > FINE_ABOVE:
-                    fine += tl.histogram(_fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT),
-                                         FINE_BINS, mask=listed)
+                    sure = above & survives & (race_in_place == 0)
+                    if RACE_SURE:
+                        if race_in_place:
+                            start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
+                            score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+                            lane_score, lane_index = _race_lanes(lane_score, lane_index, above & survives,
+                                                                 score, cols)
+                packed = listed.to(tl.int32) + sure.to(tl.int32) * 65536
+                counts = tl.sum(packed, axis=0)
+                if counts > 0:
+                    c_list = counts % 65536
+                    c_sure = counts // 65536
+                    # relaxed: the atomic only hands out places; the list is read by a later launch (an
+                    # acquire-release atomic fences every segment: MEMBAR.GPU, waiting on the prefetch)
+                    bases = tl.atomic_add(counter_ptr + row, (c_sure.to(tl.int64) << 32) + c_list,
+                                          sem="relaxed")
+                    ranks = tl.cumsum(packed, 0)
+                    row_list = list_ptr + row * list_stride
+                    pos = (bases & 0xFFFFFFFF) + (ranks % 65536) - 1
+                    tl.store(row_list + pos, cols.to(tl.int32), mask=listed)
+                    if MODE == MODE_SAMPLE:
+                        spos = n - (bases >> 32) - (ranks // 65536)
+                        tl.store(row_list + spos, cols.to(tl.int32), mask=sure)
+                    if n_range > FINE_ABOVE:
+                        fine += tl.histogram(_fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT),
+                                             FINE_BINS, mask=listed)
         if n_range > FINE_ABOVE:
             tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0, sem="relaxed")
     tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
