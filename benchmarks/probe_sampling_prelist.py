@@ -6,8 +6,9 @@ instead of the row), in one process:
 
 The cases of ``probe_sampling_split`` (151936 logits; 64 rows fp32 and bf16 and one row fp32,
 peaked; 64 flat rows fp32), each replayed from a CUDA graph (do_bench median, L2 flushed) in
-three interleaved rounds with the pre-list of 40 bins (the default), none, 32 and 48 bins; every
-variant's tokens must equal the default's. Then each launch's time (torch profiler) in the
+three interleaved rounds under the default rule (the pre-list in calls with top-p on grids of
+several waves), with no pre-list, and with the pre-list in every call; every variant's tokens
+must equal the default's. Then each launch's time (torch profiler) in the
 top-p 0.9 call at 64 rows fp32, with and without the pre-list. Writes OUT_DIR/prelist.json.
 """
 import json
@@ -23,18 +24,23 @@ from probe_report import time_graphed_variants
 from probe_sampling import kernel_times
 from probe_sampling_split import call, cases
 
-VARIANTS = {"pre-list 40 bins": 40, "no pre-list": 0, "pre-list 32 bins": 32, "pre-list 48 bins": 48}
+#: name -> (PRELIST_BINS, PRELIST_ONLY_WITH_TOP_P, PRELIST_MIN_PROGRAMS_PER_SM)
+VARIANTS = {"default": (ops.PRELIST_BINS, ops.PRELIST_ONLY_WITH_TOP_P, ops.PRELIST_MIN_PROGRAMS_PER_SM),
+            "no pre-list": (0, True, 0), "pre-list always": (ops.PRELIST_BINS, False, 0)}
+NAMES = ("PRELIST_BINS", "PRELIST_ONLY_WITH_TOP_P", "PRELIST_MIN_PROGRAMS_PER_SM")
 
 
-def with_prelist(bins, fn):
-    """fn with the launcher's PRELIST_BINS set to ``bins`` for its launches (and graph capture)."""
+def with_prelist(setting, fn):
+    """fn with the launcher's pre-list rule set to ``setting`` for its launches (and capture)."""
     def run():
-        saved = ops.PRELIST_BINS
-        ops.PRELIST_BINS = bins
+        saved = tuple(getattr(ops, name) for name in NAMES)
+        for name, value in zip(NAMES, setting):
+            setattr(ops, name, value)
         try:
             return fn()
         finally:
-            ops.PRELIST_BINS = saved
+            for name, value in zip(NAMES, saved):
+                setattr(ops, name, value)
     return run
 
 
@@ -47,7 +53,7 @@ def main(out_dir):
     seeds = torch.arange(64, device="cuda", dtype=torch.int64) * 7919 + 1
     x = logits(64, torch.float32)
     launches = {}
-    for name in ("pre-list 40 bins", "no pre-list"):
+    for name in ("default", "no pre-list"):
         launches[name] = kernel_times(with_prelist(VARIANTS[name], call(ops, x, seeds, "top-p 0.9", None)))
         print(f"kernels, top-p 0.9, 64 rows fp32, {name} (us per launch): "
               + ", ".join(f"{k} {v}" for k, v in launches[name].items()))

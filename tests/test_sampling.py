@@ -613,6 +613,8 @@ def _rows_read_from_the_pre_list(x, **config) -> list:
     ops._pipeline(x, kernels.MODE_SAMPLE.value, 0.8, config.get("top_k"), config.get("top_p"),
                   config.get("min_p"), 5, 3, all_values=False, outputs={"token": out}, k_out=0,
                   programs_per_row=None, run=run)
+    if not ops._prelist_bins(config.get("top_p"), run.buffers["part_max"].numel(), ops._sm_count(x.device)):
+        return [False] * x.shape[0]
     plan = run.buffers["plan"].cpu()
     count = run.buffers["prelist_count"].cpu()
     stride = run.buffers["prelist"].shape[1]
@@ -627,7 +629,14 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
     """Peaked rows have the compaction read the histogram's pre-list (the tokens within
     PRELIST_BINS bins of the maximum) instead of the row; a flat row's pre-list overflows its
     capacity and that row reads its logits. Tokens, masks and top_k equal the reference's and
-    those of the whole-row compaction (no pre-list, or a pre-list too small for any row)."""
+    those of the whole-row compaction (no pre-list, or a pre-list too small for any row).
+    By default only calls with top-p on grids of several waves make the pre-list; here every
+    call does."""
+    assert ops._prelist_bins(0.9, 1920, 132) == ops.PRELIST_BINS
+    assert ops._prelist_bins(torch.tensor([0.9]), 1920, 132) == ops.PRELIST_BINS
+    assert ops._prelist_bins(None, 1920, 132) == 0 and ops._prelist_bins(0.9, 149, 132) == 0
+    monkeypatch.setattr(ops, "PRELIST_ONLY_WITH_TOP_P", False)
+    monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
     g = torch.Generator().manual_seed(21)
     x = (torch.randn(3, 400, generator=g) * torch.tensor([[4.0], [6.0], [0.3]])).to(device)
     seeds = torch.tensor([5, 6, 7], device=device)
@@ -816,6 +825,7 @@ def test_gpu_sure_kept_race_inside_or_after_the_compaction_gives_the_same_tokens
 def test_gpu_compaction_from_the_pre_list_gives_the_same_results(monkeypatch):
     # 64 rows of 151936: peaked rows (standard deviation 4) read their pre-list, flat ones
     # (standard deviation 1: over half the row within 10 nats of the maximum) their logits
+    monkeypatch.setattr(ops, "PRELIST_ONLY_WITH_TOP_P", False)  # every filter, not top-p alone
     x = qwen_like_logits(64, 8, scale=4.0)
     x[40:] = x[40:] / 4
     seeds = torch.arange(64, device="cuda") * 13 + 1

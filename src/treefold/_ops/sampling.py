@@ -85,8 +85,14 @@ COMPACT_WARPS_ONE_WAVE = 8
 #: compaction read the pre-list instead of the row. Logits of standard deviation 4 over 151936
 #: tokens (the benchmark's peaked rows) put about 5000 tokens within 10 nats of the maximum, and
 #: the boundaries of top-p 0.9 about 7 nats, min-p 0.05 3 nats and top-k 50 about 3 nats below it.
+#: Listing costs the histogram pass about 20 us at 64 rows of 151936 (H200), which only top-p
+#: wins back (its compaction lists the most: 82 -> 20 us); one-wave grids gain nothing. So the
+#: pre-list is made in calls with top-p, on grids of more than PRELIST_MIN_PROGRAMS_PER_SM
+#: programs per SM (results/h200-probe-sampling-prelist.txt).
 PRELIST_BINS = 40
-PRELIST_FRACTION = 0.5
+PRELIST_FRACTION = 0.25
+PRELIST_ONLY_WITH_TOP_P = True
+PRELIST_MIN_PROGRAMS_PER_SM = 4
 #: Warps of the one-program-per-row resolve pass.
 RESOLVE_WARPS = 8
 #: Whether the row passes load each segment before working on the previous one (None: when a
@@ -144,6 +150,13 @@ def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int
         prefetch = spp > 1 if PREFETCH is None else PREFETCH
     return Plan(width, spp, programs_per_row, order.next_pow2(programs_per_row),
                 max(1, min(4, width // 256)), bool(prefetch))
+
+
+def _prelist_bins(top_p, programs: int, sms: int) -> int:
+    """The histogram's pre-list bins for a call (0: none), by PRELIST_BINS' rule."""
+    if PRELIST_ONLY_WITH_TOP_P and top_p is None:
+        return 0
+    return PRELIST_BINS if programs > PRELIST_MIN_PROGRAMS_PER_SM * sms else 0
 
 
 def _compact_warps(g: Plan, programs: int, sms: int) -> int:
@@ -268,7 +281,8 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     part_kept = run.buffer("part_kept", grid[0], torch.int64, dev)
     part_score = run.buffer("part_score", grid[0], torch.float32, dev)
     part_index = run.buffer("part_index", grid[0], torch.int64, dev)
-    prelist_stride = max(1, int(n * PRELIST_FRACTION)) if PRELIST_BINS else 1
+    prelist_bins = _prelist_bins(top_p, grid[0], _sm_count(dev))
+    prelist_stride = max(1, int(n * PRELIST_FRACTION)) if prelist_bins else 1
     prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
     prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
     run(_SEGMENT_MAX,
@@ -280,7 +294,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=PRELIST_BINS, PREFETCH=g.prefetch,
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins, PREFETCH=g.prefetch,
         num_warps=g.num_warps)
     # Sampling: rows with more sure-kept tokens than the resolve pass races cheaply race them in
     # place, in the compaction pass or in a race launch after it. A scalar top_k <= SURE_LIST_MAX
@@ -296,7 +310,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width, SURE_LIST_MAX=SURE_LIST_MAX,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
-        RACE_SURE=race_in_compaction, PRELIST_BINS=PRELIST_BINS, PREFETCH=g.prefetch,
+        RACE_SURE=race_in_compaction, PRELIST_BINS=prelist_bins, PREFETCH=g.prefetch,
         num_warps=_compact_warps(g, grid[0], _sm_count(dev)))
     if sure_race and not race_in_compaction:
         # (the other rows' programs read their plan and store no winner)

@@ -698,7 +698,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         prelist_ptr: int32 [rows, prelist_stride] out: the pre-list (PRELIST_BINS > 0).
         prelist_count_ptr: int32 [rows] pre-list lengths (atomic), cleared by
             ``segment_max_kernel``; may exceed prelist_stride (then the list is incomplete).
-        PRELIST_BINS: list the tokens of the bins below this (0: no pre-list).
+        PRELIST_BINS: list the tokens of the bins below this (0: no pre-list). A program stops
+            listing once it sees the row's count pass the capacity.
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
@@ -706,6 +707,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
     prelist_row = prelist_ptr + row * prelist_stride
+    room = prelist_stride > 0
     counts = tl.zeros([NUM_BINS], tl.int32)
     lane_mass = tl.zeros([WIDTH], tl.int64)
     lanes = tl.arange(0, WIDTH)
@@ -719,13 +721,17 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         w, w_fixed = _fixed_mass(y, m, finite)
         lane_mass += w_fixed
         if PRELIST_BINS > 0:
-            pre = (valid & (b < PRELIST_BINS)).to(tl.int32)
-            c_pre = tl.sum(pre, axis=0)
-            if c_pre > 0:
-                # relaxed: the atomic only hands out places (as in the compaction)
-                base = tl.atomic_add(prelist_count_ptr + row, c_pre, sem="relaxed")
-                pos = base + tl.cumsum(pre, 0) - 1
-                tl.store(prelist_row + pos, cols, mask=(pre != 0) & (pos < prelist_stride))
+            if room:
+                pre = (valid & (b < PRELIST_BINS)).to(tl.int32)
+                c_pre = tl.sum(pre, axis=0)
+                if c_pre > 0:
+                    # relaxed: the atomic only hands out places (as in the compaction)
+                    base = tl.atomic_add(prelist_count_ptr + row, c_pre, sem="relaxed")
+                    pos = base + tl.cumsum(pre, 0) - 1
+                    tl.store(prelist_row + pos, cols, mask=(pre != 0) & (pos < prelist_stride))
+                    # past the capacity the row reads its logits: this program lists no more
+                    # (the row's count has passed the capacity for good)
+                    room = base + c_pre <= prelist_stride
     tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
     tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
 
