@@ -845,8 +845,13 @@ def test_gpu_compaction_from_the_pre_list_gives_the_same_results(monkeypatch):
         taken = _rows_read_from_the_pre_list(x, **c)
         assert all(taken[:40]) and not any(taken[40:]), c
     want = outputs()
+    # 600 rows of 5 tokens: a grid of several waves whose pre-list holds one token (a capacity
+    # of 1, which the GPU launcher passes as a constant)
+    tiny = qwen_like_logits(600, 9)[:, :5]
+    tiny_want = ops.sample_rows(tiny, 1.0, None, 0.9, None, 3, 4)
     monkeypatch.setattr(ops, "PRELIST_BINS", 0)
     assert all(torch.equal(a, b) for a, b in zip(outputs(), want))
+    assert torch.equal(ops.sample_rows(tiny, 1.0, None, 0.9, None, 3, 4), tiny_want)
 
 
 @pytest.mark.gpu

@@ -707,7 +707,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
     prelist_row = prelist_ptr + row * prelist_stride
-    room = prelist_stride > 0
+    room = tl.full([], 1, tl.int1)  # (a tensor from the start: prelist_stride may be a constant 1)
     counts = tl.zeros([NUM_BINS], tl.int32)
     lane_mass = tl.zeros([WIDTH], tl.int64)
     lanes = tl.arange(0, WIDTH)
