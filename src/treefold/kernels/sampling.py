@@ -24,12 +24,14 @@ on a large grid or for the masks):
 2. ``bin_histogram_kernel``: with the row maximum m, every token falls in a bin
    floor((m - y) * BINS_PER_NAT) (the last bin collects everything further away). A histogram
    of the bins (integer atomics: exact in any order) and the row's mass, the sum of
-   w = exp(y - m) in fixed point.
+   w = exp(y - m) in fixed point. In calls with top-p on large grids it also lists the tokens
+   of the first bins (the pre-list: within 10 nats of the maximum).
 3. ``compact_kernel``: from the histogram, bounds on the probability mass of every bin prefix
    locate the bins that can hold the prefix boundary (``_plan``). Tokens in bins before them are
    kept for sure: their mass is summed and, when sampling, their indices are written from the
    end of the row's list. Tokens in the boundary bins are written from the front; when they are
-   many, a histogram of sub-bins of the boundary bins is counted too.
+   many, a histogram of sub-bins of the boundary bins is counted too. A row whose boundary lies
+   inside its complete pre-list reads the pre-list instead of the row.
    When sampling, a row with more sure-kept tokens than the resolve pass races cheaply races
    them in place, drawing noise for whole segments: in the compaction itself on grids the device
    holds at once (RACE_SURE), else in ``race_kernel`` (SURE_ONLY) after it.
