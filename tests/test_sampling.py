@@ -605,63 +605,150 @@ class _RecordingRun(ops._Run):
         return self.buffers[name]
 
 
-def _rows_read_from_the_pre_list(x, **config) -> list:
-    """Which rows' compactions read the pre-list, from the plan and the pre-list counts that a
-    sampling call's buffers hold afterwards (``compact_kernel``'s rule)."""
-    run = _RecordingRun()
-    out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
-    ops._pipeline(x, kernels.MODE_SAMPLE.value, 0.8, config.get("top_k"), config.get("top_p"),
-                  config.get("min_p"), 5, 3, all_values=False, outputs={"token": out}, k_out=0,
-                  programs_per_row=None, run=run)
-    if not ops._prelist_bins(config.get("top_p"), run.buffers["part_max"].numel(), ops._sm_count(x.device)):
-        return [False] * x.shape[0]
-    plan = run.buffers["plan"].cpu()
-    count = run.buffers["prelist_count"].cpu()
-    stride = run.buffers["prelist"].shape[1]
-    return [bool(count[r] <= stride and plan[r, kernels.PLAN_HI.value] < ops.PRELIST_BINS
-                 and plan[r, kernels.PLAN_LO.value] <= ops.PRELIST_BINS
-                 and plan[r, kernels.PLAN_RACE_IN_PLACE.value] == 0 and plan[r, kernels.PLAN_VALID.value] > 0)
-            for r in range(x.shape[0])]
+class _PoisonOffTheListRun(_RecordingRun):
+    """Before the compaction launch, every logit of ``rows`` that is not on the row's pre-list
+    becomes the row's largest finite logit. A compaction that reads such a row instead of its
+    pre-list counts those tokens in bin 0 and the call's result changes; one that reads the
+    pre-list does not see them (the resolve pass reads only listed tokens)."""
+
+    def __init__(self, x, rows):
+        super().__init__()
+        self.x, self.rows = x, rows
+
+    def __call__(self, launcher, grid, *args, **kwargs):
+        if launcher is ops._COMPACT:
+            count, listed = self.buffers["prelist_count"].cpu(), self.buffers["prelist"].cpu()
+            for r in self.rows:
+                assert count[r] <= listed.shape[1], f"row {r}: its pre-list is incomplete"
+                off = torch.ones(self.x.shape[1], dtype=torch.bool)
+                off[listed[r, :count[r]].long()] = False
+                row = self.x[r]
+                row[off.to(row.device)] = row[torch.isfinite(row)].max()
+        super().__call__(launcher, grid, *args, **kwargs)
+
+
+def _filtered_pipeline(x, mode, config, run, programs_per_row=None):
+    """One filtered-path call straight through ``_pipeline`` with ``run``: sampling (tokens),
+    threshold (the resolve pass's lo, hi, threshold, maximum and mass, before any mask is
+    applied) or top_k (values and indices). Returns its outputs."""
+    rows, dev = x.shape[0], x.device
+    top_k, top_p, min_p = config.get("top_k"), config.get("top_p"), config.get("min_p")
+    if mode == "sample":
+        outputs = {"token": torch.empty(rows, dtype=torch.int64, device=dev)}
+        ops._pipeline(x, kernels.MODE_SAMPLE.value, config.get("temperature", 1.0), top_k, top_p, min_p,
+                      torch.arange(rows, device=dev) + 5, 3, all_values=False, outputs=outputs, k_out=0,
+                      programs_per_row=programs_per_row, run=run)
+    elif mode == "threshold":
+        outputs = {name: torch.empty(rows, dtype=dtype, device=dev) for name, dtype in (
+            ("lo", torch.int32), ("hi", torch.int32), ("thr", torch.int64), ("max", torch.float32),
+            ("mass", torch.float32))}
+        ops._pipeline(x, kernels.MODE_THRESHOLD.value, 1.0, top_k, top_p, min_p, 0, 0, all_values=False,
+                      outputs=outputs, k_out=0, programs_per_row=programs_per_row, run=run)
+    else:
+        outputs = {"values": torch.empty((rows, top_k), dtype=x.dtype, device=dev),
+                   "indices": torch.empty((rows, top_k), dtype=torch.int64, device=dev)}
+        ops._pipeline(x, kernels.MODE_TOPK.value, 1.0, top_k, None, None, 0, 0, all_values=True,
+                      outputs=outputs, k_out=top_k, programs_per_row=programs_per_row, run=run)
+    return [t.cpu() for t in outputs.values()]
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes, dtypes and bytes (NaN equals NaN of the same bits)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _compaction_results(run, n) -> list:
+    """What the compaction pass hands the resolve pass, per row, in a form that does not depend
+    on the order the lists were filled in: list lengths, the sorted boundary and sure-kept
+    lists, the summed fixed-point masses, the sub-bin histogram and the plan."""
+    b = {name: t.cpu() for name, t in run.buffers.items()}
+    rows = b["counter"].shape[0]
+    out = []
+    for r in range(rows):
+        c = int(b["counter"][r])
+        front, back = c & 0xFFFFFFFF, c >> 32
+        row_list = b["boundary"][r]
+        out.append((c, sorted(row_list[:front].tolist()), sorted(row_list[n - back:].tolist()),
+                    int(b["part_mass"].view(rows, -1)[r].sum()), int(b["part_kept"].view(rows, -1)[r].sum()),
+                    b["fine"][r].tolist(), b["plan"][r].tolist()))
+    return out
+
+
+#: Calls of every mode whose boundary lies within 10 nats of the maximum in peaked rows.
+PRE_LIST_CASES = (("sample", dict(top_p=0.9, temperature=0.8)), ("sample", dict(top_k=10, top_p=0.8)),
+                  ("sample", dict(min_p=0.05, temperature=0.8)), ("threshold", dict(top_p=0.75)),
+                  ("threshold", dict(min_p=0.1)), ("top_k", dict(top_k=10)))
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypatch):
     """Peaked rows have the compaction read the histogram's pre-list (the tokens within
-    PRELIST_BINS bins of the maximum) instead of the row; a flat row's pre-list overflows its
-    capacity and that row reads its logits. Tokens, masks and top_k equal the reference's and
-    those of the whole-row compaction (no pre-list, or a pre-list too small for any row).
-    By default only calls with top-p on grids of several waves make the pre-list; here every
-    call does."""
+    PRELIST_BINS bins of the maximum) instead of the row: poisoning every logit off the list
+    just before the compaction changes nothing. A flat row's pre-list overflows its capacity and
+    that row reads its logits. In every mode (sampling, thresholds, top_k with NaN and
+    infinities), on one program per row and on three sharing segments of 32 tokens, the call's
+    results and what the compaction hands on (lists as sets, masses, sub-bins, plan) equal those
+    of the whole-row compaction; sampled tokens equal the reference's. By default only calls with
+    top-p on grids of more than PRELIST_MIN_PROGRAMS_PER_SM programs per SM make the pre-list;
+    here every call does."""
     assert ops._prelist_bins(0.9, 1920, 132) == ops.PRELIST_BINS
     assert ops._prelist_bins(torch.tensor([0.9]), 1920, 132) == ops.PRELIST_BINS
-    assert ops._prelist_bins(None, 1920, 132) == 0 and ops._prelist_bins(0.9, 149, 132) == 0
+    assert ops._prelist_bins(None, 1920, 132) == 0 and ops._prelist_bins(1.0, 1920, 132) == 0
+    assert ops._prelist_bins(0.9, 149, 132) == 0
+    default = {name: getattr(ops, name) for name in ("PRELIST_BINS", "PRELIST_FRACTION", "SURE_LIST_MAX",
+                                                     "COMPACT_RACE_PROGRAMS_PER_SM")}
     monkeypatch.setattr(ops, "PRELIST_ONLY_WITH_TOP_P", False)
     monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
     g = torch.Generator().manual_seed(21)
-    x = (torch.randn(3, 400, generator=g) * torch.tensor([[4.0], [6.0], [0.3]])).to(device)
-    seeds = torch.tensor([5, 6, 7], device=device)
-    configs = (dict(top_p=0.9), dict(top_k=20, top_p=0.8), dict(min_p=0.05), dict(top_k=20))
-
-    def outputs():
-        out = []
-        for c in configs:
-            args = (c.get("top_k"), c.get("top_p"), c.get("min_p"))
-            out.append(ops.sample_rows(x, 0.8, *args, seeds, 3))
-            out.append(ops.filter_rows(x, *args, probs=True))
-        out.extend(ops.top_k_rows(x, 20))
-        return out
-
-    for c in configs:
-        assert _rows_read_from_the_pre_list(x, **c) == [True, True, False], c
-        want = ref.sample(x.cpu(), temperature=0.8, seed=seeds.cpu(), offset=3, **c)
-        assert torch.equal(ops.sample_rows(x, 0.8, c.get("top_k"), c.get("top_p"), c.get("min_p"),
-                                           seeds, 3).cpu(), want), c
-    want = outputs()
-    for bins, fraction in ((0, ops.PRELIST_FRACTION), (ops.PRELIST_BINS, 1e-9)):
-        monkeypatch.setattr(ops, "PRELIST_BINS", bins)
-        monkeypatch.setattr(ops, "PRELIST_FRACTION", fraction)
-        assert not any(_rows_read_from_the_pre_list(x, top_p=0.9))
-        assert all(torch.equal(a, b) for a, b in zip(outputs(), want)), (bins, fraction)
+    n = 400
+    x = torch.randn(3, n, generator=g) * torch.tensor([[6.0], [8.0], [0.3]])
+    x[1, 7] = float("-inf")
+    with_non_finite = x.clone()  # top_k orders every value
+    with_non_finite[0, 3], with_non_finite[1, 11], with_non_finite[1, 13] = float("nan"), float("inf"), float("nan")
+    for mode, config in PRE_LIST_CASES:
+        data = (with_non_finite if mode == "top_k" else x).to(device)
+        if mode == "sample":
+            want = ref.sample(x, seed=torch.arange(3) + 5, offset=3, **config)
+            assert torch.equal(_filtered_pipeline(data, mode, config, _RecordingRun())[0], want), config
+        for ppr, width in ((None, ops.MAX_WIDTH), (3, 32)):
+            monkeypatch.setattr(ops, "MAX_WIDTH", width)
+            ops.plan.cache_clear()
+            listed = _RecordingRun()
+            got = _filtered_pipeline(data, mode, config, listed, ppr)
+            count, stride = listed.buffers["prelist_count"].cpu(), listed.buffers["prelist"].shape[1]
+            assert (count[:2] <= stride).all() and count[2] > stride, (mode, config, count, stride)
+            poisoned = data.clone()
+            assert all(map(_same_bits, _filtered_pipeline(poisoned, mode, config, _PoisonOffTheListRun(poisoned, [0, 1]),
+                                                          ppr), got)), (mode, config, ppr)
+            for bins, fraction in ((0, ops.PRELIST_FRACTION), (ops.PRELIST_BINS, 1e-9)):
+                monkeypatch.setattr(ops, "PRELIST_BINS", bins)
+                monkeypatch.setattr(ops, "PRELIST_FRACTION", fraction)
+                whole = _RecordingRun()
+                assert all(map(_same_bits, _filtered_pipeline(data, mode, config, whole, ppr), got))
+                assert _compaction_results(whole, n) == _compaction_results(listed, n), (mode, config, ppr, bins)
+                for name in ("PRELIST_BINS", "PRELIST_FRACTION"):
+                    monkeypatch.setattr(ops, name, default[name])
+            # pre-lists that end just short of row 0's bins: at its last boundary bin hi (bins
+            # 0..hi-1 listed) and at lo - 1 (a sure-kept bin left out): row 0 must read its logits
+            lo, hi = (int(listed.buffers["plan"][0, slot]) for slot in (kernels.PLAN_LO.value, kernels.PLAN_HI.value))
+            for edge in {e for e in (hi, lo - 1) if 0 < e < default["PRELIST_BINS"]}:
+                monkeypatch.setattr(ops, "PRELIST_BINS", edge)
+                whole = _RecordingRun()
+                assert all(map(_same_bits, _filtered_pipeline(data, mode, config, whole, ppr), got)), (mode, config, edge)
+                assert _compaction_results(whole, n) == _compaction_results(listed, n), (mode, config, edge)
+            monkeypatch.setattr(ops, "PRELIST_BINS", default["PRELIST_BINS"])
+            if mode == "sample":
+                # sure-kept tokens raced in place, inside the compaction (noise drawn by position
+                # in the row): those rows read their logits, pre-list or not
+                monkeypatch.setattr(ops, "SURE_LIST_MAX", 0)
+                monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", 1 << 20)
+                raced = _filtered_pipeline(data, mode, config, _RecordingRun(), ppr)
+                monkeypatch.setattr(ops, "PRELIST_BINS", 0)
+                assert all(map(_same_bits, _filtered_pipeline(data, mode, config, _RecordingRun(), ppr), raced))
+                for name in ("PRELIST_BINS", "SURE_LIST_MAX", "COMPACT_RACE_PROGRAMS_PER_SM"):
+                    monkeypatch.setattr(ops, name, default[name])
+    ops.plan.cache_clear()
 
 
 def test_top_k_beyond_the_kernel_limit_uses_a_stable_sort(device, monkeypatch):
@@ -823,34 +910,31 @@ def test_gpu_sure_kept_race_inside_or_after_the_compaction_gives_the_same_tokens
 
 @pytest.mark.gpu
 def test_gpu_compaction_from_the_pre_list_gives_the_same_results(monkeypatch):
-    # 64 rows of 151936: peaked rows (standard deviation 4) read their pre-list, flat ones
-    # (standard deviation 1: over half the row within 10 nats of the maximum) their logits
+    # 64 rows of 151936: peaked rows (standard deviation 4) read their pre-list (poisoning the
+    # logits off it before the compaction changes nothing), flat ones (standard deviation 1:
+    # over a quarter of the row within 10 nats of the maximum) their logits
+    default_bins = ops.PRELIST_BINS
     monkeypatch.setattr(ops, "PRELIST_ONLY_WITH_TOP_P", False)  # every filter, not top-p alone
     x = qwen_like_logits(64, 8, scale=4.0)
     x[40:] = x[40:] / 4
-    seeds = torch.arange(64, device="cuda") * 13 + 1
-    configs = (dict(top_p=0.9), dict(top_k=50, top_p=0.9), dict(min_p=0.05), dict(top_k=50))
-
-    def outputs():
-        out = []
-        for c in configs:
-            args = (c.get("top_k"), c.get("top_p"), c.get("min_p"))
-            out.append(ops.sample_rows(x, 1.0, *args, seeds, 4))
-            out.append(ops.sample_rows(x.bfloat16(), 1.0, *args, seeds, 4))
-            out.append(ops.filter_rows(x, *args, probs=True))
-        out.extend(ops.top_k_rows(x, 50))
-        return out
-
-    for c in configs:
-        taken = _rows_read_from_the_pre_list(x, **c)
-        assert all(taken[:40]) and not any(taken[40:]), c
-    want = outputs()
-    # 600 rows of 5 tokens: a grid of several waves whose pre-list holds one token (a capacity
-    # of 1, which the GPU launcher passes as a constant)
-    tiny = qwen_like_logits(600, 9)[:, :5]
+    for mode, config in PRE_LIST_CASES:
+        for data in (x, x.bfloat16()):
+            listed = _RecordingRun()
+            want = _filtered_pipeline(data, mode, config, listed)
+            count, stride = listed.buffers["prelist_count"].cpu(), listed.buffers["prelist"].shape[1]
+            assert (count[:40] <= stride).all() and (count[40:] > stride).all(), (mode, config)
+            poisoned = data.clone()
+            assert all(map(_same_bits, _filtered_pipeline(poisoned, mode, config, _PoisonOffTheListRun(poisoned, range(40))),
+                           want)), (mode, config, data.dtype)
+            monkeypatch.setattr(ops, "PRELIST_BINS", 0)
+            assert all(map(_same_bits, _filtered_pipeline(data, mode, config, _RecordingRun()), want))
+            monkeypatch.setattr(ops, "PRELIST_BINS", default_bins)
+    # 600 rows of 5 tokens, one of them 20 nats above the others: a grid of several waves whose
+    # pre-lists hold one token each at a capacity of 1 (which the GPU launcher passes as a constant)
+    tiny = qwen_like_logits(600, 9)[:, :5].clone()
+    tiny[:, 0] += 20.0
     tiny_want = ops.sample_rows(tiny, 1.0, None, 0.9, None, 3, 4)
     monkeypatch.setattr(ops, "PRELIST_BINS", 0)
-    assert all(torch.equal(a, b) for a, b in zip(outputs(), want))
     assert torch.equal(ops.sample_rows(tiny, 1.0, None, 0.9, None, 3, 4), tiny_want)
 
 

@@ -85,10 +85,13 @@ COMPACT_WARPS_ONE_WAVE = 8
 #: compaction read the pre-list instead of the row. Logits of standard deviation 4 over 151936
 #: tokens (the benchmark's peaked rows) put about 5000 tokens within 10 nats of the maximum, and
 #: the boundaries of top-p 0.9 about 7 nats, min-p 0.05 3 nats and top-k 50 about 3 nats below it.
-#: Listing costs the histogram pass about 20 us at 64 rows of 151936 (H200), which only top-p
-#: wins back (its compaction lists the most: 82 -> 20 us); one-wave grids gain nothing. So the
-#: pre-list is made in calls with top-p, on grids of more than PRELIST_MIN_PROGRAMS_PER_SM
-#: programs per SM (results/h200-probe-sampling-prelist.txt).
+#: Listing costs the histogram pass about 20 us at 64 rows of 151936 (H200). Top-p's compaction,
+#: which lists the most, wins it back twice over (82 -> 20 us; the call 158.9 -> 117.5 us);
+#: pre-listing in every call also gained 2-4 us for min-p and top-k 50 but lost 5 us for
+#: top_k(50), 21 us for min-p on flat rows and 1-3 us at one row. So the pre-list is made in
+#: calls with top-p, on grids of more than PRELIST_MIN_PROGRAMS_PER_SM programs per SM (4 rows
+#: of 151936 and more on the H200; only 1 and 64 rows were measured:
+#: results/h200-probe-sampling-prelist.txt). Its buffer is rows x n * PRELIST_FRACTION int32.
 PRELIST_BINS = 40
 PRELIST_FRACTION = 0.25
 PRELIST_ONLY_WITH_TOP_P = True
@@ -154,7 +157,8 @@ def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int
 
 def _prelist_bins(top_p, programs: int, sms: int) -> int:
     """The histogram's pre-list bins for a call (0: none), by PRELIST_BINS' rule."""
-    if PRELIST_ONLY_WITH_TOP_P and top_p is None:
+    # (a scalar top_p of 1 keeps every token: no row's boundary can lie in the pre-list)
+    if PRELIST_ONLY_WITH_TOP_P and (top_p is None or (not isinstance(top_p, torch.Tensor) and top_p >= 1.0)):
         return 0
     return PRELIST_BINS if programs > PRELIST_MIN_PROGRAMS_PER_SM * sms else 0
 

@@ -849,9 +849,9 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
             g = j * programs_per_row + prog  # the pre-list's segment (a pre-listed row)
             if (from_list == 0) | (g * WIDTH < pre_count):
                 if from_list:
-                    slots = g * WIDTH + lanes
-                    in_row = slots < pre_count
-                    cols = tl.load(prelist_row + slots, mask=in_row, other=0)
+                    places = g * WIDTH + lanes
+                    in_row = places < pre_count
+                    cols = tl.load(prelist_row + places, mask=in_row, other=0)
                     x, finite, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t)
                 else:
                     cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n,
