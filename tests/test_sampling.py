@@ -915,16 +915,17 @@ def test_gpu_compaction_from_the_pre_list_gives_the_same_results(monkeypatch):
     # over a quarter of the row within 10 nats of the maximum) their logits
     default_bins = ops.PRELIST_BINS
     monkeypatch.setattr(ops, "PRELIST_ONLY_WITH_TOP_P", False)  # every filter, not top-p alone
+    peaked = 40  # the first rows; the others are flattened
     x = qwen_like_logits(64, 8, scale=4.0)
-    x[40:] = x[40:] / 4
+    x[peaked:] = x[peaked:] / 4
     for mode, config in PRE_LIST_CASES:
         for data in (x, x.bfloat16()):
             listed = _RecordingRun()
             want = _filtered_pipeline(data, mode, config, listed)
             count, stride = listed.buffers["prelist_count"].cpu(), listed.buffers["prelist"].shape[1]
-            assert (count[:40] <= stride).all() and (count[40:] > stride).all(), (mode, config)
+            assert (count[:peaked] <= stride).all() and (count[peaked:] > stride).all(), (mode, config)
             poisoned = data.clone()
-            assert all(map(_same_bits, _filtered_pipeline(poisoned, mode, config, _PoisonOffTheListRun(poisoned, range(40))),
+            assert all(map(_same_bits, _filtered_pipeline(poisoned, mode, config, _PoisonOffTheListRun(poisoned, range(peaked))),
                            want)), (mode, config, data.dtype)
             monkeypatch.setattr(ops, "PRELIST_BINS", 0)
             assert all(map(_same_bits, _filtered_pipeline(data, mode, config, _RecordingRun()), want))

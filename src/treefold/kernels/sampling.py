@@ -844,7 +844,9 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     fine = tl.zeros([FINE_BINS], tl.int32)
     lanes = tl.arange(0, WIDTH)
     if live_row:
-        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+        # (a pre-listed row prefetches nothing of its logits: no column is below 0)
+        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, tl.where(from_list, 0, n), SEGMENTS_PER_PROGRAM,
+                             WIDTH, PREFETCH)
         for j in range(SEGMENTS_PER_PROGRAM):
             g = j * programs_per_row + prog  # the pre-list's segment (a pre-listed row)
             if (from_list == 0) | (g * WIDTH < pre_count):
