@@ -594,15 +594,23 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
 
 
 class _RecordingRun(ops._Run):
-    """A run of launches that keeps its buffers, to read what the passes decided."""
+    """A run of launches that keeps its buffers, to read what the passes decided, and a copy of
+    them as the compaction left them (``compacted``): the resolve pass rewrites the boundary list
+    in place, and what it leaves behind depends on the order the list was filled in."""
 
     def __init__(self):
         super().__init__()
         self.buffers = {}
+        self.compacted = {}
 
     def buffer(self, name, shape, dtype, device):
         self.buffers[name] = super().buffer(name, shape, dtype, device)
         return self.buffers[name]
+
+    def __call__(self, launcher, grid, *args, **kwargs):
+        super().__call__(launcher, grid, *args, **kwargs)
+        if launcher is ops._COMPACT:
+            self.compacted = {name: t.cpu() for name, t in self.buffers.items()}
 
 
 class _PoisonOffTheListRun(_RecordingRun):
@@ -662,7 +670,7 @@ def _compaction_results(run, n) -> list:
     """What the compaction pass hands the resolve pass, per row, in a form that does not depend
     on the order the lists were filled in: list lengths, the sorted boundary and sure-kept
     lists, the summed fixed-point masses, the sub-bin histogram and the plan."""
-    b = {name: t.cpu() for name, t in run.buffers.items()}
+    b = run.compacted
     rows = b["counter"].shape[0]
     out = []
     for r in range(rows):

@@ -166,35 +166,37 @@ def _study_forward(op, x, strategy, tuning, **kw):
 
 
 @needs_kernel
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
 @pytest.mark.parametrize("n", [1, 33, 4095, 9000])
-def test_every_strategy_gives_the_same_bits(n):
+def test_every_strategy_gives_the_same_bits(n, op):
+    # (one op per test: on a GPU each compiles every strategy's kernels, and one test for all
+    # three outlasted a 400-second run at n = 9000)
     x = _data((3, n), torch.bfloat16, seed=7)
     dy = _data((3, n), torch.float32, seed=8)
-    for op in ("softmax", "log_softmax", "logsumexp"):
-        outs = {}
-        for strategy, tuning in STUDY:
-            if strategy in ("warp", "block") and not _held_tile_compiles(strategy, tuning, n):
-                continue
-            if (strategy, tuning) == STUDY[-1] and op != "logsumexp" and n > 4096:
-                continue  # programs that wait for one another
-            outs[(strategy, tuning)] = _study_forward(op, x, strategy, tuning, out_dtype=torch.float32)
-        first = next(iter(outs.values()))
-        for key, out in outs.items():
-            assert_same_bits(out, first, f"{op} n={n} {key}")
-        # backward through every strategy, from the same y (or x and lse)
-        dxs = {}
-        for strategy, tuning in STUDY:
-            if (strategy, tuning) == STUDY[-1] and op != "logsumexp" and n > 4096:
-                continue
-            if op == "logsumexp":
-                dxs[(strategy, tuning)] = ops.logsumexp_backward(dy[:, 0], x, first.to(x.dtype), strategy=strategy,
-                                                                 tuning=tuning)
-            else:
-                dxs[(strategy, tuning)] = ops.softmax_backward(dy, first, log=op == "log_softmax",
-                                                               x_dtype=torch.float32, strategy=strategy, tuning=tuning)
-        first_dx = next(iter(dxs.values()))
-        for key, dx in dxs.items():
-            assert_same_bits(dx, first_dx, f"{op} backward n={n} {key}")
+    outs = {}
+    for strategy, tuning in STUDY:
+        if strategy in ("warp", "block") and not _held_tile_compiles(strategy, tuning, n):
+            continue
+        if (strategy, tuning) == STUDY[-1] and op != "logsumexp" and n > 4096:
+            continue  # programs that wait for one another
+        outs[(strategy, tuning)] = _study_forward(op, x, strategy, tuning, out_dtype=torch.float32)
+    first = next(iter(outs.values()))
+    for key, out in outs.items():
+        assert_same_bits(out, first, f"{op} n={n} {key}")
+    # backward through every strategy, from the same y (or x and lse)
+    dxs = {}
+    for strategy, tuning in STUDY:
+        if (strategy, tuning) == STUDY[-1] and op != "logsumexp" and n > 4096:
+            continue
+        if op == "logsumexp":
+            dxs[(strategy, tuning)] = ops.logsumexp_backward(dy[:, 0], x, first.to(x.dtype), strategy=strategy,
+                                                             tuning=tuning)
+        else:
+            dxs[(strategy, tuning)] = ops.softmax_backward(dy, first, log=op == "log_softmax",
+                                                           x_dtype=torch.float32, strategy=strategy, tuning=tuning)
+    first_dx = next(iter(dxs.values()))
+    for key, dx in dxs.items():
+        assert_same_bits(dx, first_dx, f"{op} backward n={n} {key}")
 
 
 @needs_kernel
