@@ -58,7 +58,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import round_to
+from .combine import gdc_launch_dependents, gdc_wait, round_to
 
 #: Triton's interpreter truncates float32 -> bfloat16; probability outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
@@ -514,12 +514,25 @@ def _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr
 
 
 @triton.jit
+def _dependent_launch(WAIT_FOR_PRIOR: tl.constexpr, RELEASE_DEPENDENTS: tl.constexpr):
+    """The start of a pass launched as a programmatic dependent launch (sm_90).
+    RELEASE_DEPENDENTS: the call's next launch may start its programs now (they still wait for
+    this one's writes); WAIT_FOR_PRIOR: wait until the previous launch has finished and its
+    writes are visible, before anything is read or written."""
+    if RELEASE_DEPENDENTS:
+        gdc_launch_dependents()
+    if WAIT_FOR_PRIOR:
+        gdc_wait()
+
+
+@triton.jit
 def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
                 temperature, seed, seed_stride, offset, offset_stride, plan_ptr,
                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
                 NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                 SURE_ONLY: tl.constexpr = False, NUM_BINS: tl.constexpr = 1,
-                BINS_PER_NAT: tl.constexpr = 1.0, PREFETCH: tl.constexpr = False):
+                BINS_PER_NAT: tl.constexpr = 1.0, PREFETCH: tl.constexpr = False,
+                WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
     """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
 
     With SURE_ONLY (the filtered path's sampling, after ``compact_kernel``) only the sure-kept
@@ -552,7 +565,10 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
             whether the row races in place, min_p's and the maximum's bits); otherwise unused.
         SURE_ONLY, NUM_BINS, BINS_PER_NAT: race the sure-kept tokens only (see above), binned
             as in ``bin_histogram_kernel``.
+        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: a programmatic dependent launch of the call's previous
+            pass, letting the next one start early (``_dependent_launch``).
     """
+    _dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -591,7 +607,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
 
 @triton.jit
 def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_row, temperature,
-                        T_ROW: tl.constexpr, PROGRAMS_POW2: tl.constexpr):
+                        T_ROW: tl.constexpr, PROGRAMS_POW2: tl.constexpr, WAIT_FOR_PRIOR: tl.constexpr = False):
     """Winner of a row's partial races; -1 for a row without a finite logit or with an invalid
     temperature. Grid rows.
 
@@ -603,7 +619,9 @@ def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_ro
         programs_per_row: partials per row.
         temperature, T_ROW: as in ``race_kernel`` (only its validity is used).
         PROGRAMS_POW2: next power of two of programs_per_row.
+        WAIT_FOR_PRIOR: a programmatic dependent launch of ``race_kernel`` (``_dependent_launch``).
     """
+    _dependent_launch(WAIT_FOR_PRIOR, False)
     row = tl.program_id(0).to(tl.int64)
     q = tl.arange(0, PROGRAMS_POW2)
     live = q < programs_per_row
@@ -623,7 +641,8 @@ def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_ro
 def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, counter_ptr,
                        prelist_count_ptr, programs_per_row, temperature,
                        T_ROW: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                       NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr, PREFETCH: tl.constexpr = False):
+                       NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr, PREFETCH: tl.constexpr = False,
+                       RELEASE_DEPENDENTS: tl.constexpr = False):
     """Maximum of y = x / t over the finite tokens of each program's segments; the first program
     of a row also clears the row's histograms and list counter. Grid rows * programs_per_row.
 
@@ -644,7 +663,10 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         temperature, T_ROW: as in ``race_kernel``.
         WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as in ``race_kernel``.
         NUM_BINS, FINE_BINS: bins of the histogram and sub-bins of the boundary bins.
+        RELEASE_DEPENDENTS: the histogram pass, a programmatic dependent launch, may start early
+            (``_dependent_launch``).
     """
+    _dependent_launch(False, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -673,7 +695,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                          SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
                          NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
                          ALL_VALUES: tl.constexpr, PRELIST_BINS: tl.constexpr = 0,
-                         PREFETCH: tl.constexpr = False):
+                         PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
+                         RELEASE_DEPENDENTS: tl.constexpr = False):
     """Bin histogram of the row (integer atomics) and the fixed-point mass of each program's
     tokens (per-lane integer sums, one reduction per program). Grid rows * programs_per_row.
 
@@ -702,7 +725,9 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
             ``segment_max_kernel``; may exceed prelist_stride (then the list is incomplete).
         PRELIST_BINS: list the tokens of the bins below this (0: no pre-list). A program stops
             listing once it sees the row's count pass the capacity.
+        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
+    _dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -750,7 +775,8 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
                    PARTS_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
                    ALL_VALUES: tl.constexpr, RACE_SURE: tl.constexpr = False,
-                   PRELIST_BINS: tl.constexpr = 0, PREFETCH: tl.constexpr = False):
+                   PRELIST_BINS: tl.constexpr = 0, PREFETCH: tl.constexpr = False,
+                   WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
     """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling in a row whose
     sure-kept bins hold at most SURE_LIST_MAX tokens, their indices, written from the end of the
     row's list (``resolve_kernel`` races them, drawing noise for those tokens alone); a row with
@@ -803,7 +829,9 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
             will be longer than FINE_ABOVE tokens.
         prelist_ptr, prelist_stride, prelist_count_ptr, PRELIST_BINS: the pre-list, as
             ``bin_histogram_kernel`` wrote it (PRELIST_BINS = 0: every row reads its logits).
+        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
+    _dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -1265,7 +1293,8 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
                    PARTS_POW2: tl.constexpr, SORT_SMALL: tl.constexpr, PAIR_CHUNK: tl.constexpr,
                    SORT_LARGE: tl.constexpr,
                    SEARCH_BLOCK: tl.constexpr, SLOTS: tl.constexpr, FINE_BINS: tl.constexpr,
-                   BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr, SURE_PARTIALS: tl.constexpr = True):
+                   BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr, SURE_PARTIALS: tl.constexpr = True,
+                   WAIT_FOR_PRIOR: tl.constexpr = False):
     """One program per row: when sampling, the race among the sure-kept tokens first; then the
     exact prefix boundary among the listed tokens, and the row's outputs. A list longer than
     SORT_SMALL is first shortened with the sub-bin histogram (``_refine``; not for MODE_TOPK,
@@ -1304,7 +1333,9 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
             refinement, the bracket search).
         SLOTS: sub-intervals per pass of the bracket search.
         FINE_BINS, BINS_PER_NAT: the bins, as in ``compact_kernel``.
+        WAIT_FOR_PRIOR: a programmatic dependent launch of the previous pass (``_dependent_launch``).
     """
+    _dependent_launch(WAIT_FOR_PRIOR, False)
     row = tl.program_id(0).to(tl.int64)
     inv_t, noise_scale, valid_row, kk_raw, p, mp, s, stream, o, m, total_fixed, total = _row_setup(
         row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
