@@ -18,6 +18,7 @@ import triton.language as tl
 import treefold
 from treefold import backend
 from treefold._ops import sampling as ops
+from treefold._ops.launch import dependent_launch
 from treefold.kernels import sampling as kernels
 from treefold.reference import sampling as ref
 
@@ -977,6 +978,53 @@ def test_gpu_cuda_graph_replays_with_fresh_offsets():
         assert torch.equal(out, want)
         seen.append(out.clone())
     assert len({tuple(t.tolist()) for t in seen}) > 1
+
+
+def test_dependent_launch_options(monkeypatch):
+    """The passes chain as programmatic dependent launches only where the device supports them:
+    never on the CPU (the interpreter), and not when DEPENDENT_LAUNCH is off."""
+    assert ops._chained(torch.device("cpu")) == ({}, {}, {})
+    if CUDA and dependent_launch("cuda", torch.cuda.current_device()):
+        cuda = torch.device("cuda", torch.cuda.current_device())
+        assert ops._chained(cuda) == (dict(RELEASE_DEPENDENTS=True),
+                                      dict(WAIT_FOR_PRIOR=True, RELEASE_DEPENDENTS=True, launch_pdl=True),
+                                      dict(WAIT_FOR_PRIOR=True, launch_pdl=True))
+        monkeypatch.setattr(ops, "DEPENDENT_LAUNCH", False)
+        assert ops._chained(cuda) == ({}, {}, {})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 64])
+def test_gpu_dependent_launches_give_the_same_results(rows, monkeypatch):
+    """Every mode with its passes chained as dependent launches equals the ordinary launches, in
+    eager calls and in a replayed CUDA graph (where a pass that read before the previous one's
+    writes landed would show)."""
+    x = qwen_like_logits(rows, 5)
+    seeds = torch.arange(rows, device="cuda") * 7919 + 1
+    calls = [lambda c=c: (ops.sample_rows(x, c.get("temperature", 1.0), c.get("top_k"), c.get("top_p"),
+                                          c.get("min_p"), seeds, 3),)
+             for c in (dict(top_p=0.9), dict(min_p=0.05), dict(top_k=50), dict(top_k=50, top_p=0.9), dict(),
+                       dict(temperature=0.0))]
+    graphed = len(calls)  # the sampling calls replay from a graph too
+    calls += [lambda: ops.top_k_rows(x, 50), lambda: (ops.filter_rows(x, None, 0.8, None, probs=True),)]
+    monkeypatch.setattr(ops, "DEPENDENT_LAUNCH", False)
+    want = [[t.clone() for t in fn()] for fn in calls]
+    monkeypatch.setattr(ops, "DEPENDENT_LAUNCH", True)
+    for i, (fn, w) in enumerate(zip(calls, want)):
+        assert all(map(_same_bits, fn(), w)), i
+        if i >= graphed:
+            continue
+        for _ in range(2):
+            fn()  # compiled and warm outside the graph
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = fn()
+        for _ in range(3):
+            for t in outs:
+                t.fill_(-1)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert all(map(_same_bits, outs, w))
 
 
 # --------------------------------------------------------------------------------------------
