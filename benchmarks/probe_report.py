@@ -29,6 +29,21 @@ def time_against_roof(calls: dict, nbytes: dict, out_path: str = "", **extra) ->
     return rows
 
 
+def with_values(module, values: dict, fn):
+    """fn with ``module``'s attributes set to ``values`` (name -> value) while it runs, its graph
+    capture included, and restored after."""
+    def run():
+        saved = {name: getattr(module, name) for name in values}
+        for name, value in values.items():
+            setattr(module, name, value)
+        try:
+            return fn()
+        finally:
+            for name, value in saved.items():
+                setattr(module, name, value)
+    return run
+
+
 def time_graphed_variants(cases: dict, out_path: str = "", rounds: int = 3) -> dict:
     """For ``cases`` (key -> {variant name -> fn returning a sequence of tensors}): check each
     variant's tensors equal the first variant's of its key, then time every variant replayed

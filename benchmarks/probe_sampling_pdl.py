@@ -15,26 +15,11 @@ import torch
 import treefold  # noqa: F401  (the tree on PYTHONPATH)
 from treefold._ops import sampling as ops
 
-from probe_report import time_graphed_variants
+from probe_report import time_graphed_variants, with_values
 from probe_sampling_split import call
 
-#: name -> (DEPENDENT_LAUNCH,)
-VARIANTS = {"ordinary": (False,), "dependent": (True,)}
-NAMES = ("DEPENDENT_LAUNCH",)
-
-
-def with_rule(setting, fn):
-    """fn with the launcher's dependent-launch rule set to ``setting`` (and its graph capture)."""
-    def run():
-        saved = tuple(getattr(ops, name) for name in NAMES)
-        for name, value in zip(NAMES, setting):
-            setattr(ops, name, value)
-        try:
-            return fn()
-        finally:
-            for name, value in zip(NAMES, saved):
-                setattr(ops, name, value)
-    return run
+#: name -> the launcher's settings
+VARIANTS = {"ordinary": {"DEPENDENT_LAUNCH": False}, "dependent": {"DEPENDENT_LAUNCH": True}}
 
 
 def unfiltered(x, seeds, temperature):
@@ -53,7 +38,8 @@ def main(out_dir):
                 fn = unfiltered(x, seeds, 0.0 if config == "greedy" else 1.0)
             else:
                 fn = call(ops, x, seeds, config, None)
-            table[(f"{batch} float32 peaked {config}",)] = {name: with_rule(setting, fn) for name, setting in VARIANTS.items()}
+            table[(f"{batch} float32 peaked {config}",)] = {name: with_values(ops, values, fn)
+                                                             for name, values in VARIANTS.items()}
     times = time_graphed_variants(table, os.path.join(out_dir, "pdl.json"), 3)
     print("best of 3 rounds, us: " + " | ".join(VARIANTS))
     for key, calls in table.items():

@@ -20,41 +20,27 @@ import torch
 import treefold  # noqa: F401  (the tree on PYTHONPATH)
 from treefold._ops import sampling as ops
 
-from probe_report import time_graphed_variants
+from probe_report import time_graphed_variants, with_values
 from probe_sampling import kernel_times
 from probe_sampling_split import call, cases
 
-#: name -> (PRELIST_BINS, PRELIST_ONLY_WITH_TOP_P, PRELIST_MIN_PROGRAMS_PER_SM)
-VARIANTS = {"default": (ops.PRELIST_BINS, ops.PRELIST_ONLY_WITH_TOP_P, ops.PRELIST_MIN_PROGRAMS_PER_SM),
-            "no pre-list": (0, True, 0), "pre-list always": (ops.PRELIST_BINS, False, 0)}
-NAMES = ("PRELIST_BINS", "PRELIST_ONLY_WITH_TOP_P", "PRELIST_MIN_PROGRAMS_PER_SM")
-
-
-def with_prelist(setting, fn):
-    """fn with the launcher's pre-list rule set to ``setting`` for its launches (and capture)."""
-    def run():
-        saved = tuple(getattr(ops, name) for name in NAMES)
-        for name, value in zip(NAMES, setting):
-            setattr(ops, name, value)
-        try:
-            return fn()
-        finally:
-            for name, value in zip(NAMES, saved):
-                setattr(ops, name, value)
-    return run
+#: name -> the launcher's pre-list settings
+VARIANTS = {"default": {}, "no pre-list": dict(PRELIST_BINS=0, PRELIST_MIN_PROGRAMS_PER_SM=0),
+            "pre-list always": dict(PRELIST_ONLY_WITH_TOP_P=False, PRELIST_MIN_PROGRAMS_PER_SM=0)}
 
 
 def main(out_dir):
     table = {}
     for key, x, seeds, config in cases():
-        table[key] = {name: with_prelist(bins, call(ops, x, seeds, config, None)) for name, bins in VARIANTS.items()}
+        table[key] = {name: with_values(ops, values, call(ops, x, seeds, config, None))
+                      for name, values in VARIANTS.items()}
     times = time_graphed_variants(table, "", 3)
     from gpu_sampling import logits
     seeds = torch.arange(64, device="cuda", dtype=torch.int64) * 7919 + 1
     x = logits(64, torch.float32)
     launches = {}
     for name in ("default", "no pre-list"):
-        launches[name] = kernel_times(with_prelist(VARIANTS[name], call(ops, x, seeds, "top-p 0.9", None)))
+        launches[name] = kernel_times(with_values(ops, VARIANTS[name], call(ops, x, seeds, "top-p 0.9", None)))
         print(f"kernels, top-p 0.9, 64 rows fp32, {name} (us per launch): "
               + ", ".join(f"{k} {v}" for k, v in launches[name].items()))
     print("best of 3 rounds, us: " + " | ".join(VARIANTS))
