@@ -611,7 +611,7 @@ class _RecordingRun(ops._Run):
     def __call__(self, launcher, grid, *args, **kwargs):
         super().__call__(launcher, grid, *args, **kwargs)
         if launcher is ops._COMPACT:
-            self.compacted = {name: t.cpu() for name, t in self.buffers.items()}
+            self.compacted = {name: t.cpu().clone() for name, t in self.buffers.items()}
 
 
 class _PoisonOffTheListRun(_RecordingRun):
@@ -993,12 +993,56 @@ def test_dependent_launch_options(monkeypatch):
         assert ops._chained(cuda) == ({}, {}, {})
 
 
+class _OptionsRun(ops._Run):
+    """Records each launch's launcher and keyword options instead of launching (the passes read
+    nothing back on the host, so a call runs through without a device)."""
+
+    def __init__(self):
+        super().__init__()
+        self.launches = []
+
+    def __call__(self, launcher, grid, *args, **kwargs):
+        self.launches.append((launcher, kwargs))
+
+
+def test_each_pass_gets_its_place_in_the_chain(monkeypatch):
+    """With dependent launches on, a call's first pass only releases the next, every later pass
+    waits for the one before (launched as a dependent launch), the last releases nothing, and
+    the mask that filter_rows applies after the passes is an ordinary launch."""
+    monkeypatch.setattr(ops, "_chained", lambda dev: (
+        dict(RELEASE_DEPENDENTS=True), dict(WAIT_FOR_PRIOR=True, RELEASE_DEPENDENTS=True, launch_pdl=True),
+        dict(WAIT_FOR_PRIOR=True, launch_pdl=True)))
+    runs = []
+    monkeypatch.setattr(ops, "_Run", lambda *a, **k: runs.append(_OptionsRun()) or runs[-1])
+    x = torch.randn(2, 300)
+    seeds = torch.tensor([1, 2])
+    chained = {"launch_pdl", "WAIT_FOR_PRIOR", "RELEASE_DEPENDENTS"}
+    for config in (dict(top_p=0.9), dict(top_k=5), dict(min_p=0.1, top_p=0.8), dict(), dict(temperature=0.0)):
+        for race_per_sm in (0, 1 << 20):  # the sure-kept race after the compaction, or inside it
+            monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", race_per_sm)
+            ops.sample_rows(x, config.get("temperature", 1.0), config.get("top_k"), config.get("top_p"),
+                            config.get("min_p"), seeds, 0)
+            options = [{k for k in kwargs if k in chained and kwargs[k]} for _, kwargs in runs[-1].launches]
+            assert len(options) >= 2, config
+            assert options[0] == {"RELEASE_DEPENDENTS"}, (config, options)
+            assert all(o == chained for o in options[1:-1]), (config, options)
+            assert options[-1] == {"WAIT_FOR_PRIOR", "launch_pdl"}, (config, options)
+    applied = []
+    monkeypatch.setattr(ops, "_APPLY", lambda grid, *args, **kwargs: applied.append(kwargs))
+    ops.filter_rows(x, None, 0.8, None, probs=True)
+    assert runs[-1].launches[-1][0] is ops._RESOLVE and len(applied) == 1
+    assert not chained & set(applied[0]), applied
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 64])
-def test_gpu_dependent_launches_give_the_same_results(rows, monkeypatch):
-    """Every mode with its passes chained as dependent launches equals the ordinary launches, in
-    eager calls and in a replayed CUDA graph (where a pass that read before the previous one's
-    writes landed would show)."""
+def test_gpu_dependent_launches_give_the_same_results(rows, monkeypatch, poison_allocations):
+    """Every mode with its passes chained as dependent launches equals the ordinary launches,
+    eagerly and replayed from a CUDA graph, with every buffer poisoned when it is allocated (in
+    the graph too, so each replay refills them): a pass that read before the previous one's
+    writes landed would see the poison, not the last call's values."""
+    if not dependent_launch("cuda", torch.cuda.current_device()):
+        pytest.skip("the device has no programmatic dependent launch")
     x = qwen_like_logits(rows, 5)
     seeds = torch.arange(rows, device="cuda") * 7919 + 1
     calls = [lambda c=c: (ops.sample_rows(x, c.get("temperature", 1.0), c.get("top_k"), c.get("top_p"),
@@ -1010,12 +1054,11 @@ def test_gpu_dependent_launches_give_the_same_results(rows, monkeypatch):
     monkeypatch.setattr(ops, "DEPENDENT_LAUNCH", False)
     want = [[t.clone() for t in fn()] for fn in calls]
     monkeypatch.setattr(ops, "DEPENDENT_LAUNCH", True)
+    poison_allocations()
     for i, (fn, w) in enumerate(zip(calls, want)):
         assert all(map(_same_bits, fn(), w)), i
         if i >= graphed:
             continue
-        for _ in range(2):
-            fn()  # compiled and warm outside the graph
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             outs = fn()
@@ -1024,7 +1067,7 @@ def test_gpu_dependent_launches_give_the_same_results(rows, monkeypatch):
                 t.fill_(-1)
             graph.replay()
             torch.cuda.synchronize()
-            assert all(map(_same_bits, outs, w))
+            assert all(map(_same_bits, outs, w)), i
 
 
 # --------------------------------------------------------------------------------------------

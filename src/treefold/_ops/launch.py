@@ -94,8 +94,9 @@ def int_key(value: int):
 @functools.lru_cache(maxsize=64)
 def dependent_launch(device_type: str, index: Optional[int]) -> bool:
     """Whether launches on this device may be programmatic dependent launches: a CUDA device of
-    sm_90 or later, and a Triton that builds the kernels' ``gdc_wait`` / ``gdc_launch_dependents``."""
-    if device_type != "cuda" or not HAS_DEPENDENT_LAUNCH:
+    sm_90 or later, compiled kernels (Triton's interpreter runs no inline assembly, and
+    ``gdc_wait`` / ``gdc_launch_dependents`` are that), and a Triton that builds them."""
+    if device_type != "cuda" or INTERPRETED or not HAS_DEPENDENT_LAUNCH:
         return False
     return torch.cuda.get_device_capability(index)[0] >= 9
 
