@@ -1009,9 +1009,7 @@ def test_each_pass_gets_its_place_in_the_chain(monkeypatch):
     """With dependent launches on, a call's first pass only releases the next, every later pass
     waits for the one before (launched as a dependent launch), the last releases nothing, and
     the mask that filter_rows applies after the passes is an ordinary launch."""
-    monkeypatch.setattr(ops, "_chained", lambda dev: (
-        dict(RELEASE_DEPENDENTS=True), dict(WAIT_FOR_PRIOR=True, RELEASE_DEPENDENTS=True, launch_pdl=True),
-        dict(WAIT_FOR_PRIOR=True, launch_pdl=True)))
+    monkeypatch.setattr(ops, "dependent_launch", lambda device_type, index: True)  # as on sm_90
     runs = []
     monkeypatch.setattr(ops, "_Run", lambda *a, **k: runs.append(_OptionsRun()) or runs[-1])
     x = torch.randn(2, 300)
