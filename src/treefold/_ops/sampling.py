@@ -118,6 +118,7 @@ _RACE = Launcher(kernels.race_kernel)
 _RACE_COMBINE = Launcher(kernels.race_combine_kernel)
 _SEGMENT_MAX = Launcher(kernels.segment_max_kernel)
 _HISTOGRAM = Launcher(kernels.bin_histogram_kernel)
+_PLAN = Launcher(kernels.plan_kernel)
 _COMPACT = Launcher(kernels.compact_kernel)
 _RESOLVE = Launcher(kernels.resolve_kernel)
 _APPLY = Launcher(kernels.apply_filter_kernel)
@@ -281,7 +282,7 @@ class _PreparedSample:
 def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, offset, *,
               all_values: bool, outputs: dict, k_out: int, programs_per_row: Optional[int],
               prefetch: Optional[bool] = None, run: Optional[_Run] = None):
-    """segment max -> histogram -> compaction -> resolve (the filtered path)."""
+    """segment max -> histogram -> plan -> compaction -> resolve (the filtered path)."""
     rows, n = x.shape
     dev = x.device
     run = run or _Run()
@@ -324,12 +325,17 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         isinstance(top_k, int) and top_k <= SURE_LIST_MAX)
     race_in_compaction = sure_race and (
         rows * g.programs_per_row <= COMPACT_RACE_PROGRAMS_PER_SM * _sm_count(dev))
+    run(_PLAN,
+        (rows,), part_max, part_total, hist, plan_rows, n, g.programs_per_row, t, k, p, mp, filters,
+        T_ROW=flags["T_ROW"], K_ROW=flags["K_ROW"], P_ROW=flags["P_ROW"], MINP_ROW=flags["MINP_ROW"], MODE=mode,
+        SURE_LIST_MAX=SURE_LIST_MAX, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
+        num_warps=1, **middle)
     run(_COMPACT,
-        grid, x, n, x.stride(0), part_max, part_total, hist, fine, counter, plan_rows, boundary, n,
+        grid, x, n, x.stride(0), fine, counter, plan_rows, boundary, n,
         part_mass, part_kept, part_score, part_index, prelist, prelist_stride, prelist_count,
         g.programs_per_row, t, k, p, mp, filters,
-        s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width, SURE_LIST_MAX=SURE_LIST_MAX,
-        SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
+        s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width,
+        SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
         RACE_SURE=race_in_compaction, PRELIST_BINS=prelist_bins, PREFETCH=g.prefetch,
         num_warps=_compact_warps(g, grid[0], _sm_count(dev)), **middle)

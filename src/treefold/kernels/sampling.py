@@ -26,23 +26,24 @@ on a large grid or for the masks):
    of the bins (integer atomics: exact in any order) and the row's mass, the sum of
    w = exp(y - m) in fixed point. In calls with top-p on large grids it also lists the tokens
    of the first bins (the pre-list: within 10 nats of the maximum).
-3. ``compact_kernel``: from the histogram, bounds on the probability mass of every bin prefix
-   locate the bins that can hold the prefix boundary (``_plan``). Tokens in bins before them are
-   kept for sure: their mass is summed and, when sampling, their indices are written from the
-   end of the row's list. Tokens in the boundary bins are written from the front; when they are
-   many, a histogram of sub-bins of the boundary bins is counted too. A row whose boundary lies
-   inside its complete pre-list reads the pre-list instead of the row.
+3. ``plan_kernel``: one warp per row. From the histogram, bounds on the probability mass of
+   every bin prefix locate the bins that can hold the prefix boundary (``_plan``): the row's plan.
+4. ``compact_kernel``: tokens in bins before the plan's boundary bins are kept for sure:
+   their mass is summed and, when sampling, their indices are written from the end of the
+   row's list. Tokens in the boundary bins are written from the front; when they are many, a
+   histogram of sub-bins of the boundary bins is counted too. A row whose boundary lies inside
+   its complete pre-list reads the pre-list instead of the row.
    When sampling, a row with more sure-kept tokens than the resolve pass races cheaply races
    them in place, drawing noise for whole segments: in the compaction itself on grids the device
    holds at once (RACE_SURE), else in ``race_kernel`` (SURE_ONLY) after it.
-4. ``resolve_kernel``: one program per row. When sampling, it first runs the race among the
+5. ``resolve_kernel``: one program per row. When sampling, it first runs the race among the
    sure-kept tokens (their noise is drawn for them alone). A long boundary list is cut down with
    the sub-bins (``_refine``: the same bounds, much narrower bins). The remaining tokens are
    ranked in the composite order (all pairwise comparisons, or a sort for top_k), which gives
    the exact cumulative counts and masses, hence every filter's decision, and the race goes on
    among the kept ones. A list still long after that (a huge tie group) is resolved by a bracket
    search with 15 thresholds per pass.
-5. ``apply_filter_kernel`` (the mask functions only): writes masked logits or probabilities.
+6. ``apply_filter_kernel`` (the mask functions only): writes masked logits or probabilities.
 
 Greedy decoding and sampling without filters take ``race_kernel`` + ``race_combine_kernel``.
 
@@ -81,7 +82,7 @@ BIN_EDGE_SLACK = tl.constexpr(0.01)
 MASS_SLACK = tl.constexpr(1e-3)
 FINE_MASS_SLACK = tl.constexpr(1e-4)
 
-#: The plan of a row that ``compact_kernel`` writes for the passes after it (int32 slots).
+#: The plan of a row that ``plan_kernel`` writes for the passes after it (int32 slots).
 PLAN_SLOTS = tl.constexpr(8)
 PLAN_LO = tl.constexpr(0)
 PLAN_HI = tl.constexpr(1)
@@ -90,6 +91,7 @@ PLAN_VALID = tl.constexpr(3)
 PLAN_RACE_IN_PLACE = tl.constexpr(4)
 PLAN_MIN_P_BITS = tl.constexpr(5)
 PLAN_MAX_BITS = tl.constexpr(6)
+PLAN_RANGE = tl.constexpr(7)
 
 MODE_SAMPLE = tl.constexpr(0)
 MODE_THRESHOLD = tl.constexpr(1)
@@ -366,7 +368,7 @@ def _row_setup(row, n, temperature, top_k, top_p, min_p, filters, seed, seed_str
                T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
                MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
                PARTS_POW2: tl.constexpr):
-    """What the compaction and resolve passes know of a row before its tokens: (1 / t, noise
+    """What the resolve pass knows of a row before its tokens: (1 / t, noise
     scale, the parameters are valid, k, p, min_p, seed, stream, offset, maximum, fixed-point
     mass, the mass as a float relative to the maximum's weight)."""
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
@@ -561,7 +563,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
         SEGMENTS_PER_PROGRAM: consecutive segments one program reads.
         PREFETCH: load each segment before working on the previous one (``_segment_logits``; a
             launch choice, as in every row pass).
-        plan_ptr: SURE_ONLY: int32 [rows, PLAN_SLOTS], the plan ``compact_kernel`` wrote (lo,
+        plan_ptr: SURE_ONLY: int32 [rows, PLAN_SLOTS], the plan ``plan_kernel`` wrote (lo,
             whether the row races in place, min_p's and the maximum's bits); otherwise unused.
         SURE_ONLY, NUM_BINS, BINS_PER_NAT: race the sure-kept tokens only (see above), binned
             as in ``bin_histogram_kernel``.
@@ -764,15 +766,63 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
 
 
 @triton.jit
-def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, fine_ptr, counter_ptr,
+def plan_kernel(part_max_ptr, part_total_ptr, hist_ptr, plan_ptr, n, programs_per_row, temperature, top_k,
+                top_p, min_p, filters,
+                T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr, MINP_ROW: tl.constexpr,
+                MODE: tl.constexpr, SURE_LIST_MAX: tl.constexpr, PARTS_POW2: tl.constexpr,
+                NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
+                WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
+    """A row's plan, once, for the passes after the histogram: the bins [lo, hi] that can hold
+    the boundary (``_plan``), the tokens before lo and in lo..hi, the valid tokens, whether the
+    sure-kept tokens race in place, and the bits of min_p (0 when off) and of the maximum. Grid
+    rows; meant for one warp, where the plan's two dozen sums, maxima and scans over the bins
+    stay inside the warp (each compaction program deriving it again cost them 36 barriers
+    among 4 warps on sm_90).
+
+    Bytes: reads the per-program maxima and masses and the row's histogram; writes PLAN_SLOTS
+    int32 per row.
+
+    Args:
+        part_max_ptr, part_total_ptr, hist_ptr: from ``segment_max_kernel`` and
+            ``bin_histogram_kernel``.
+        plan_ptr: int32 [rows, PLAN_SLOTS] out.
+        n, programs_per_row, PARTS_POW2, NUM_BINS, BINS_PER_NAT: as in ``bin_histogram_kernel``.
+        temperature, top_k, top_p, min_p, filters, T_ROW, K_ROW, P_ROW, MINP_ROW, MODE: as in
+            ``compact_kernel``.
+        SURE_LIST_MAX: sampling: a row whose sure-kept bins hold at most this many tokens lists
+            them all for ``resolve_kernel``; a row with more races them in place.
+        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
+    """
+    _dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
+    row = tl.program_id(0).to(tl.int64)
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
+    m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
+    total = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2).to(tl.float32) * (1.0 / FIXED_ONE)
+    lo, hi, count_above, n_range, n_valid, topk_on, topp_on, minp_on = _plan(
+        hist_ptr, row, total, k, p, mp, MODE, NUM_BINS, BINS_PER_NAT)
+    race_in_place = t_ok & f_ok & (n_valid > 0) & (count_above > SURE_LIST_MAX)
+    if MODE != MODE_SAMPLE:
+        race_in_place = False
+    f = tl.arange(0, PLAN_SLOTS)
+    slots = tl.where(f == PLAN_LO, lo, tl.where(f == PLAN_HI, hi, tl.where(
+        f == PLAN_COUNT_ABOVE, count_above, tl.where(f == PLAN_VALID, n_valid, 0))))
+    slots = tl.where(f == PLAN_RACE_IN_PLACE, race_in_place.to(tl.int32), slots)
+    slots = tl.where(f == PLAN_MIN_P_BITS, tl.where(minp_on, mp.to(tl.int32, bitcast=True), 0), slots)
+    slots = tl.where(f == PLAN_MAX_BITS, m.to(tl.int32, bitcast=True), slots)
+    slots = tl.where(f == PLAN_RANGE, n_range, slots)
+    tl.store(plan_ptr + row * PLAN_SLOTS + f, slots)
+
+
+@triton.jit
+def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                    plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr,
                    part_index_ptr, prelist_ptr, prelist_stride, prelist_count_ptr, programs_per_row,
                    temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
                    T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
                    MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
                    MODE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                   SURE_LIST_MAX: tl.constexpr,
-                   PARTS_POW2: tl.constexpr, NUM_BINS: tl.constexpr,
+                   NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
                    ALL_VALUES: tl.constexpr, RACE_SURE: tl.constexpr = False,
                    PRELIST_BINS: tl.constexpr = 0, PREFETCH: tl.constexpr = False,
@@ -781,7 +831,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     sure-kept bins hold at most SURE_LIST_MAX tokens, their indices, written from the end of the
     row's list (``resolve_kernel`` races them, drawing noise for those tokens alone); a row with
     more has them raced in place (noise for whole segments, in parallel): here with RACE_SURE,
-    else by ``race_kernel`` (SURE_ONLY) after this pass, as the plan written here tells it.
+    else by ``race_kernel`` (SURE_ONLY) after this pass, as the row's plan tells it.
     Boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
     more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row.
 
@@ -792,18 +842,15 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     the results are the same integers and the same sets as from the row.
 
     Bytes: reads the logits once (from L2; a pre-listed row reads its pre-list and the logits it
-    names), the per-program results and the histogram; writes 4 bytes per listed token
-    (boundary or sure-kept) and 28 bytes per program.
+    names) and the row's plan; writes 4 bytes per listed token (boundary or sure-kept) and 28
+    bytes per program.
 
     Args:
-        x_ptr, n, stride_x, part_max_ptr, hist_ptr, programs_per_row: as above.
-        part_total_ptr: int64 [rows, programs_per_row] from ``bin_histogram_kernel``.
+        x_ptr, n, stride_x, programs_per_row: as above.
         fine_ptr: int32 [rows, FINE_BINS] sub-bin histogram of the listed tokens (atomic).
         counter_ptr: int64 [rows] list lengths (atomic; the list order is irrelevant): boundary
             tokens in the low 32 bits, sure-kept tokens (sampling) in the high 32 bits.
-        plan_ptr: int32 [rows, PLAN_SLOTS] out: lo, hi, tokens before lo, valid tokens
-            (``_plan``); whether the row's sure-kept tokens race in place, and the bits of its
-            min_p (0 when off) and maximum, for ``race_kernel``.
+        plan_ptr: int32 [rows, PLAN_SLOTS], the plan ``plan_kernel`` wrote.
         list_ptr: int32 [rows, list_stride] token indices out: boundary tokens from the front,
             sure-kept tokens (sampling) from position n - 1 down.
         list_stride: list capacity per row (>= n).
@@ -821,9 +868,7 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
             pass registers (sm_90, 64 x 151936 fp32: 128 -> 154, 4 programs of 4 warps per SM
             -> 3), so it is a launch choice for grids that fit on the device at 3 programs per
             SM, where the separate launch would only add its own time.
-        WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2, PREFETCH: as above.
-        SURE_LIST_MAX: sampling: a row whose sure-kept bins hold at most this many tokens lists
-            them all for ``resolve_kernel``; a row with more has ``race_kernel`` race them.
+        WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as above.
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
         FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
             will be longer than FINE_ABOVE tokens.
@@ -835,16 +880,18 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
-    inv_t, noise_scale, valid_row, k, p, mp, s, stream, o, m, total_fixed, total = _row_setup(
-        row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
-        offset_stride, part_max_ptr, part_total_ptr, programs_per_row, T_ROW, K_ROW, P_ROW,
-        MINP_ROW, SEED_TENSOR, OFFSET_TENSOR, PARTS_POW2)
-    lo, hi, count_above, n_range, n_valid, topk_on, topp_on, minp_on = _plan(
-        hist_ptr, row, total, k, p, mp, MODE, NUM_BINS, BINS_PER_NAT)
-    live_row = valid_row & (n_valid > 0)
-    race_in_place = live_row & (count_above > SURE_LIST_MAX)
-    if MODE != MODE_SAMPLE:
-        race_in_place = False
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
+    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
+    plan_row = plan_ptr + row * PLAN_SLOTS
+    lo = tl.load(plan_row + PLAN_LO)
+    hi = tl.load(plan_row + PLAN_HI)
+    n_range = tl.load(plan_row + PLAN_RANGE)
+    n_valid = tl.load(plan_row + PLAN_VALID)
+    race_in_place = tl.load(plan_row + PLAN_RACE_IN_PLACE) != 0
+    m = tl.load(plan_row + PLAN_MAX_BITS).to(tl.float32, bitcast=True)
+    minp_on = mp > 0.0  # as in ``_plan``: an absent min-p arrives as 0
+    live_row = t_ok & f_ok & (n_valid > 0)
     from_list = live_row & False
     pre_count = 0
     if PRELIST_BINS > 0:
@@ -852,16 +899,6 @@ def compact_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr, f
         from_list = (live_row & (race_in_place == 0) & (lo <= PRELIST_BINS) & (hi < PRELIST_BINS)
                      & (pre_count <= prelist_stride))
     prelist_row = prelist_ptr + row * prelist_stride
-    if prog == 0:
-        f = tl.arange(0, PLAN_SLOTS)
-        mp_bits = mp.to(tl.int32, bitcast=True)
-        m_bits = m.to(tl.int32, bitcast=True)
-        slots = tl.where(f == PLAN_LO, lo, tl.where(f == PLAN_HI, hi, tl.where(
-            f == PLAN_COUNT_ABOVE, count_above, tl.where(f == PLAN_VALID, n_valid, 0))))
-        slots = tl.where(f == PLAN_RACE_IN_PLACE, race_in_place.to(tl.int32), slots)
-        slots = tl.where(f == PLAN_MIN_P_BITS, tl.where(minp_on, mp_bits, 0), slots)
-        slots = tl.where(f == PLAN_MAX_BITS, m_bits, slots)
-        tl.store(plan_ptr + row * PLAN_SLOTS + f, slots)
     # per-lane integer sums (exact in any order), reduced once at the end; a segment costs one
     # reduction (its listed and sure-kept counts) and, when it has tokens to list, one scan and
     # one atomic that reserves their places at both ends of the list
@@ -1307,8 +1344,8 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
 
     Args:
         x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, counter_ptr, plan_ptr, list_ptr,
-        list_stride, part_mass_ptr, part_kept_ptr: as in ``compact_kernel`` (plan_ptr, fine_ptr
-            and the lists as it left them).
+        list_stride, part_mass_ptr, part_kept_ptr: as in ``plan_kernel`` and ``compact_kernel``
+            (fine_ptr and the lists as the compaction left them).
         part_score_ptr, part_index_ptr: float32 / int64 [rows, compact_programs]: the partial
             winners of the in-place race of sure-kept tokens (``race_kernel`` with SURE_ONLY, or
             ``compact_kernel`` with RACE_SURE); read only in MODE_SAMPLE with SURE_PARTIALS.
