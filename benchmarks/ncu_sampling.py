@@ -1,13 +1,13 @@
 """One filtered sampling call to profile under Nsight Compute (CUDA):
 
-    ncu --clock-control none --kernel-name regex:'compact|histogram|segment_max|resolve' \
-        --launch-skip 12 --launch-count 4 --section SpeedOfLight --section WarpStateStats \
+    ncu --clock-control none --kernel-name regex:'compact|histogram|segment_max|plan|resolve' \
+        --launch-skip 15 --launch-count 5 --section SpeedOfLight --section WarpStateStats \
         --section InstructionStats --section Occupancy --section LaunchStats \
         python benchmarks/ncu_sampling.py ROWS FILTER DTYPE
 
 FILTER is top_p (0.9), min_p (0.05) or top_k (50). The logits are Gaussian with standard
 deviation 4, as in ``gpu_sampling.py``'s peaked case. Calls the sampler four times (the first
-compiles), so --launch-skip 12 lands on the fourth call's four launches.
+compiles), so --launch-skip 15 lands on the fourth call's five launches.
 """
 import sys
 

@@ -148,4 +148,4 @@ def test_reduction_norm_and_sampling_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split("compiled")[-1]) >= 73, done.stdout  # every launch above
+    assert int(done.stdout.split("compiled")[-1]) >= 78, done.stdout  # every launch above

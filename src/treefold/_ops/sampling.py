@@ -57,14 +57,15 @@ FILTER_PROGRAMS_PER_SM = 16
 #: of a warp (no replicated elements), at most 8 per thread of 4 warps.
 MIN_WIDTH = 32
 MAX_WIDTH = 1024
-#: Sampling: a row whose sure-kept bins hold at most this many tokens (the histogram tells, before
-#: the compaction pass) lists them all for the one program per row of the resolve pass, which
-#: draws noise for those tokens alone; a row with more has every segment race its own sure-kept
-#: tokens in a pass after the compaction (``race_kernel`` with SURE_ONLY: noise for the whole
-#: segment, in parallel). Measured when that race lived in the compaction pass (H200, 64 rows
-#: of 151936 fp32, CUDA graph, L2 flushed, one run): top-p 0.9 202.6 us (all raced in place:
-#: 216.4), min-p 0.05 134.1 (128.8), and rows kept whole (flat logits, p = 1 as a tensor) 150.9 us
-#: where listing them all took 494: the resolve pass races about 0.5 tokens per ns per row.
+#: Sampling: a row whose sure-kept bins hold at most this many tokens (the histogram tells, and
+#: the plan pass decides, before the compaction pass) lists them all for the one program per row
+#: of the resolve pass, which draws noise for those tokens alone; a row with more has every
+#: segment race its own sure-kept tokens in a pass after the compaction (``race_kernel`` with
+#: SURE_ONLY: noise for the whole segment, in parallel). Measured when that race lived in the
+#: compaction pass (H200, 64 rows of 151936 fp32, CUDA graph, L2 flushed, one run): top-p 0.9
+#: 202.6 us (all raced in place: 216.4), min-p 0.05 134.1 (128.8), and rows kept whole (flat
+#: logits, p = 1 as a tensor) 150.9 us where listing them all took 494: the resolve pass races
+#: about 0.5 tokens per ns per row.
 SURE_LIST_MAX = 8192
 #: Sampling: the compaction pass races sure-kept tokens in place itself (``compact_kernel``'s
 #: RACE_SURE) when its grid has at most this many programs per SM, the most its registers allow

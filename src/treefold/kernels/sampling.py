@@ -16,7 +16,7 @@ the highest score wins (lowest index on a tie). The winner is distributed exactl
 renormalised filtered distribution, no prefix sum or sort of the vocabulary is needed, and a row
 draws the same numbers whatever batch it sits in.
 
-Finding the prefix boundary without a sort (the filtered path: four launches, five when sampling
+Finding the prefix boundary without a sort (the filtered path: five launches, six when sampling
 on a large grid or for the masks):
 
 1. ``segment_max_kernel``: the maximum of y over each program's share of the row. One read of
@@ -828,10 +828,11 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                    PRELIST_BINS: tl.constexpr = 0, PREFETCH: tl.constexpr = False,
                    WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
     """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling in a row whose
-    sure-kept bins hold at most SURE_LIST_MAX tokens, their indices, written from the end of the
-    row's list (``resolve_kernel`` races them, drawing noise for those tokens alone); a row with
-    more has them raced in place (noise for whole segments, in parallel): here with RACE_SURE,
-    else by ``race_kernel`` (SURE_ONLY) after this pass, as the row's plan tells it.
+    plan does not race them in place (at most ``plan_kernel``'s SURE_LIST_MAX of them), their
+    indices, written from the end of the row's list (``resolve_kernel`` races them, drawing noise
+    for those tokens alone); a row with more has them raced in place (noise for whole segments,
+    in parallel): here with RACE_SURE, else by ``race_kernel`` (SURE_ONLY) after this pass, as
+    the row's plan tells it.
     Boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
     more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row.
 
