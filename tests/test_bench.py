@@ -368,8 +368,9 @@ def test_peer_failures_are_reported_not_fatal(tmp_path):
     assert all(r["status"] == "ok" for r in by["treefold"] + by["torch"] + by["wrong"])
     assert by["wrong"][0]["accuracy"]["relative_l2"] > 0.4
     assert any("quack: unsupported: unsupported shape" in line for line in lines)
+    assert all(r["note"] == "wrong output (relative L2 error 0.5): not counted as a peer" for r in by["wrong"])
     for s in result["summary"]:
-        assert s["best_peer"] in ("torch", "wrong")
+        assert s["best_peer"] == "torch"
     md = report.render_markdown(result)
     assert "| 3x1000 | bf16 | quack | unsupported |" in md and "N must be a power of two, got 1000" in md
 
@@ -534,6 +535,38 @@ def test_summarize_without_treefold_or_peers():
     (s,) = summarize([row])
     assert s["treefold_status"] == "error" and s["best_peer"] is None and s["speedup_vs_best_peer"] is None
     assert "| softmax | 4x256 | bf16 | error |" in "\n".join(report.summary_table({"summary": [s]}))
+
+
+def test_a_peer_with_a_wrong_output_is_never_the_best_peer():
+    def row(provider, us, accuracy):
+        return {"case": "softmax", "label": "64x151936", "shape": {"dtype": "bf16"}, "provider": provider,
+                "status": "ok", "us": us, "gbs": 1.0, "pct_roof": 1.0, "accuracy": accuracy, "distinct": 1,
+                "runs": 20, "graph_us": us / 2, "note": ""}
+    right = {"relative_l2": 1.7e-3, "nonfinite_mismatches": 0}
+    rows = [row("treefold", 21.0, right), row("torch", 45.0, right),
+            row("quack", 16.8, {"relative_l2": 0.0, "nonfinite_mismatches": 9723904})]
+    (s,) = summarize(rows)
+    assert (s["best_peer"], s["best_peer_us"], s["best_peer_graph"]) == ("torch", 45.0, "torch")
+    assert summarize(rows[:2] + [row("quack", 16.8, right)])[0]["best_peer"] == "quack"
+
+
+@pytest.mark.parametrize("accuracy, reason", [
+    (None, ""),
+    ({"error": "RuntimeError: boom"}, ""),
+    ({"relative_l2": 2e-3, "nonfinite_mismatches": 0}, ""),
+    ({"relative_l2": 0.05, "nonfinite_mismatches": 0}, ""),
+    ({"relative_l2": 0.06, "nonfinite_mismatches": 0}, "relative L2 error 0.06"),
+    ({"relative_l2": float("inf"), "nonfinite_mismatches": 0}, "relative L2 error inf"),
+    ({"relative_l2": float("nan"), "nonfinite_mismatches": 0}, "relative L2 error nan"),
+    ({"relative_l2": 0.0, "nonfinite_mismatches": 3}, "3 NaN/Inf where the reference differs"),
+    ({"mismatches": 0}, ""),
+    ({"mismatches": 2}, "2 mismatched elements"),
+    ({"invalid_tokens": 0}, ""),
+    ({"invalid_tokens": 1}, "1 invalid token"),
+])
+def test_wrong_output_reasons(accuracy, reason):
+    from treefold.bench.accuracy import wrong_output
+    assert wrong_output(accuracy) == reason
 
 
 def test_progress_lines(capsys):

@@ -157,3 +157,31 @@ def exact_accuracy(actual: Any, expected: Any) -> dict:
             same = a.detach().to(torch.int64) == r.detach().to(torch.int64)
         mismatches += int((~same).sum())
     return {"mismatches": mismatches, "source": "treefold.bench.accuracy"}
+
+
+#: A relative L2 error above this is a wrong result, not a different rounding: the coarsest
+#: outputs measured (bfloat16, 8 significant bits) come out near 2e-3 forward and 3e-3 backward.
+WRONG_RELATIVE_L2 = 0.05
+
+
+def wrong_output(acc: dict | None) -> str:
+    """Why an accuracy record shows a wrong output ("" when it does not, or was not measured).
+
+    Wrong means not the function at all: NaN or Inf where the reference has none (or the other
+    way round), a relative L2 error above ``WRONG_RELATIVE_L2``, a differing index or selected
+    value, or a token the filter does not keep. A provider whose output is wrong has no time
+    worth comparing: the bench does not count it as a peer.
+    """
+    if not acc or "error" in acc:
+        return ""
+    if acc.get("invalid_tokens"):
+        n = acc["invalid_tokens"]
+        return f"{n} invalid token{'' if n == 1 else 's'}"
+    if acc.get("mismatches"):
+        return f"{acc['mismatches']} mismatched elements"
+    if acc.get("nonfinite_mismatches"):
+        return f"{acc['nonfinite_mismatches']} NaN/Inf where the reference differs"
+    rel = acc.get("relative_l2")
+    if rel is not None and not rel <= WRONG_RELATIVE_L2:
+        return f"relative L2 error {rel:.2g}"
+    return ""

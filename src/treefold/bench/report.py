@@ -197,7 +197,9 @@ def render_markdown(result: dict) -> str:
         "- Accuracy against a float64 reference: relative L2 error and the largest error in units "
         "in the last place of the output's dtype; indices and tokens are counted as mismatches.",
         "- distinct: different outputs, compared byte for byte, over repeated calls (1 is deterministic).",
-        "- speedup: the best peer's time over treefold's (above 1, treefold is faster).",
+        "- speedup: the best peer's time over treefold's (above 1, treefold is faster). A provider whose "
+        "output is wrong (NaN or Inf where the reference has none, a relative L2 error above 0.05, a wrong "
+        "index or token) is not counted as a peer; its row says so.",
         "- CUDA graph us: for calls moving at most 48 MiB (decode sizes), the device time per call with "
         "20 calls captured in one CUDA graph (no host cost, no L2 flush); their eager time is mostly the host's.",
         f"- Reproduce: `{result['command']}`",

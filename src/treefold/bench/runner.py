@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from .accuracy import wrong_output
 from .cases import HOST_OVERHEAD, CASES_BY_NAME, Case, Shape, to_float64, select_cases
 from .env import machine_info, short_error
 from .progress import Progress
@@ -208,6 +209,9 @@ def measure(case: Case, shape: Shape, provider: Provider, base_inputs: dict, ref
         row.update(status=failed, message=short_error(e))
     if not impl.mutates_input:
         check_accuracy()
+    wrong = wrong_output(row["accuracy"])
+    if wrong:
+        row["note"] = "; ".join(x for x in (row["note"], f"wrong output ({wrong}): not counted as a peer") if x)
     del first
     if us is None:
         return row
@@ -224,7 +228,7 @@ def measure(case: Case, shape: Shape, provider: Provider, base_inputs: dict, ref
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (case, shape): treefold's row against the fastest peer that ran."""
+    """Per (case, shape): treefold's row against the fastest peer that ran and gave a right output."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["case"], r["label"], r["shape"]["dtype"]), []).append(r)
@@ -232,7 +236,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     for (case, label, dtype), group in groups.items():
         ok = [r for r in group if r["status"] == "ok" and r["us"]]
         tf = next((r for r in ok if r["provider"] == "treefold"), None)
-        peers = [r for r in ok if r["provider"] != "treefold"]
+        peers = [r for r in ok if r["provider"] != "treefold" and not wrong_output(r["accuracy"])]
         best = min(peers, key=lambda r: r["us"]) if peers else None
         graphed = [r for r in peers if r.get("graph_us")]
         best_graph = min(graphed, key=lambda r: r["graph_us"]) if graphed else None
