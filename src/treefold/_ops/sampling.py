@@ -104,8 +104,14 @@ PRELIST_MIN_PROGRAMS_PER_SM = 4
 #: rows top-p 117.4 -> 114.8, greedy 20.7 -> 20.0. A program that starts early waits in place:
 #: the previous pass's programs have all started by then, so it never holds a place they need.
 DEPENDENT_LAUNCH = True
-#: Warps of the one-program-per-row resolve pass.
-RESOLVE_WARPS = 8
+#: Warps of the one-program-per-row resolve pass when sampling. At one row its time is a chain
+#: of dependent loads and block-wide reductions on one SM. H200, CUDA graph, L2 flushed, 151936
+#: fp32 logits, the same tokens (results/h200-probe-resolve-launch.txt), 16 warps against 8: one
+#: row top-p 0.9 33.4 -> 30.6 us, min-p 27.1 -> 24.5, top-k 50 + top-p 26.3 -> 24.0, top-k 50
+#: 18.5 -> 18.4; 64 rows top-p 109.5 -> 108.6, min-p 107.7 -> 105.3. 4 warps spill (57.1 us).
+RESOLVE_WARPS = 16
+#: The same for ``top_k`` and the masks (their resolve sorts or searches): not measured at 16.
+RESOLVE_WARPS_TOP_K_AND_MASKS = 8
 #: Whether the row passes load each segment before working on the previous one (None: when a
 #: program reads more than one segment). On the H200, in a CUDA graph with L2 flushed, 151936
 #: logits: at 64 rows (5-9 segments per program) fp32 greedy 23.4 -> 20.8 us, top-k 50
@@ -358,7 +364,8 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         **flags, MODE=mode, PARTS_POW2=g.parts_pow2, SORT_SMALL=PAIRWISE_MAX,
         PAIR_CHUNK=min(PAIR_CHUNK, PAIRWISE_MAX), SORT_LARGE=SORT_MAX,
         SEARCH_BLOCK=SEARCH_BLOCK, SLOTS=SEARCH_SLOTS, FINE_BINS=FINE_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, SURE_PARTIALS=sure_race, num_warps=RESOLVE_WARPS,
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, SURE_PARTIALS=sure_race,
+        num_warps=RESOLVE_WARPS if mode == kernels.MODE_SAMPLE.value else RESOLVE_WARPS_TOP_K_AND_MASKS,
         **last)
     return g
 
