@@ -291,6 +291,14 @@ def test_missing_treefold_op_skips_the_case(tmp_path):
     assert {r["case"] for r in result["results"]} == {"softmax"}
 
 
+def test_a_wrong_treefold_output_is_named_in_its_row(tmp_path):
+    ns = fake_treefold(softmax=lambda x, dim=-1, **kw: torch.softmax(x, dim) * 2.0)
+    result = run_bench(quick_config(tmp_path, ["softmax"], host=False), treefold_namespace=ns,
+                       log=lambda line: None, use_rich=False)
+    notes = [r["note"] for r in result["results"] if r["provider"] == "treefold"]
+    assert notes and all(n == "wrong output (relative L2 error 1)" for n in notes)
+
+
 def test_time_budget_stops_before_the_next_shape(tmp_path):
     lines = []
     result = run_bench(quick_config(tmp_path, ["softmax"], budget_s=1e-9), treefold_namespace=fake_treefold(),
@@ -369,6 +377,7 @@ def test_peer_failures_are_reported_not_fatal(tmp_path):
     assert by["wrong"][0]["accuracy"]["relative_l2"] > 0.4
     assert any("quack: unsupported: unsupported shape" in line for line in lines)
     assert all(r["note"] == "wrong output (relative L2 error 0.5): not counted as a peer" for r in by["wrong"])
+    assert not any("wrong output" in r["note"] for r in by["treefold"] + by["torch"])
     for s in result["summary"]:
         assert s["best_peer"] == "torch"
     md = report.render_markdown(result)

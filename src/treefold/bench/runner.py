@@ -211,7 +211,8 @@ def measure(case: Case, shape: Shape, provider: Provider, base_inputs: dict, ref
         check_accuracy()
     wrong = wrong_output(row["accuracy"])
     if wrong:
-        row["note"] = "; ".join(x for x in (row["note"], f"wrong output ({wrong}): not counted as a peer") if x)
+        wrong = f"wrong output ({wrong})" + (": not counted as a peer" if provider.is_peer else "")
+        row["note"] = "; ".join(x for x in (row["note"], wrong) if x)
     del first
     if us is None:
         return row
