@@ -18,13 +18,16 @@ import sys
 
 import torch
 
-# the treefold on PYTHONPATH, imported before gpu_sampling (through probe_sampling_bins) puts
-# this repository's src first on sys.path: otherwise every label would time the same tree
-import treefold  # noqa: F401
-
-from probe_sampling_bins import CONFIGS
-
 PER_SM = [None if v == "16" else int(v) for v in os.environ.get("PER_SM", "16").split(",")]
+
+
+def _configs():
+    """The filter settings by name. The treefold on PYTHONPATH is imported first: gpu_sampling
+    (imported by probe_sampling_bins) puts this repository's src first on sys.path, and every
+    label would otherwise time the same tree. ``--compare`` needs neither."""
+    import treefold  # noqa: F401
+    from probe_sampling_bins import CONFIGS
+    return CONFIGS
 
 
 def cases():
@@ -34,7 +37,7 @@ def cases():
                                (64, torch.float32, True)):
         x = logits(batch, dtype, **({"scale": FLAT} if flat else {}))
         seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
-        names = ("top-p 0.9", "min-p 0.05") if flat else CONFIGS
+        names = ("top-p 0.9", "min-p 0.05") if flat else _configs()
         for config in names:
             key = f"{batch} {str(dtype)[6:]} {'flat' if flat else 'peaked'} {config}"
             out.append(((key,), x, seeds, config))
@@ -42,7 +45,7 @@ def cases():
 
 
 def call(ops, x, seeds, config, per_sm):
-    c = CONFIGS[config]
+    c = _configs()[config]
     ppr = None if per_sm is None else -(-per_sm * torch.cuda.get_device_properties(0).multi_processor_count
                                         // x.shape[0])
     if c is None:
@@ -80,11 +83,16 @@ def compare(out_dir, labels):
     for label in labels:
         with open(os.path.join(out_dir, f"split-{label}.json")) as f:
             runs[label] = json.load(f)
-    toks = {label: torch.load(os.path.join(out_dir, f"tokens-{label}.pt")) for label in labels}
-    first = toks[labels[0]]
-    for label in labels[1:]:
-        same = all(all(torch.equal(a, b) for a, b in zip(first[k], toks[label][k])) for k in first)
-        print(f"tokens {label} == {labels[0]}: {same}")
+    paths = {label: os.path.join(out_dir, f"tokens-{label}.pt") for label in labels}
+    missing = [p for p in paths.values() if not os.path.exists(p)]
+    if missing:
+        print(f"tokens not compared: no {', '.join(missing)}")
+    else:
+        toks = {label: torch.load(path) for label, path in paths.items()}
+        first = toks[labels[0]]
+        for label in labels[1:]:
+            same = all(all(torch.equal(a, b) for a, b in zip(first[k], toks[label][k])) for k in first)
+            print(f"tokens {label} == {labels[0]}: {same}")
     print("best of 3 rounds, us: " + " | ".join(labels))
     for key in runs[labels[0]]:
         print(f"{key:58s} " + "  ".join(f"{min(runs[label][key]):7.1f}" for label in labels))
