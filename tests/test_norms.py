@@ -555,8 +555,52 @@ def test_non_contiguous_inputs():
     assert_bits(y, y2)
     assert_bits(h, h2)
     xg = p.detach().clone().requires_grad_()
-    dx = torch.autograd.grad(treefold.rms_norm(xg, w).float().sum(), xg)[0]
+    dy = randn((4, 3, n), torch.float16, seed=5).permute(1, 0, 2)  # strided upstream gradient too
+    dx = torch.autograd.grad(treefold.rms_norm(xg, w), xg, dy.permute(1, 0, 2))[0]
+    xc = p.contiguous().requires_grad_()
+    dx2 = torch.autograd.grad(treefold.rms_norm(xc, w), xc, dy.permute(1, 0, 2).contiguous())[0]
     assert dx.shape == p.shape
+    assert_bits(dx.contiguous(), dx2)
+
+
+def test_strided_and_expanded_weights_and_biases():
+    """A weight or bias that is a strided view or an expanded scalar is read element by element:
+    every entry point gives the bits of its contiguous copy, forward and backward."""
+    n = 33
+    x = randn((5, n), torch.bfloat16, seed=1)
+    r = randn((5, n), torch.float32, seed=2)
+    wide = weight_like(2 * n, torch.bfloat16, seed=3)
+    b = randn(2 * n, torch.bfloat16, seed=4)[1::2]
+    for w in (wide[::2], torch.tensor(1.25, dtype=torch.bfloat16, device=DEVICE).expand(n)):
+        assert not w.is_contiguous()
+        wc = w.contiguous()
+        assert_bits(treefold.rms_norm(x, w), treefold.rms_norm(x, wc))
+        got = treefold.rms_norm(x, w, residual=r, offset=1.0, casting="gemma")
+        want = treefold.rms_norm(x, wc, residual=r, offset=1.0, casting="gemma")
+        for g, v in zip(got, want):
+            assert_bits(g, v)
+        assert_bits(treefold.layer_norm(x, n, w, b), treefold.layer_norm(x, n, wc, b.contiguous()))
+        xs, rs, xc, rc = x.clone(), x.flip(0).clone(), x.clone(), x.flip(0).clone()
+        treefold.fused_add_rms_norm_(xs, rs, w)
+        treefold.fused_add_rms_norm_(xc, rc, wc)
+        assert_bits(xs, xc)
+        assert_bits(rs, rc)
+    # gradients through a strided view of a leaf weight reach the right elements of the leaf
+    xg = x.float().requires_grad_()
+    leaf = wide.float().requires_grad_()
+    dx, dleaf = torch.autograd.grad(treefold.rms_norm(xg, leaf[::2]).sum(), (xg, leaf))
+    wcg = wide[::2].float().requires_grad_()
+    dx2, dw2 = torch.autograd.grad(treefold.rms_norm(xg, wcg).sum(), (xg, wcg))
+    assert_bits(dx, dx2)
+    assert_bits(dleaf[::2], dw2)
+    assert bool((dleaf[1::2] == 0).all())
+    bleaf = randn(2 * n, torch.float32, seed=6).requires_grad_()
+    dx, dleaf, dbleaf = torch.autograd.grad(treefold.layer_norm(xg, n, leaf[::2], bleaf[1::2]).sum(), (xg, leaf, bleaf))
+    wcg, bcg = wide[::2].float().requires_grad_(), bleaf[1::2].detach().clone().requires_grad_()
+    dx2, dw2, db2 = torch.autograd.grad(treefold.layer_norm(xg, n, wcg, bcg).sum(), (xg, wcg, bcg))
+    assert_bits(dx, dx2)
+    assert_bits(dleaf[::2], dw2)
+    assert_bits(dbleaf[1::2], db2)
 
 
 def test_layer_norm_over_several_trailing_dims():

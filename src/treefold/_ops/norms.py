@@ -216,6 +216,12 @@ def _fuses_squares(is_rms: bool, dtype: torch.dtype) -> bool:
     return is_rms and dtype == torch.float16
 
 
+def _dense(v: Optional[Tensor]) -> Optional[Tensor]:
+    """A weight or bias as the kernels read it: element i at address + i (a strided or expanded
+    vector is copied; a contiguous one, the usual case, is returned as is)."""
+    return v if v is None or v.is_contiguous() else v.contiguous()
+
+
 def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: Optional[Tensor],
                    y2: Tensor, h2: Optional[Tensor], mean: Optional[Tensor], rstd: Optional[Tensor], *,
                    eps: float, offset: float, is_rms: bool, round_normalised: bool,
@@ -233,6 +239,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     for every call).
     """
     m, n = x2.shape
+    w, b = _dense(w), _dense(b)
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
@@ -300,6 +307,7 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     ``backward_config`` (the bits do not change).
     """
     m, n = x2.shape
+    w = _dense(w)
     plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
                           round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
                           rows_per_block, num_warps, num_stages, unroll, prefetch, paired_sums)
