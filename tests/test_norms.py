@@ -180,7 +180,7 @@ def test_group_width_is_part_of_the_order():
 
 @pytest.mark.parametrize("n", [33, 4095])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("casting", ["llama", "gemma"])
+@pytest.mark.parametrize("casting", CASTINGS)
 @pytest.mark.parametrize("residual_dtype", ["same", torch.float32])
 def test_rms_norm_backward_matches_reference_bits(n, dtype, casting, residual_dtype):
     residual_dtype = dtype if residual_dtype == "same" else residual_dtype  # float32: a wide stream
@@ -655,6 +655,21 @@ def test_nan_and_inf_stay_in_their_row(dtype):
     xg = bad.clone().requires_grad_()
     dx = torch.autograd.grad(treefold.rms_norm(xg, w), xg, torch.ones_like(bad))[0]
     assert bool(torch.isfinite(dx[[0, 1, 3, 5, 7, 8]]).all())
+
+
+def test_gradients_without_a_weight_and_with_a_bias_alone():
+    n = 33
+    x = randn((4, n), torch.float32, seed=7)
+    dy = randn((4, n), torch.float32, seed=8)
+    xg, x64 = x.clone().requires_grad_(), x.double().requires_grad_()
+    dx = torch.autograd.grad(treefold.rms_norm(xg), xg, dy)[0]
+    assert_grad_close(dx, torch.autograd.grad(rms_norm64(x64, None, 1e-6), x64, dy.double())[0], torch.float32)
+    b = randn(n, torch.float32, seed=9).requires_grad_()
+    b64 = b.detach().double().requires_grad_()
+    dx, db = torch.autograd.grad(treefold.layer_norm(xg, n, None, b), (xg, b), dy)
+    want_dx, want_db = torch.autograd.grad(layer_norm64(x64, None, b64, 1e-5), (x64, b64), dy.double())
+    assert_grad_close(dx, want_dx, torch.float32)
+    assert_grad_close(db, want_db, torch.float32)
 
 
 def test_layer_norm_offset_rows_have_no_nan_and_accurate_variance():

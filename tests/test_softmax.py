@@ -319,21 +319,30 @@ EXTREME = torch.tensor([
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("strategy", ops.STRATEGIES)
-def test_extremes(strategy):
-    extreme = EXTREME.to(DEVICE)
+def test_extremes(strategy, dtype):
+    extreme = EXTREME.to(DEVICE, dtype)
     y = ops.softmax_forward(extreme, strategy=strategy)
     ls = ops.softmax_forward(extreme, log=True, strategy=strategy)
     lse = ops.logsumexp_forward(extreme, strategy=strategy)
-    assert torch.equal(y[0], torch.zeros(6, device=DEVICE))
+    assert torch.equal(y[0], torch.zeros(6, device=DEVICE, dtype=dtype))
     assert torch.all(ls[0] == float("-inf")) and lse[0] == float("-inf")
     assert torch.all(torch.isnan(y[1])) and torch.all(torch.isnan(ls[1])) and torch.isnan(lse[1])
     assert torch.all(torch.isnan(y[2])) and torch.all(torch.isnan(ls[2])) and lse[2] == float("inf")
-    assert torch.equal(lse[2:3], torch.logsumexp(extreme[2:3], -1))
+    assert torch.equal(lse[2:3].float(), torch.logsumexp(extreme[2:3].float(), -1))
     for row in (3, 4, 5):
         assert compare(y[row], torch.softmax(extreme[row].double(), -1)).ok
         assert compare(ls[row], torch.log_softmax(extreme[row].double(), -1)).ok
         assert compare(lse[row], torch.logsumexp(extreme[row].double(), -1)).ok
+    # the gradient of a fully masked row: zero for softmax, dy itself for log_softmax
+    dy = torch.arange(1.0, 7.0, device=DEVICE, dtype=dtype).expand(6, 6)
+    dx = ops.softmax_backward(dy, y, log=False, x_dtype=dtype, strategy=strategy)
+    assert torch.equal(dx[0], torch.zeros(6, device=DEVICE, dtype=dtype))
+    dx = ops.softmax_backward(dy, ls, log=True, x_dtype=dtype, strategy=strategy)
+    assert torch.equal(dx[0], dy[0])
+    if dtype != torch.float32:
+        return
     # the rules hold with longer rows too, where the -inf segments meet finite ones in the tree
     # (a segment that is all -inf gets a zero factor, not exp(0 - M), which overflows for M = -1e4)
     long = torch.full((3, 9000), float("-inf"), device=DEVICE)

@@ -31,7 +31,9 @@ _COMMON_DOC = """
     On the GPU the per-element exp is the hardware's fast one, which returns 0 for results below
     2^-126 (float32's smallest normal): outputs smaller than about 1.2e-38 are 0, not subnormal.
 
-    Rows of at most 2^24 elements. A row that is entirely -inf (fully masked) gives {masked}.
+    Rows of at most 2^24 elements. A row that is entirely -inf (fully masked) gives {masked};
+    its gradient is finite where torch's is NaN: zero for softmax, ``dy`` itself for log_softmax
+    (dx = dy - softmax(x) * sum(dy), with softmax(x) = 0).
     A row holding NaN gives NaN for the whole row, as does a row holding +inf (as in torch).
     Differentiable (the backward pass is a Triton kernel too, with its row sums in the same
     order); works under ``torch.compile(fullgraph=True)`` through the ``treefold::softmax`` op.
