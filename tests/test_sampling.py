@@ -980,6 +980,38 @@ def test_gpu_cuda_graph_replays_with_fresh_offsets():
     assert len({tuple(t.tolist()) for t in seen}) > 1
 
 
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replays_with_per_row_parameters_and_bad_rows():
+    # every parameter a per-row device tensor, changed between replays; a row with no finite
+    # logit and a row with an invalid parameter give -1 inside the graph as outside it
+    x = qwen_like_logits(6, 4)
+    x[4] = float("-inf")
+    seeds = torch.tensor([1, 2, 3, 4, 5, 6], device="cuda")
+    offset = torch.zeros(6, dtype=torch.int64, device="cuda")
+    t = torch.tensor([0.7, 1.0, 1.3, 0.0, 1.0, 1.0], device="cuda")
+    k = torch.tensor([50, 151936, 20, 5, 50, 50], device="cuda")
+    p = torch.tensor([0.9, 0.95, 1.0, 0.5, 0.9, 0.9], device="cuda")
+    mp = torch.tensor([0.0, 0.05, 0.1, 0.0, 0.0, 2.0], device="cuda")  # row 5: min_p out of range
+
+    def call():
+        return treefold.sample(x, temperature=t, top_k=k, top_p=p, min_p=mp, seed=seeds, offset=offset)
+
+    out = torch.empty(6, dtype=torch.int64, device="cuda")
+    for _ in range(2):  # compile and warm up outside the graph
+        out.copy_(call())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(call())
+    for step in range(4):
+        offset.fill_(step)
+        t[1] = 1.0 + 0.25 * step
+        p[0] = 0.9 - 0.1 * step
+        graph.replay()
+        want = call()
+        assert torch.equal(out, want), step
+        assert out[4].item() == -1 and out[5].item() == -1
+
+
 def test_dependent_launch_options(monkeypatch):
     """The passes chain as programmatic dependent launches only where the device supports them:
     never on the CPU (the interpreter), and not when DEPENDENT_LAUNCH is off."""

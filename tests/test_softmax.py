@@ -736,6 +736,36 @@ def test_gpu_run_to_run_and_cuda_graph_capture():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 64])
+def test_gpu_family_and_backward_inside_cuda_graph_capture(rows):
+    # decode shapes: the two-launch split (its second launch dependent on the first), for every
+    # op of the family, and their backward passes through autograd, captured in one graph and
+    # replayed on new data
+    x = _data((rows, 151936), torch.bfloat16, seed=40).cuda()
+    dy = _data((rows, 151936), torch.bfloat16, seed=41).cuda()
+    dl = _data((rows,), torch.bfloat16, seed=42).cuda()
+
+    def step():
+        xg = x.detach().requires_grad_()
+        y, ls, lse = treefold.softmax(xg), treefold.log_softmax(xg), treefold.logsumexp(xg)
+        dx = torch.autograd.grad((y, ls, lse), xg, (dy, dy, dl))[0]
+        return y.detach(), ls.detach(), lse.detach(), dx
+
+    static = [torch.empty_like(t) for t in step()]  # (compiles everything before the capture)
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for out, t in zip(static, step()):
+            out.copy_(t)
+    for seed in (43, 44):
+        x.copy_(_data((rows, 151936), torch.bfloat16, seed=seed).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        for out, want, name in zip(static, step(), ("softmax", "log_softmax", "logsumexp", "dx")):
+            assert_same_bits(out, want, f"graph replay, {name}, {rows} rows, data {seed}")
+
+
+@pytest.mark.gpu
 def test_gpu_cooperative_launch_inside_cuda_graph_capture():
     # "cooperative" zeroes its per-row arrival counters on every call: captured, that is a memset
     # node before the kernel, so every replay starts from zero (a second replay on new data
