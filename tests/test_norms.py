@@ -759,6 +759,23 @@ def test_modules_load_torch_state_dicts():
     assert y.shape == x.shape and torch.equal(h, x + x)
 
 
+def test_modules_without_affine_gemma_checkpoints_and_compile():
+    x = randn((4, 3, 32), torch.bfloat16, seed=2)
+    # a LayerNorm without parameters is the functional call without weight and bias
+    plain = tnn.LayerNorm(32, elementwise_affine=False).to(DEVICE)
+    assert not list(plain.parameters())
+    assert_bits(plain(x), treefold.layer_norm(x, 32))
+    # a Gemma checkpoint stores the weight with the 1 taken out; the module adds it back
+    stored = 0.25 * randn(32, torch.bfloat16, seed=3)
+    gemma = tnn.RMSNorm(32, casting="gemma", offset=1.0, dtype=torch.bfloat16).to(DEVICE)
+    gemma.load_state_dict({"weight": stored})
+    assert_bits(gemma(x), treefold.rms_norm(x, stored, casting="gemma", offset=1.0))
+    agreement(gemma(x), hf_gemma_rms_norm(x, stored, 1e-6), max_ulps=2)  # (as test_bf16_matches_hugging_face_...)
+    # the modules under torch.compile(fullgraph=True): the same bits as eager
+    for mod in (gemma, plain, tnn.RMSNorm(32).to(DEVICE)):
+        assert_bits(torch.compile(mod, fullgraph=True, backend="aot_eager")(x), mod(x))
+
+
 def test_modules_train():
     mod = tnn.LayerNorm(33).to(DEVICE)
     rms = tnn.RMSNorm(33).to(DEVICE)

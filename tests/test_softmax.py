@@ -484,6 +484,21 @@ def test_torch_compile_fullgraph(path_device):
         assert_same_bits(a, b, f"{compiler} {name} backward")
 
 
+def test_torch_compile_fullgraph_with_a_temperature_that_changes(path_device):
+    # a float argument that changes between calls is traced as a symbolic float after the first
+    # recompile: its checks must guard on it, not break the graph
+    x = _data((4, 33), torch.float32, seed=30).to(path_device)
+
+    def f(a, t):
+        return treefold.softmax(a, temperature=t), treefold.log_softmax(a, temperature=t)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for t in (0.5, 0.7, 0.9, 2.0):
+        for name, a, b in zip(("softmax", "log_softmax"), compiled(x, t), f(x, t)):
+            assert_same_bits(a, b, f"{name}, temperature {t}")
+
+
 @needs_kernel
 def test_eager_autograd_and_registered_op_give_the_same_bits():
     # Eager calls with a gradient take a plain autograd.Function; traced ones take the registered

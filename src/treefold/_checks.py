@@ -57,7 +57,9 @@ def finite_float(fn: str, name: str, value, *, low=None, high=None, low_open=Fal
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{fn}: {name} must be a number, got {type(value).__name__}")
     v = float(value)
-    if not math.isfinite(v):
+    # comparisons, not math.isfinite: traced by torch.compile, a float argument that changed
+    # between calls arrives symbolic, and a comparison is a guard where isfinite is a graph break
+    if not -math.inf < v < math.inf:  # (NaN fails too)
         raise ValueError(f"{fn}: {name} must be finite, got {value}")
     if low is not None and (v < low or (low_open and v == low)):
         raise ValueError(f"{fn}: {name} must be {'>' if low_open else '>='} {low}, got {value}")

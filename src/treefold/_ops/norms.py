@@ -416,9 +416,12 @@ def norm_prepared(is_rms, x, residual, weight, bias, eps, offset=0.0, casting=""
                   normalized_shape=None):
     """``y`` (``(y, h)`` with a residual) of an eager norm call through its prepared launch, or
     None when none was prepared for this kind of call (the caller takes the full path)."""
+    if torch.compiler.is_compiling():
+        # (first: traced, eps may be a symbolic float, whose class the key cannot read)
+        return None
     key = _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape)
     entry = _PREPARED.get(key) if key is not None else None
-    if entry is None or torch.compiler.is_compiling():
+    if entry is None:
         return None
     if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
                                     or (residual is not None and residual.requires_grad)
