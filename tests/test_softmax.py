@@ -78,6 +78,18 @@ def poisoned_outputs(poison_allocations):
     poison_allocations()
 
 
+#: Unit roundoff of each output dtype.
+UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+#: Relative L2 error bounds, in unit roundoffs of the output dtype. 16-bit outputs are float32
+#: results rounded once: half an ulp each, and float32's own error is thousands of times smaller.
+#: float32 outputs carry exp's error (up to 2 ulps on the GPU's fast exp), the row sum's and the
+#: division's (or log's) roundings: a few ulps.
+RELATIVE_L2_IN_U = {torch.float32: 4.0, torch.bfloat16: 1.0, torch.float16: 1.0}
+#: Largest error of one 16-bit output in its ulps: the half ulp of the one rounding, plus the
+#: float32 result's error (at most about 30 float32 ulps, under 2^-8 of a float16 ulp).
+MAX_ULPS_16_BIT = 0.5 + 2.0 ** -6
+
+
 @needs_kernel
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -88,6 +100,9 @@ def test_matches_float64_reference(op, dtype, n, poisoned_outputs):
     want = _float64(op, x)
     report = compare(got, want)
     assert report.ok, str(report)
+    assert report.relative_l2 <= RELATIVE_L2_IN_U[dtype] * UNIT_ROUNDOFF[dtype], str(report)
+    if dtype != torch.float32:
+        assert report.max_ulps <= MAX_ULPS_16_BIT, str(report)
     assert got.dtype == dtype and got.shape == want.shape
 
 
