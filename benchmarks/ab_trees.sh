@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Compare the sampling path of several source trees on one GPU machine, in one device call.
+#
+#   benchmarks/ab_trees.sh prepare main=main fused=sampling-fused-reductions ...
+#       (here, in the repository) exports each revision's src/ to .tcache/LABEL/src
+#   benchmarks/ab_trees.sh run "$OUT" main fused ...
+#       (on the device, carrying .tcache) times every label's tree in its own process with
+#       probe_sampling_split.py, twice in alternating order, then compares the labels' tokens
+#       and times into $OUT/compare.txt and drops the token files (few files come back).
+#
+# .tcache is in .git/info/exclude; carry it with the device call (carry: [".tcache"]).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:?prepare or run}
+shift
+case "$mode" in
+  prepare)
+    for spec in "$@"; do
+      label=${spec%%=*}
+      rev=${spec#*=}
+      rm -rf ".tcache/$label"
+      mkdir -p ".tcache/$label"
+      git archive "$rev" src | tar -x -C ".tcache/$label"
+      echo "$label: $(git rev-parse --short "$rev") -> .tcache/$label/src"
+    done
+    ;;
+  run)
+    out=${1:?the output folder}
+    shift
+    export PYTHONUNBUFFERED=1
+    for round in 1 2; do
+      for label in "$@"; do
+        PYTHONPATH=".tcache/$label/src:benchmarks" python benchmarks/probe_sampling_split.py \
+          "$label$round" "$out" > "$out/split-$label$round.txt" 2>&1
+        echo "$label$round: $(tail -1 "$out/split-$label$round.txt")"
+      done
+    done
+    labels=()
+    for round in 1 2; do for label in "$@"; do labels+=("$label$round"); done; done
+    PYTHONPATH=benchmarks python benchmarks/probe_sampling_split.py --compare "$out" "${labels[@]}" \
+      | tee "$out/compare.txt"
+    rm -f "$out"/tokens-*.pt "$out"/split-*.txt
+    ;;
+  *)
+    echo "usage: $0 prepare LABEL=REV ... | run OUT LABEL ..." >&2
+    exit 2
+    ;;
+esac
