@@ -25,6 +25,18 @@ HAS_DEPENDENT_LAUNCH = gdc_wait is not None
 
 
 @triton.jit
+def start_dependent_launch(WAIT_FOR_PRIOR: tl.constexpr, RELEASE_DEPENDENTS: tl.constexpr):
+    """The start of a kernel that takes part in programmatic dependent launches (sm_90).
+    RELEASE_DEPENDENTS: the next launch may start its programs now (they still wait for this
+    one's writes); WAIT_FOR_PRIOR: wait until the previous launch has finished and its writes
+    are visible, before anything is read or written. Both False: nothing."""
+    if RELEASE_DEPENDENTS:
+        gdc_launch_dependents()
+    if WAIT_FOR_PRIOR:
+        gdc_wait()
+
+
+@triton.jit
 def tree_sum(x, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr,
              GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr):
     """Grouped halving-tree sum over the last axis of a ``[ROWS, WIDTH]`` block; returns ``[ROWS]``.

@@ -36,7 +36,7 @@ later levels read and write fewer than 1/4000 of N. With FINISH a level writes o
 import triton
 import triton.language as tl
 
-from .combine import (double_double_to_float32, gdc_launch_dependents, gdc_wait, pick_later, round_to,
+from .combine import (double_double_to_float32, pick_later, round_to, start_dependent_launch,
                       tree_double_double, tree_pick, tree_sum)
 
 ACC_FP32: tl.constexpr = tl.constexpr(0)
@@ -169,14 +169,11 @@ def segment_sum_kernel(
         LOG2_NODE_SEGMENTS: log2(NODE_SEGMENTS).
         NODE_STRIDE: positions between the segments of one node (a power of two).
         WAIT_FOR_PRIOR: launched as a programmatic dependent launch: wait for the previous
-            kernel's writes before reading (``gdc_wait``).
+            kernel's writes before reading (``start_dependent_launch``).
         RELEASE_DEPENDENTS: let a dependent launch start its programs early
-            (``gdc_launch_dependents``); they still wait for this kernel's writes.
+            (``start_dependent_launch``); they still wait for this kernel's writes.
     """
-    if RELEASE_DEPENDENTS:
-        gdc_launch_dependents()
-    if WAIT_FOR_PRIOR:
-        gdc_wait()
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     BLOCK: tl.constexpr = ROWS_PER_PROGRAM * SEGMENTS_PER_PROGRAM
     pid = tl.program_id(0).to(tl.int64)
     group = pid // programs_per_row

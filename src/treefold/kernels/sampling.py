@@ -59,7 +59,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import gdc_launch_dependents, gdc_wait, round_to
+from .combine import round_to, start_dependent_launch
 
 #: Triton's interpreter truncates float32 -> bfloat16; probability outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
@@ -516,18 +516,6 @@ def _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr
 
 
 @triton.jit
-def _dependent_launch(WAIT_FOR_PRIOR: tl.constexpr, RELEASE_DEPENDENTS: tl.constexpr):
-    """The start of a pass launched as a programmatic dependent launch (sm_90).
-    RELEASE_DEPENDENTS: the call's next launch may start its programs now (they still wait for
-    this one's writes); WAIT_FOR_PRIOR: wait until the previous launch has finished and its
-    writes are visible, before anything is read or written."""
-    if RELEASE_DEPENDENTS:
-        gdc_launch_dependents()
-    if WAIT_FOR_PRIOR:
-        gdc_wait()
-
-
-@triton.jit
 def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
                 temperature, seed, seed_stride, offset, offset_stride, plan_ptr,
                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
@@ -568,9 +556,9 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
         SURE_ONLY, NUM_BINS, BINS_PER_NAT: race the sure-kept tokens only (see above), binned
             as in ``bin_histogram_kernel``.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: a programmatic dependent launch of the call's previous
-            pass, letting the next one start early (``_dependent_launch``).
+            pass, letting the next one start early (``start_dependent_launch``).
     """
-    _dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -621,9 +609,9 @@ def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_ro
         programs_per_row: partials per row.
         temperature, T_ROW: as in ``race_kernel`` (only its validity is used).
         PROGRAMS_POW2: next power of two of programs_per_row.
-        WAIT_FOR_PRIOR: a programmatic dependent launch of ``race_kernel`` (``_dependent_launch``).
+        WAIT_FOR_PRIOR: a programmatic dependent launch of ``race_kernel`` (``start_dependent_launch``).
     """
-    _dependent_launch(WAIT_FOR_PRIOR, False)
+    start_dependent_launch(WAIT_FOR_PRIOR, False)
     row = tl.program_id(0).to(tl.int64)
     q = tl.arange(0, PROGRAMS_POW2)
     live = q < programs_per_row
@@ -666,9 +654,9 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as in ``race_kernel``.
         NUM_BINS, FINE_BINS: bins of the histogram and sub-bins of the boundary bins.
         RELEASE_DEPENDENTS: the histogram pass, a programmatic dependent launch, may start early
-            (``_dependent_launch``).
+            (``start_dependent_launch``).
     """
-    _dependent_launch(False, RELEASE_DEPENDENTS)
+    start_dependent_launch(False, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -729,7 +717,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
             listing once it sees the row's count pass the capacity.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
-    _dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -793,7 +781,7 @@ def plan_kernel(part_max_ptr, part_total_ptr, hist_ptr, plan_ptr, n, programs_pe
             them all for ``resolve_kernel``; a row with more races them in place.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
-    _dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     row = tl.program_id(0).to(tl.int64)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
@@ -877,7 +865,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
             ``bin_histogram_kernel`` wrote it (PRELIST_BINS = 0: every row reads its logits).
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
-    _dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -1371,9 +1359,9 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
             refinement, the bracket search).
         SLOTS: sub-intervals per pass of the bracket search.
         FINE_BINS, BINS_PER_NAT: the bins, as in ``compact_kernel``.
-        WAIT_FOR_PRIOR: a programmatic dependent launch of the previous pass (``_dependent_launch``).
+        WAIT_FOR_PRIOR: a programmatic dependent launch of the previous pass (``start_dependent_launch``).
     """
-    _dependent_launch(WAIT_FOR_PRIOR, False)
+    start_dependent_launch(WAIT_FOR_PRIOR, False)
     row = tl.program_id(0).to(tl.int64)
     inv_t, noise_scale, valid_row, kk_raw, p, mp, s, stream, o, m, total_fixed, total = _row_setup(
         row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,

@@ -57,7 +57,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import arrive, gdc_launch_dependents, gdc_wait, round_to, tree_max_sum, tree_sum, wait_for_arrivals
+from .combine import arrive, round_to, start_dependent_launch, tree_max_sum, tree_sum, wait_for_arrivals
 
 #: Triton's interpreter truncates float32 -> bfloat16; outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
@@ -364,9 +364,9 @@ def softmax_kernel(
         FIRST_READ_POLICY, SECOND_READ_POLICY: eviction policies ("", "evict_last",
             "evict_first") of the reads of a row that is read twice.
         WAIT_FOR_PRIOR: FINISH launched as a programmatic dependent launch (sm_90): wait for
-            the PARTIALS launch's writes before reading the partials (``gdc_wait``).
+            the PARTIALS launch's writes before reading the partials (``start_dependent_launch``).
         RELEASE_DEPENDENTS: PARTIALS lets the dependent FINISH launch start its programs early
-            (``gdc_launch_dependents``); they still wait for this launch's writes.
+            (``start_dependent_launch``); they still wait for this launch's writes.
         STAGES: software-pipelining depth of the streaming loops (online, PARTIALS, FINISH): with
             2 or more, the compiler issues the loads of the next STAGES - 1 blocks into shared
             memory (asynchronous copies) while the current block is reduced, so a program keeps
@@ -376,10 +376,7 @@ def softmax_kernel(
     A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
     segment s, i.e. column s * LANES + k * INNER + j of the row.
     """
-    if RELEASE_DEPENDENTS:
-        gdc_launch_dependents()
-    if WAIT_FOR_PRIOR:
-        gdc_wait()
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0)
     lane_cols = (tl.arange(0, OUTER)[:, None] * INNER + tl.arange(0, INNER)[None, :])[None, :, :]
     LSE_FORWARD: tl.constexpr = (OP == LOGSUMEXP) and (not BACKWARD)
