@@ -690,6 +690,54 @@ PRE_LIST_CASES = (("sample", dict(top_p=0.9, temperature=0.8)), ("sample", dict(
                   ("threshold", dict(min_p=0.1)), ("top_k", dict(top_k=10)))
 
 
+@pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
+def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
+    """Compiled, a race's (score, index) winner and the resolve pass's partials are each one
+    multi-operand ``tl.reduce``; interpreted, separate reductions (``FUSED_REDUCTIONS``). The
+    compiled form, run here through the interpreter, gives every output the separate form gives:
+    sampling (greedy, plain, every filter; sure-kept tokens listed, raced after the compaction or
+    inside it), the masks (thresholds) and top_k."""
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(3, 300, generator=g) * torch.tensor([[0.4], [2.0], [4.0]])
+    seeds = torch.tensor([5, 6, 7])
+    # top-p 0.99 with min-p 0.1: min-p drops sure-kept tokens, so the two sure-kept masses differ
+    configs = (dict(top_p=0.9), dict(top_k=20, top_p=0.8), dict(min_p=0.05), dict(top_p=0.99, min_p=0.1))
+    # the fused form is slow interpreted: short blocks; 32-token segments, so that every pass has
+    # partials to merge (10 segments per row on 3 programs)
+    monkeypatch.setattr(ops, "SEARCH_BLOCK", 128)
+    monkeypatch.setattr(ops, "MAX_WIDTH", 32)
+    launch = dict(programs_per_row=3)
+
+    def outputs():
+        out = [ops.sample_rows(x, t, None, None, None, seeds, 3, **launch) for t in (0.0, 0.8)]
+        for c in configs:
+            args = (c.get("top_k"), c.get("top_p"), c.get("min_p"))
+            out.append(ops.sample_rows(x, 0.8, *args, seeds, 3, **launch))
+            out.append(ops.filter_rows(x, *args, probs=True, **launch))
+        out.extend(ops.top_k_rows(x, 40, **launch))
+        defaults = ops.SURE_LIST_MAX, ops.COMPACT_RACE_PROGRAMS_PER_SM
+        for race_per_sm in (0, 1 << 20):  # every sure-kept token raced: after the compaction, inside it
+            monkeypatch.setattr(ops, "SURE_LIST_MAX", 0)
+            monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", race_per_sm)
+            out.append(ops.sample_rows(x, 0.8, None, 0.95, None, seeds, 4, **launch))
+        monkeypatch.setattr(ops, "SURE_LIST_MAX", defaults[0])
+        monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", defaults[1])
+        return out
+
+    assert not kernels.FUSED_REDUCTIONS
+    ops.plan.cache_clear()
+    try:
+        want = outputs()
+        monkeypatch.setattr(kernels, "FUSED_REDUCTIONS", tl.constexpr(True))
+        got = outputs()
+    finally:
+        monkeypatch.undo()
+        ops.plan.cache_clear()
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), i
+
+
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypatch):
     """Peaked rows have the compaction read the histogram's pre-list (the tokens within

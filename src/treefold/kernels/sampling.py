@@ -59,13 +59,20 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import round_to, start_dependent_launch
+from .combine import pick, pick_max, round_to, start_dependent_launch
 
 #: Triton's interpreter truncates float32 -> bfloat16; probability outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
 SOFT_BF16 = tl.constexpr(INTERPRETED)
 #: The interpreter has no libdevice: there ``_fast_log`` is NumPy's log.
 FAST_LOG = tl.constexpr(not INTERPRETED)
+#: Compiled, reductions that meet at the same point are one ``tl.reduce`` over several operands
+#: (a race's best score and its lowest index; the resolve pass's partials): one set of shuffles
+#: and one shared-memory exchange instead of one per value (sm_90: 2 barriers instead of 6-8).
+#: Triton's interpreter runs such a reduce one element at a time in Python (about 200x slower than
+#: its max and sum), so interpreted they stay separate reductions: the same values, since the sums
+#: are of integers and a race's scores are never NaN.
+FUSED_REDUCTIONS = tl.constexpr(not INTERPRETED)
 
 #: Fixed-point scale of probability masses (w in (0, 1] times 2^40; 2^20 tokens sum below 2^63).
 FIXED_ONE = tl.constexpr(1099511627776.0)
@@ -364,21 +371,46 @@ def _fixed_mass(y, m, finite):
 
 @triton.jit
 def _row_setup(row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
-               offset_stride, part_max_ptr, part_total_ptr, programs_per_row,
-               T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
-               MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
-               PARTS_POW2: tl.constexpr):
-    """What the resolve pass knows of a row before its tokens: (1 / t, noise
-    scale, the parameters are valid, k, p, min_p, seed, stream, offset, maximum, fixed-point
-    mass, the mass as a float relative to the maximum's weight)."""
+               offset_stride, T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
+               MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr):
+    """A row's parameters, as the resolve pass needs them: (1 / t, noise scale, the parameters
+    are valid, k, p, min_p, seed, stream, offset)."""
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
     s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR,
                                OFFSET_TENSOR)
-    m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
-    total_fixed = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2)
-    total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
-    return inv_t, noise_scale, t_ok & f_ok, k, p, mp, s, stream, o, m, total_fixed, total
+    return inv_t, noise_scale, t_ok & f_ok, k, p, mp, s, stream, o
+
+
+@triton.jit
+def _merge_row_partials(m_a, total_a, mass_a, kept_a, score_a, index_a,
+                        m_b, total_b, mass_b, kept_b, score_b, index_b):
+    """``tl.reduce`` combine of ``_row_partials``: the larger maximum, the three integer sums, and
+    the better race winner (``combine.pick``: higher score, then lower index)."""
+    score, index = pick(score_a, index_a, score_b, index_b, True)
+    return tl.maximum(m_a, m_b), total_a + total_b, mass_a + mass_b, kept_a + kept_b, score, index
+
+
+@triton.jit
+def _row_partials(part_max_ptr, part_total_ptr, part_mass_ptr, part_kept_ptr, part_score_ptr,
+                  part_index_ptr, parts, live, raced):
+    """The resolve pass's view of a row's per-program partials (``parts``, ``live`` of them;
+    ``raced``: those whose race winners were written): (maximum, fixed-point mass, sure-kept
+    mass, its min-p survivors' mass, winner score, winner index). One reduction when compiled
+    (``FUSED_REDUCTIONS``). The maxima are never NaN (non-finite logits take no part)."""
+    m_part = tl.load(part_max_ptr + parts, mask=live, other=float("-inf"))
+    total_part = tl.load(part_total_ptr + parts, mask=live, other=0)
+    mass_part = tl.load(part_mass_ptr + parts, mask=live, other=0)
+    kept_part = tl.load(part_kept_ptr + parts, mask=live, other=0)
+    scores = tl.load(part_score_ptr + parts, mask=raced, other=float("-inf"))
+    indices = tl.load(part_index_ptr + parts, mask=raced, other=INT64_MAX)
+    if FUSED_REDUCTIONS:
+        return tl.reduce((m_part, total_part, mass_part, kept_part, scores, indices), 0,
+                         _merge_row_partials)
+    else:
+        best_score, best_index = _winner(scores, indices, INT64_MAX)
+        return (tl.max(m_part, axis=0), tl.sum(total_part, axis=0), tl.sum(mass_part, axis=0),
+                tl.sum(kept_part, axis=0), best_score, best_index)
 
 
 @triton.jit
@@ -497,6 +529,18 @@ def _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, min
 # ------------------------------------------------------------------------------------------
 
 @triton.jit
+def _winner(score, index, none_index):
+    """(the highest score, the lowest index holding it) of a race; ``none_index`` is larger than
+    every index (the interpreted form's filler). Scores are never NaN: ``combine.pick_max`` is
+    then exactly that rule."""
+    if FUSED_REDUCTIONS:
+        return tl.reduce((score, index), 0, pick_max)
+    else:
+        top = tl.max(score, axis=0)
+        return top, tl.min(tl.where(score == top, index, none_index), axis=0)
+
+
+@triton.jit
 def _race_lanes(lane_score, lane_index, keep, score, cols):
     """One segment's step of a lane-wise race: each lane keeps its best (score, index) among the
     tokens ``keep`` allows. Segments come in increasing index order, so a strict > keeps the
@@ -509,8 +553,7 @@ def _race_lanes(lane_score, lane_index, keep, score, cols):
 def _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid):
     """The lanes meet once: the program's winner (the lowest index among equal best scores;
     (-inf, n) when no token raced) stored at ``pid``."""
-    best_score = tl.max(lane_score, axis=0)
-    best_index = tl.min(tl.where(lane_score == best_score, lane_index, n), axis=0)
+    best_score, best_index = _winner(lane_score, lane_index, n)
     tl.store(part_score_ptr + pid, best_score)
     tl.store(part_index_ptr + pid, best_index.to(tl.int64))
 
@@ -617,8 +660,7 @@ def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_ro
     live = q < programs_per_row
     score = tl.load(part_score_ptr + row * programs_per_row + q, mask=live, other=float("-inf"))
     index = tl.load(part_index_ptr + row * programs_per_row + q, mask=live, other=INT64_MAX)
-    top = tl.max(score, axis=0)
-    at = tl.min(tl.where(live & (score == top), index, INT64_MAX), axis=0)
+    top, at = _winner(score, index, INT64_MAX)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     tl.store(out_ptr + row, tl.where(t_ok & (top > float("-inf")), at, -1))
 
@@ -968,8 +1010,7 @@ def _race_listed(keep, y, idx, seed, stream, offset, noise_scale, best_score, be
     winner so far: the highest y - log(E), the lowest index on a tie. Returns (score, index)."""
     g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
     score = tl.where(keep, y + g, float("-inf"))
-    top = tl.max(score, axis=0)
-    at = tl.min(tl.where(keep & (score == top), idx, INT64_MAX), axis=0)
+    top, at = _winner(score, tl.where(keep, idx, INT64_MAX), INT64_MAX)
     take = (top > best_score) | ((top == best_score) & (at < best_index))
     return tl.where(take, top, best_score), tl.where(take, at, best_index)
 
@@ -1363,10 +1404,17 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     """
     start_dependent_launch(WAIT_FOR_PRIOR, False)
     row = tl.program_id(0).to(tl.int64)
-    inv_t, noise_scale, valid_row, kk_raw, p, mp, s, stream, o, m, total_fixed, total = _row_setup(
+    inv_t, noise_scale, valid_row, kk_raw, p, mp, s, stream, o = _row_setup(
         row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
-        offset_stride, part_max_ptr, part_total_ptr, compact_programs, T_ROW, K_ROW, P_ROW,
-        MINP_ROW, SEED_TENSOR, OFFSET_TENSOR, PARTS_POW2)
+        offset_stride, T_ROW, K_ROW, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
+    q = tl.arange(0, PARTS_POW2)
+    live = q < compact_programs
+    # the partial winners of the sure-kept tokens raced in place (sampling only)
+    raced = live & (MODE == MODE_SAMPLE) & SURE_PARTIALS
+    m, total_fixed, mass_above, kept_above, best_score, best_index = _row_partials(
+        part_max_ptr, part_total_ptr, part_mass_ptr, part_kept_ptr, part_score_ptr, part_index_ptr,
+        row * compact_programs + q, live, raced)
+    total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
     lo = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_LO)
     hi = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_HI)
     count_above = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_COUNT_ABOVE)
@@ -1376,17 +1424,6 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     topp_on = p < 1.0
     minp_on = mp > 0.0
     kk = tl.minimum(kk_raw, n_valid.to(tl.int64))
-    q = tl.arange(0, PARTS_POW2)
-    live = q < compact_programs
-    parts = row * compact_programs + q
-    mass_above = tl.sum(tl.load(part_mass_ptr + parts, mask=live, other=0), axis=0)
-    kept_above = tl.sum(tl.load(part_kept_ptr + parts, mask=live, other=0), axis=0)
-    # the partial winners of the sure-kept tokens raced in place (sampling only)
-    raced = live & (MODE == MODE_SAMPLE) & SURE_PARTIALS
-    scores = tl.load(part_score_ptr + parts, mask=raced, other=float("-inf"))
-    indices = tl.load(part_index_ptr + parts, mask=raced, other=INT64_MAX)
-    best_score = tl.max(scores, axis=0)
-    best_index = tl.min(tl.where(live & (scores == best_score), indices, INT64_MAX), axis=0)
     counts = tl.load(counter_ptr + row)
     n_list = (counts & 0xFFFFFFFF).to(tl.int32)
     kept_low = tl.full([], INT64_MAX, tl.int64)
