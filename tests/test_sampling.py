@@ -699,6 +699,10 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
     inside it), the masks (thresholds) and top_k."""
     g = torch.Generator().manual_seed(21)
     x = torch.randn(3, 300, generator=g) * torch.tensor([[0.4], [2.0], [4.0]])
+    # greedy rows with tied maxima: inside one program with the higher index in a lower lane
+    # (33 in lane 1, 2 in lane 2), across programs, and both
+    ties = torch.randn(3, 300, generator=g) * 0.4
+    ties[0, 2] = ties[0, 33] = ties[1, 5] = ties[1, 260] = ties[2, 40] = ties[2, 7] = ties[2, 290] = 2.0
     seeds = torch.tensor([5, 6, 7])
     # top-p 0.99 with min-p 0.1: min-p drops sure-kept tokens, so the two sure-kept masses differ
     configs = (dict(top_p=0.9), dict(top_k=20, top_p=0.8), dict(min_p=0.05), dict(top_p=0.99, min_p=0.1))
@@ -708,8 +712,23 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
     monkeypatch.setattr(ops, "MAX_WIDTH", 32)
     launch = dict(programs_per_row=3)
 
+    def greedy_ties():
+        # greedy through the race alone, and through the filtered path (a zero temperature per
+        # row: no noise), its sure-kept tokens listed or raced in place
+        out = [ops.sample_rows(ties, 0.0, None, None, None, seeds, 3, **launch),
+               ops.sample_rows(ties, torch.zeros(3), None, 0.99, None, seeds, 3, **launch)]
+        defaults = ops.SURE_LIST_MAX, ops.COMPACT_RACE_PROGRAMS_PER_SM
+        for race_per_sm in (0, 1 << 20):
+            monkeypatch.setattr(ops, "SURE_LIST_MAX", 0)
+            monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", race_per_sm)
+            out.append(ops.sample_rows(ties, torch.zeros(3), None, 0.99, None, seeds, 3, **launch))
+        monkeypatch.setattr(ops, "SURE_LIST_MAX", defaults[0])
+        monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", defaults[1])
+        return out
+
     def outputs():
-        out = [ops.sample_rows(x, t, None, None, None, seeds, 3, **launch) for t in (0.0, 0.8)]
+        out = greedy_ties()
+        out += [ops.sample_rows(x, t, None, None, None, seeds, 3, **launch) for t in (0.0, 0.8)]
         for c in configs:
             args = (c.get("top_k"), c.get("top_p"), c.get("min_p"))
             out.append(ops.sample_rows(x, 0.8, *args, seeds, 3, **launch))
@@ -734,6 +753,8 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
         monkeypatch.undo()
         ops.plan.cache_clear()
     assert len(got) == len(want)
+    for tokens in got[:4]:  # the lowest index of each row's tied maximum
+        assert tokens.tolist() == [2, 5, 7]
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), i
 

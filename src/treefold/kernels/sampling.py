@@ -59,7 +59,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import pick, pick_max, round_to, start_dependent_launch
+from .combine import round_to, start_dependent_launch
 
 #: Triton's interpreter truncates float32 -> bfloat16; probability outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
@@ -386,8 +386,8 @@ def _row_setup(row, n, temperature, top_k, top_p, min_p, filters, seed, seed_str
 def _merge_row_partials(m_a, total_a, mass_a, kept_a, score_a, index_a,
                         m_b, total_b, mass_b, kept_b, score_b, index_b):
     """``tl.reduce`` combine of ``_row_partials``: the larger maximum, the three integer sums, and
-    the better race winner (``combine.pick``: higher score, then lower index)."""
-    score, index = pick(score_a, index_a, score_b, index_b, True)
+    the better race winner (``_race_pick``)."""
+    score, index = _race_pick(score_a, index_a, score_b, index_b)
     return tl.maximum(m_a, m_b), total_a + total_b, mass_a + mass_b, kept_a + kept_b, score, index
 
 
@@ -529,12 +529,22 @@ def _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, min
 # ------------------------------------------------------------------------------------------
 
 @triton.jit
+def _race_pick(score_a, index_a, score_b, index_b):
+    """The better of two race entries: the higher score, then the lower index. ``combine.pick``
+    without its NaN terms: race scores and row maxima are never NaN (non-finite logits take no
+    part, y is clamped to +-FLT_MAX, the noise is finite). Entries that tie on both are the same
+    pair (the fillers of empty lanes and masked slots), so the result never depends on the order
+    the pairs meet in."""
+    take_b = (score_b > score_a) | ((score_b == score_a) & (index_b < index_a))
+    return tl.where(take_b, score_b, score_a), tl.where(take_b, index_b, index_a)
+
+
+@triton.jit
 def _winner(score, index, none_index):
     """(the highest score, the lowest index holding it) of a race; ``none_index`` is larger than
-    every index (the interpreted form's filler). Scores are never NaN: ``combine.pick_max`` is
-    then exactly that rule."""
+    every real index (the interpreted form's filler; empty entries may carry it too)."""
     if FUSED_REDUCTIONS:
-        return tl.reduce((score, index), 0, pick_max)
+        return tl.reduce((score, index), 0, _race_pick)
     else:
         top = tl.max(score, axis=0)
         return top, tl.min(tl.where(score == top, index, none_index), axis=0)
