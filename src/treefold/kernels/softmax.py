@@ -277,6 +277,17 @@ def _outputs(a, b, e, f, c0, c1, inv_temperature, OP: tl.constexpr, BACKWARD: tl
 
 
 @triton.jit
+def _store_block_outputs(dst_block_ptrs, mask, a, b, p, c0, c1, inv_temperature, OP: tl.constexpr,
+                         BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr):
+    """Write the outputs of a loaded ``[SEGS, OUTER, INNER]`` block (a, b) whose segment maxima
+    are p ([SEGS]; read by the forward softmax alone) under the row constants (c0, c1) ([1])."""
+    e, f = _exp_and_factors(a, p, c0, c1, OP, BACKWARD)
+    out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
+                   HAS_TEMPERATURE)
+    tl.store(dst_block_ptrs, round_to(out, dst_block_ptrs.dtype.element_ty, SOFT_BF16), mask=mask)
+
+
+@triton.jit
 def _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2: tl.constexpr,
                              LOG2_SEG_POW2: tl.constexpr, OP: tl.constexpr, BACKWARD: tl.constexpr,
                              CACHE: tl.constexpr):
@@ -364,7 +375,8 @@ def softmax_kernel(
         FIRST_READ_POLICY, SECOND_READ_POLICY: eviction policies ("", "evict_last",
             "evict_first") of the reads of a row that is read twice.
         WAIT_FOR_PRIOR: FINISH launched as a programmatic dependent launch (sm_90): wait for
-            the PARTIALS launch's writes before reading the partials (``start_dependent_launch``).
+            the PARTIALS launch's writes before reading the partials (``start_dependent_launch``);
+            with one block per program, after issuing that block's loads.
         RELEASE_DEPENDENTS: PARTIALS lets the dependent FINISH launch start its programs early
             (``start_dependent_launch``); they still wait for this launch's writes.
         STAGES: software-pipelining depth of the streaming loops (online, PARTIALS, FINISH): with
@@ -376,7 +388,10 @@ def softmax_kernel(
     A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
     segment s, i.e. column s * LANES + k * INNER + j of the row.
     """
-    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
+    # FINISH with one block per program (the decode launches) loads its block before it waits
+    # for PARTIALS: see that branch below.
+    EARLY_FINISH: tl.constexpr = (PHASE == FINISH and SEGMENTS_PER_PROGRAM == SEG_BLOCK) and OP != LOGSUMEXP
+    start_dependent_launch(WAIT_FOR_PRIOR and not EARLY_FINISH, RELEASE_DEPENDENTS)
     pid = tl.program_id(0)
     lane_cols = (tl.arange(0, OUTER)[:, None] * INNER + tl.arange(0, INNER)[None, :])[None, :, :]
     LSE_FORWARD: tl.constexpr = (OP == LOGSUMEXP) and (not BACKWARD)
@@ -451,11 +466,9 @@ def softmax_kernel(
                 wait_for_arrivals(arrivals_ptr, row, arrived, programs_per_row)
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                   LOG2_SEG_POW2, OP, BACKWARD, ".cg")
-                e, f = _exp_and_factors(a, p, c0, c1, OP, BACKWARD)  # the partials' exp tile, computed once
-                out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
-                               HAS_TEMPERATURE)
-                tl.store(dst_ptr + row64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16),
-                         mask=mask)
+                # (the forward softmax's exp tile is the partials' own, computed once)
+                _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
+                                     OP, BACKWARD, HAS_TEMPERATURE)
         elif PHASE == PARTIALS:
             for block in tl.range(block_count, num_stages=STAGES):
                 segments = first_segment + block * SEG_BLOCK + block_segments
@@ -465,6 +478,25 @@ def softmax_kernel(
                 p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
                                          LOG2_INNER_GROUPS, OP, BACKWARD)
                 _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q, BACKWARD)
+        elif EARLY_FINISH:
+            # The block's loads depend on nothing PARTIALS writes, so they go out first: their
+            # latency overlaps the wait for PARTIALS (a dependent launch) and the load and merge
+            # of the row's partials, which a program otherwise finishes before it starts them.
+            cols = first_segment * LANES + block_cols
+            mask = cols < n
+            a, b = _load_tiles(src_row + cols, grad_row + cols, mask, inv_temperature, False, OP, BACKWARD,
+                               HAS_TEMPERATURE, SECOND_READ_POLICY)
+            start_dependent_launch(WAIT_FOR_PRIOR, False)
+            p = tl.zeros([SEG_BLOCK], tl.float32)  # segment maxima: read by the softmax forward alone
+            if OP == SOFTMAX and not BACKWARD:
+                # (loaded with the partials, not after their merge)
+                segments = first_segment + block_segments
+                p = tl.load(part_p_ptr + row64 * num_segments + segments, mask=segments < num_segments,
+                            other=float("-inf"))
+            c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
+                                              LOG2_SEG_POW2, OP, BACKWARD, "")
+            _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
+                                 OP, BACKWARD, HAS_TEMPERATURE)
         else:
             if LSE_BACKWARD:
                 c0, c1 = _given_constants(row_ptr, grad_ptr, one_row, one_row < rows)
@@ -509,7 +541,5 @@ def softmax_kernel(
                                         mask=segments < num_segments, other=float("-inf"))
                         else:
                             p = tl.max(tl.where(block_ids == block, p_all, float("-inf")), axis=0)
-                    e, f = _exp_and_factors(a, p, c0, c1, OP, BACKWARD)
-                    out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
-                                   HAS_TEMPERATURE)
-                    tl.store(dst_row + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
+                    _store_block_outputs(dst_row + cols, mask, a, b, p, c0, c1, inv_temperature, OP, BACKWARD,
+                                         HAS_TEMPERATURE)
