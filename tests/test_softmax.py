@@ -9,6 +9,7 @@ Tolerances are ``treefold.numerics.TOLERANCES`` for the output dtype (float32: r
 about 22 ulp, covering the log2 depth of the trees, exp and one reciprocal; bf16/fp16: a few
 roundings of their own precision), applied by ``numerics.compare`` against float64 references.
 """
+import math
 import shutil
 
 import numpy as np
@@ -104,6 +105,51 @@ def test_matches_float64_reference(op, dtype, n, poisoned_outputs):
     if dtype != torch.float32:
         assert report.max_ulps <= MAX_ULPS_16_BIT, str(report)
     assert got.dtype == dtype and got.shape == want.shape
+
+
+#: float32 outputs, per element, in units of u = 2^-24 (derived in the test below): exp's own
+#: error (up to 2 ulps, 4u, on the GPU's fast exp) twice (the element's and its segment's
+#: factor), the row sum's (log2(n) levels of the tree plus its terms' exps), and a few single
+#: roundings: at most 16u, beside the terms that grow with the data.
+FLOAT32_SLACK_IN_U = 16.0
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_float32_error_of_each_output_is_bounded_by_its_distance_from_the_maximum(op, n, poisoned_outputs):
+    """float32 outputs have no fixed bound in ulps: exp's argument x - m is rounded, so
+    exp(x - m) carries a relative error up to u * |x - m|, which grows with the row's range
+    (17 ulps at this data on the CPU, 26 on the H200). Per element, with m the row maximum,
+    s = sum(exp(x - m)) and L = log2(n):
+
+    - softmax: relative error <= u * (|x - m| + L + slack): the element's argument x - m_s and
+      its segment's m_s - m add up to |x - m| (x <= m_s <= m); the sum's relative error is L u
+      plus its exps' (positive terms);
+    - log_softmax = (x - m) - log(s): absolute error <= u * (2 |x - m| + 4 |log s| + |y| + L +
+      slack) (the subtraction, log's error and the sum's relative error carried into log s, the
+      final rounding);
+    - logsumexp = m + log(s): absolute error <= u * (|m| + 4 |log s| + L + slack).
+    """
+    u = 2.0 ** -24
+    x = _data((3, n), torch.float32, seed=5)
+    got = _call(op, x).double()
+    xs = x.double()
+    m = xs.max(-1, keepdim=True).values
+    s = torch.exp(xs - m).sum(-1, keepdim=True)
+    levels = math.log2(n) if n > 1 else 0.0
+    want = _float64(op, x)
+    err = (got - want).abs()
+    if op == "softmax":
+        bound = u * ((xs - m).abs() + levels + FLOAT32_SLACK_IN_U) * want
+    elif op == "log_softmax":
+        bound = u * (2 * (xs - m).abs() + 4 * s.log().abs() + want.abs() + levels + FLOAT32_SLACK_IN_U)
+    else:
+        m, s = m.squeeze(-1), s.squeeze(-1)
+        bound = u * (m.abs() + 4 * s.log().abs() + levels + FLOAT32_SLACK_IN_U)
+    worst = int(torch.argmax(err / bound))
+    assert torch.all(err <= bound), (f"{op} n={n}: element {worst} off by {float(err.view(-1)[worst]):.3g}, "
+                                     f"bound {float(bound.view(-1)[worst]):.3g}")
 
 
 @needs_kernel
