@@ -4,9 +4,11 @@
 #   benchmarks/ab_trees.sh prepare main=main fused=sampling-fused-reductions ...
 #       (here, in the repository) exports each revision's src/ to .tcache/LABEL/src
 #   benchmarks/ab_trees.sh run "$OUT" main fused ...
-#       (on the device, carrying .tcache) times every label's tree in its own process with
-#       probe_sampling_split.py, twice in alternating order, then compares the labels' tokens
-#       and times into $OUT/compare.txt and drops the token files (few files come back).
+#       (on the device, carrying .tcache) compiles every label's kernels first (WARM_SHARES
+#       parallel processes per label: compiling, not timing, is most of a cold run), then times
+#       every label's tree in its own process with probe_sampling_split.py, twice in alternating
+#       order, compares the labels' tokens and times into $OUT/compare.txt, gathers the runs'
+#       logs into $OUT/runs.txt and drops the token files (few files come back).
 #
 # .tcache is in .git/info/exclude; carry it with the device call (carry: [".tcache"]).
 set -euo pipefail
@@ -28,6 +30,15 @@ case "$mode" in
     out=${1:?the output folder}
     shift
     export PYTHONUNBUFFERED=1
+    shares=${WARM_SHARES:-4}
+    for label in "$@"; do
+      for ((i = 0; i < shares; i++)); do
+        PYTHONPATH=".tcache/$label/src:benchmarks" python benchmarks/probe_sampling_split.py --warm "$i" "$shares" \
+          > "$out/warm-$label-$i.txt" 2>&1 &
+      done
+    done
+    wait
+    echo "warmed: $(date +%T)"
     for round in 1 2; do
       for label in "$@"; do
         PYTHONPATH=".tcache/$label/src:benchmarks" python benchmarks/probe_sampling_split.py \
@@ -39,7 +50,8 @@ case "$mode" in
     for round in 1 2; do for label in "$@"; do labels+=("$label$round"); done; done
     PYTHONPATH=benchmarks python benchmarks/probe_sampling_split.py --compare "$out" "${labels[@]}" \
       | tee "$out/compare.txt"
-    rm -f "$out"/tokens-*.pt "$out"/split-*.txt
+    for f in "$out"/split-*.txt "$out"/warm-*.txt; do echo "=== $(basename "$f")"; cat "$f"; done > "$out/runs.txt"
+    rm -f "$out"/tokens-*.pt "$out"/split-*.txt "$out"/warm-*.txt
     ;;
   *)
     echo "usage: $0 prepare LABEL=REV ... | run OUT LABEL ..." >&2

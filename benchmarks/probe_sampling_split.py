@@ -4,6 +4,10 @@ that two source trees can be compared in alternating processes:
     PYTHONPATH=OLD/src:benchmarks python benchmarks/probe_sampling_split.py LABEL OUT_DIR
     PYTHONPATH=src:benchmarks     python benchmarks/probe_sampling_split.py LABEL OUT_DIR
     python benchmarks/probe_sampling_split.py --compare OUT_DIR LABEL_A LABEL_B ...
+    PYTHONPATH=...                python benchmarks/probe_sampling_split.py --warm I K
+
+(``--warm I K`` runs the I-th of K shares of the cases once, compiling their kernels into
+Triton's cache: a driver warms a tree in K parallel processes before the timing process.)
 
 151936 logits (the gpu_sampling inputs), batch 64 and 1, fp32 and bf16, peaked and flat rows;
 top-p 0.9, min-p 0.05, top-k 50, top-k 50 + top-p 0.9, top_k(50); the programs per row at the
@@ -69,6 +73,15 @@ def measure(label, out_dir):
         json.dump({f"{k[0]} | {v}": t for (k, v), t in times.items()}, f, indent=1)
 
 
+def warm(share, shares):
+    from treefold._ops import sampling as ops
+    for i, (key, x, seeds, config) in enumerate(cases()):
+        if i % shares == share:
+            for per_sm in PER_SM:
+                call(ops, x, seeds, config, per_sm)()
+    torch.cuda.synchronize()
+
+
 def top_p_kernel_times(ops):
     """Each launch's time in the top-p 0.9 call at 64 rows, fp32 (torch profiler)."""
     from gpu_sampling import logits
@@ -101,5 +114,7 @@ def compare(out_dir, labels):
 if __name__ == "__main__":
     if sys.argv[1] == "--compare":
         compare(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "--warm":
+        warm(int(sys.argv[2]), int(sys.argv[3]))
     else:
         measure(sys.argv[1], sys.argv[2])
