@@ -107,46 +107,52 @@ def test_matches_float64_reference(op, dtype, n, poisoned_outputs):
     assert got.dtype == dtype and got.shape == want.shape
 
 
-#: float32 outputs, per element, in units of u = 2^-24 (derived in the test below): exp's own
-#: error (up to 2 ulps, 4u, on the GPU's fast exp) twice (the element's and its segment's
-#: factor), the row sum's (log2(n) levels of the tree plus its terms' exps), and a few single
-#: roundings: at most 16u, beside the terms that grow with the data.
-FLOAT32_SLACK_IN_U = 16.0
+#: Errors of the float32 steps, in units of u = 2^-24 (an ulp is at most 2u relative): the GPU's
+#: fast exp, up to 2 ulps; its approximate log, up to 2 ulps of the result or 4u absolute near
+#: log = 0 (LOG_ERROR_U (|log s| + 1) covers both); a single rounding, u.
+EXP_ERROR_U = 4.0
+LOG_ERROR_U = 4.0
 
 
 @needs_kernel
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
 def test_float32_error_of_each_output_is_bounded_by_its_distance_from_the_maximum(op, n, poisoned_outputs):
-    """float32 outputs have no fixed bound in ulps: exp's argument x - m is rounded, so
-    exp(x - m) carries a relative error up to u * |x - m|, which grows with the row's range
-    (17 ulps at this data on the CPU, 26 on the H200). Per element, with m the row maximum,
-    s = sum(exp(x - m)) and L = log2(n):
+    """float32 outputs have no fixed bound in ulps: an exp's argument d = x - m is rounded (u |d|),
+    and the fast exp rounds d * log2(e) once more (another u |d| in the result), so exp(d) carries
+    a relative error up to 2u |d| + EXP_ERROR_U, which grows with the row's range (17 ulps at
+    this data on the CPU, 26 on the H200). An element's exp is taken from its segment's maximum
+    m_s, times a factor exp(m_s - m): the two arguments add up to |x - m| (x <= m_s <= m), the two
+    exps' own errors to 2 EXP_ERROR_U. In units of u, with t_j = exp(x_j - m), s = sum(t_j) and
+    L = log2(n) tree levels, the row sum's relative error is at most
 
-    - softmax: relative error <= u * (|x - m| + L + slack): the element's argument x - m_s and
-      its segment's m_s - m add up to |x - m| (x <= m_s <= m); the sum's relative error is L u
-      plus its exps' (positive terms);
-    - log_softmax = (x - m) - log(s): absolute error <= u * (2 |x - m| + 4 |log s| + |y| + L +
-      slack) (the subtraction, log's error and the sum's relative error carried into log s, the
-      final rounding);
-    - logsumexp = m + log(s): absolute error <= u * (|m| + 4 |log s| + L + slack).
+        S = sum_j t_j (2 |x_j - m| + 2 EXP_ERROR_U) / s + L
+
+    (positive terms: each term's error weighted by its share, one rounding per level), and:
+
+    - softmax, relative: 2 |x - m| + 2 EXP_ERROR_U + S + 2 (the factor's division, the product);
+    - log_softmax = (x - m) - log(s), absolute: |x - m| + S + LOG_ERROR_U (|log s| + 1) + |y| + 2;
+    - logsumexp = m + log(s), absolute: |m| + S + LOG_ERROR_U (|log s| + 1) + |log s| + 2.
     """
     u = 2.0 ** -24
     x = _data((3, n), torch.float32, seed=5)
     got = _call(op, x).double()
     xs = x.double()
     m = xs.max(-1, keepdim=True).values
-    s = torch.exp(xs - m).sum(-1, keepdim=True)
+    d = (xs - m).abs()
+    t = torch.exp(xs - m)
+    s = t.sum(-1, keepdim=True)
     levels = math.log2(n) if n > 1 else 0.0
+    sum_error = (t * (2 * d + 2 * EXP_ERROR_U)).sum(-1, keepdim=True) / s + levels
     want = _float64(op, x)
     err = (got - want).abs()
     if op == "softmax":
-        bound = u * ((xs - m).abs() + levels + FLOAT32_SLACK_IN_U) * want
+        bound = u * (2 * d + 2 * EXP_ERROR_U + sum_error + 2) * want
     elif op == "log_softmax":
-        bound = u * (2 * (xs - m).abs() + 4 * s.log().abs() + want.abs() + levels + FLOAT32_SLACK_IN_U)
+        bound = u * (d + sum_error + LOG_ERROR_U * (s.log().abs() + 1) + want.abs() + 2)
     else:
-        m, s = m.squeeze(-1), s.squeeze(-1)
-        bound = u * (m.abs() + 4 * s.log().abs() + levels + FLOAT32_SLACK_IN_U)
+        m, s, sum_error = m.squeeze(-1), s.squeeze(-1), sum_error.squeeze(-1)
+        bound = u * (m.abs() + sum_error + LOG_ERROR_U * (s.log().abs() + 1) + s.log().abs() + 2)
     worst = int(torch.argmax(err / bound))
     assert torch.all(err <= bound), (f"{op} n={n}: element {worst} off by {float(err.view(-1)[worst]):.3g}, "
                                      f"bound {float(bound.view(-1)[worst]):.3g}")
