@@ -726,9 +726,18 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
         monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", defaults[1])
         return out
 
+    # boundary lists longer than PAIRWISE_MAX: near-flat rows, which the sub-bin pass shortens
+    # (``_refine``), and a tie group it cannot, which the bracket search resolves
+    long_lists = (torch.randn(2, 600, generator=g) * 0.05, torch.zeros(2, 600))
+
     def outputs():
         out = greedy_ties()
         out += [ops.sample_rows(x, t, None, None, None, seeds, 3, **launch) for t in (0.0, 0.8)]
+        for rows in long_lists:
+            out.append(ops.sample_rows(rows, 0.8, None, 0.9, None, seeds[:2], 3, **launch))
+            out.append(ops.sample_rows(rows, 0.8, 20, 0.5, None, seeds[:2], 3, **launch))
+            out.append(ops.filter_rows(rows, None, 0.9, None, probs=True, **launch))
+            out.append(ops.filter_rows(rows, 20, 0.5, 0.1, probs=True, **launch))
         for c in configs:
             args = (c.get("top_k"), c.get("top_p"), c.get("min_p"))
             out.append(ops.sample_rows(x, 0.8, *args, seeds, 3, **launch))
