@@ -8,7 +8,8 @@
 #       parallel processes per label: compiling, not timing, is most of a cold run), then times
 #       every label's tree in its own process with probe_sampling_split.py, twice in alternating
 #       order, compares the labels' tokens and times into $OUT/compare.txt, gathers the runs'
-#       logs into $OUT/runs.txt and drops the token files (few files come back).
+#       logs into $OUT/runs.txt and their times into $OUT/runs.json, and drops the rest (few
+#       files come back).
 #
 # .tcache is in .git/info/exclude; carry it with the device call (carry: [".tcache"]).
 set -euo pipefail
@@ -51,7 +52,12 @@ case "$mode" in
     PYTHONPATH=benchmarks python benchmarks/probe_sampling_split.py --compare "$out" "${labels[@]}" \
       | tee "$out/compare.txt"
     for f in "$out"/split-*.txt "$out"/warm-*.txt; do echo "=== $(basename "$f")"; cat "$f"; done > "$out/runs.txt"
-    rm -f "$out"/tokens-*.pt "$out"/split-*.txt "$out"/warm-*.txt
+    python - "$out" <<'PY'
+import glob, json, os, sys
+runs = {os.path.basename(f)[6:-5]: json.load(open(f)) for f in sorted(glob.glob(os.path.join(sys.argv[1], "split-*.json")))}
+json.dump(runs, open(os.path.join(sys.argv[1], "runs.json"), "w"), indent=1)
+PY
+    rm -f "$out"/tokens-*.pt "$out"/split-*.txt "$out"/split-*.json "$out"/warm-*.txt
     ;;
   *)
     echo "usage: $0 prepare LABEL=REV ... | run OUT LABEL ..." >&2
