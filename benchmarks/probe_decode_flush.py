@@ -6,9 +6,10 @@ them, timed three ways, and what do_bench's L2 flush costs every provider:
 
 - "graph": 20 calls in one CUDA graph, L2 warm (``treefold.bench.timing.cuda_graph_us``): what
   the strategy rule was chosen on.
-- "dirty": ``triton.testing.do_bench`` as the bench runs it. Its flush writes zeros over 256 MB,
-  so the timed call finds the L2 full of dirty lines: every line it brings in first writes one
-  back, and a call that reads 19 MB pays for up to the L2's worth of write-backs besides.
+- "dirty": the flush ``triton.testing.do_bench`` (and so the bench) uses, zeros written over
+  256 MB, so the timed call finds the L2 full of dirty lines: every line it brings in first
+  writes one back, and a call that reads 19 MB pays for up to the L2's worth of write-backs
+  besides. Unlike do_bench, each call is synchronised before the next flush.
 - "clean": the same zeroing, then a read of another 256 MB buffer before the timed call, so the
   L2 holds clean lines of neither input: the call pays for its own bytes alone.
 
