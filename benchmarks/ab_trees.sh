@@ -31,26 +31,38 @@ case "$mode" in
     out=${1:?the output folder}
     shift
     export PYTHONUNBUFFERED=1
+    shopt -s nullglob
     shares=${WARM_SHARES:-4}
+    pids=()
     for label in "$@"; do
       for ((i = 0; i < shares; i++)); do
         PYTHONPATH=".tcache/$label/src:benchmarks" python benchmarks/probe_sampling_split.py --warm "$i" "$shares" \
           > "$out/warm-$label-$i.txt" 2>&1 &
+        pids+=("$!:$label-$i")
       done
     done
-    wait
+    for entry in "${pids[@]}"; do
+      wait "${entry%%:*}" || echo "warming ${entry#*:} failed: see warm-${entry#*:}.txt in runs.txt"
+    done
     echo "warmed: $(date +%T)"
     for round in 1 2; do
       for label in "$@"; do
         PYTHONPATH=".tcache/$label/src:benchmarks" python benchmarks/probe_sampling_split.py \
-          "$label$round" "$out" > "$out/split-$label$round.txt" 2>&1
+          "$label$round" "$out" > "$out/split-$label$round.txt" 2>&1 || echo "$label$round failed"
         echo "$label$round: $(tail -1 "$out/split-$label$round.txt")"
       done
     done
+    # only the labels whose runs wrote their times are compared; the logs and cleanup follow anyway
     labels=()
-    for round in 1 2; do for label in "$@"; do labels+=("$label$round"); done; done
-    PYTHONPATH=benchmarks python benchmarks/probe_sampling_split.py --compare "$out" "${labels[@]}" \
-      | tee "$out/compare.txt"
+    for round in 1 2; do
+      for label in "$@"; do
+        [[ -f "$out/split-$label$round.json" ]] && labels+=("$label$round")
+      done
+    done
+    if ((${#labels[@]})); then
+      PYTHONPATH=benchmarks python benchmarks/probe_sampling_split.py --compare "$out" "${labels[@]}" \
+        | tee "$out/compare.txt" || echo "compare failed"
+    fi
     for f in "$out"/split-*.txt "$out"/warm-*.txt; do echo "=== $(basename "$f")"; cat "$f"; done > "$out/runs.txt"
     python - "$out" <<'PY'
 import glob, json, os, sys

@@ -60,7 +60,10 @@ def warm(i, k):
     for rows in ROWS:
         x = _inputs(rows)
         for label in list(VARIANTS)[i::k]:
-            _call(x, *VARIANTS[label])()
+            try:
+                _call(x, *VARIANTS[label])()
+            except ValueError:  # a strategy the shape does not take (main says which)
+                pass
     torch.cuda.synchronize()
 
 

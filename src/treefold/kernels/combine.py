@@ -29,7 +29,9 @@ def start_dependent_launch(WAIT_FOR_PRIOR: tl.constexpr, RELEASE_DEPENDENTS: tl.
     """The start of a kernel that takes part in programmatic dependent launches (sm_90).
     RELEASE_DEPENDENTS: the next launch may start its programs now (they still wait for this
     one's writes); WAIT_FOR_PRIOR: wait until the previous launch has finished and its writes
-    are visible, before anything is read or written. Both False: nothing."""
+    are visible, before anything it may have written is read and before anything is written.
+    A kernel may load what no launch of its call writes (its inputs) before calling this, so
+    that those loads overlap the wait. Both False: nothing."""
     if RELEASE_DEPENDENTS:
         gdc_launch_dependents()
     if WAIT_FOR_PRIOR:
