@@ -72,9 +72,10 @@ BLOCK_PROGRAM_ELEMENTS = 8192
 #: Rows that do not fit in registers: "split" while rows * this <= number of SMs (decode batches:
 #: its second read hits L2, and it measured faster than "cooperative" at 1 and 64 rows of
 #: 151936, with the input in L2 and from HBM: 6.4 against 9.4 us and 20.3 against 22.9 us after
-#: a flush that leaves clean lines, benchmarks/results/h200-probe-decode-flush.txt); else softmax and log_softmax rows of up to ONLINE_ELEMENTS stream "online" (the
-#: second read hits L2 while the rows in flight fit there: 4096 x 32768 bf16 on the H200, three
-#: interleaved rounds, online 81.0% of the roof against 76.8% for "cooperative"); else
+#: a flush that leaves clean lines, benchmarks/results/h200-probe-decode-flush.txt); else
+#: softmax and log_softmax rows of up to ONLINE_ELEMENTS stream "online" (the second read hits
+#: L2 while the rows in flight fit there: 4096 x 32768 bf16 on the H200, three interleaved
+#: rounds, online 81.0% of the roof against 76.8% for "cooperative"); else
 #: "cooperative" (one read; 256 x 131072: 59.2% against 46.8-47.6% online at 4-8 warps), else
 #: "online".
 SPLIT_ROWS_PER_SM = 2

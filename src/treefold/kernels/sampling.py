@@ -373,8 +373,8 @@ def _fixed_mass(y, m, finite):
 def _row_setup(row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
                offset_stride, T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
                MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr):
-    """A row's parameters, as the resolve pass needs them: (1 / t, noise scale, the parameters
-    are valid, k, p, min_p, seed, stream, offset)."""
+    """A row's parameters, as the compaction and resolve passes need them: (1 / t, noise scale,
+    the parameters are valid, k, p, min_p, seed, stream, offset)."""
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
     s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR,
@@ -921,9 +921,9 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
-    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
-    k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
-    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
+    inv_t, noise_scale, valid_row, k, p, mp, s, stream, o = _row_setup(
+        row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
+        offset_stride, T_ROW, K_ROW, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
     plan_row = plan_ptr + row * PLAN_SLOTS
     lo = tl.load(plan_row + PLAN_LO)
     hi = tl.load(plan_row + PLAN_HI)
@@ -932,7 +932,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
     race_in_place = tl.load(plan_row + PLAN_RACE_IN_PLACE) != 0
     m = tl.load(plan_row + PLAN_MAX_BITS).to(tl.float32, bitcast=True)
     minp_on = mp > 0.0  # as in ``_plan``: an absent min-p arrives as 0
-    live_row = t_ok & f_ok & (n_valid > 0)
+    live_row = valid_row & (n_valid > 0)
     from_list = live_row & False
     pre_count = 0
     if PRELIST_BINS > 0:
@@ -1021,8 +1021,7 @@ def _race_listed(keep, y, idx, seed, stream, offset, noise_scale, best_score, be
     g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
     score = tl.where(keep, y + g, float("-inf"))
     top, at = _winner(score, tl.where(keep, idx, INT64_MAX), INT64_MAX)
-    take = (top > best_score) | ((top == best_score) & (at < best_index))
-    return tl.where(take, top, best_score), tl.where(take, at, best_index)
+    return _race_pick(best_score, best_index, top, at)
 
 
 @triton.jit

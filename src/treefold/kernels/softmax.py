@@ -277,6 +277,14 @@ def _outputs(a, b, e, f, c0, c1, inv_temperature, OP: tl.constexpr, BACKWARD: tl
 
 
 @triton.jit
+def _segment_maxima(part_p_ptr, row64, num_segments, segments):
+    """The forward softmax's segment maxima m_s' of ``segments`` from PARTIALS' buffer (-inf
+    past the row's last segment)."""
+    return tl.load(part_p_ptr + row64 * num_segments + segments, mask=segments < num_segments,
+                   other=float("-inf"))
+
+
+@triton.jit
 def _store_block_outputs(dst_block_ptrs, mask, a, b, p, c0, c1, inv_temperature, OP: tl.constexpr,
                          BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr):
     """Write the outputs of a loaded ``[SEGS, OUTER, INNER]`` block (a, b) whose segment maxima
@@ -490,9 +498,7 @@ def softmax_kernel(
             p = tl.zeros([SEG_BLOCK], tl.float32)  # segment maxima: read by the softmax forward alone
             if OP == SOFTMAX and not BACKWARD:
                 # (loaded with the partials, not after their merge)
-                segments = first_segment + block_segments
-                p = tl.load(part_p_ptr + row64 * num_segments + segments, mask=segments < num_segments,
-                            other=float("-inf"))
+                p = _segment_maxima(part_p_ptr, row64, num_segments, first_segment + block_segments)
             c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                               LOG2_SEG_POW2, OP, BACKWARD, "")
             _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
@@ -536,9 +542,8 @@ def softmax_kernel(
                     if OP == SOFTMAX and not BACKWARD:
                         # the segment maxima of this block, from the buffers or the online array
                         if PHASE == FINISH:
-                            segments = first_segment + block * SEG_BLOCK + block_segments
-                            p = tl.load(part_p_ptr + row64 * num_segments + segments,
-                                        mask=segments < num_segments, other=float("-inf"))
+                            p = _segment_maxima(part_p_ptr, row64, num_segments,
+                                                first_segment + block * SEG_BLOCK + block_segments)
                         else:
                             p = tl.max(tl.where(block_ids == block, p_all, float("-inf")), axis=0)
                     _store_block_outputs(dst_row + cols, mask, a, b, p, c0, c1, inv_temperature, OP, BACKWARD,
