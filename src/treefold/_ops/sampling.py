@@ -323,8 +323,10 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins, PREFETCH=g.prefetch,
-        num_warps=g.num_warps, **middle)
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins,
+        # a dependent launch loads its first segment before it waits (prefetched), whatever the
+        # segments per program
+        PREFETCH=g.prefetch or "WAIT_FOR_PRIOR" in middle, num_warps=g.num_warps, **middle)
     # Sampling: rows with more sure-kept tokens than the resolve pass races cheaply race them in
     # place, in the compaction pass or in a race launch after it. A scalar top_k <= SURE_LIST_MAX
     # leaves at most k tokens before the boundary bins in every row: nothing to race there.

@@ -758,7 +758,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         part_total_ptr: int64 [rows, programs_per_row] out: the sum of w * 2^40 (truncated),
             w = exp(y - m), over the program's finite tokens.
         hist_ptr: int32 [rows, NUM_BINS], accumulated.
-        programs_per_row, temperature, T_ROW, WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as above.
+        programs_per_row, temperature, T_ROW, WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as above; with
+            PREFETCH the first segment is loaded before the wait of WAIT_FOR_PRIOR.
         PARTS_POW2: next power of two of programs_per_row.
         NUM_BINS, BINS_PER_NAT: the bins (see ``_bin_of``).
         ALL_VALUES: count non-finite logits too (top_k orders every value).
@@ -769,18 +770,20 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
             listing once it sees the row's count pass the capacity.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
-    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
+    lanes = tl.arange(0, WIDTH)
+    # The logits are no pass's output: the first segment's loads go out before the wait for the
+    # segment maxima, and their latency overlaps it and the maxima's load and reduction.
+    raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
     prelist_row = prelist_ptr + row * prelist_stride
     room = tl.full([], 1, tl.int1)  # (a tensor from the start: prelist_stride may be a constant 1)
     counts = tl.zeros([NUM_BINS], tl.int32)
     lane_mass = tl.zeros([WIDTH], tl.int64)
-    lanes = tl.arange(0, WIDTH)
-    raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
     for j in range(SEGMENTS_PER_PROGRAM):
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
                                                           SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
