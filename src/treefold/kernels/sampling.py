@@ -920,10 +920,15 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
             ``bin_histogram_kernel`` wrote it (PRELIST_BINS = 0: every row reads its logits).
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
-    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
+    lanes = tl.arange(0, WIDTH)
+    if PRELIST_BINS == 0:
+        # Without a pre-list every live row is read whole: the first segment's loads go out
+        # before the wait for the plan, and their latency overlaps it and the plan's loads.
+        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     inv_t, noise_scale, valid_row, k, p, mp, s, stream, o = _row_setup(
         row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
         offset_stride, T_ROW, K_ROW, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
@@ -951,11 +956,11 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
     lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
     lane_index = tl.full([WIDTH], n, tl.int32)
     fine = tl.zeros([FINE_BINS], tl.int32)
-    lanes = tl.arange(0, WIDTH)
     if live_row:
-        # (a pre-listed row prefetches nothing of its logits: no column is below 0)
-        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, tl.where(from_list, 0, n), SEGMENTS_PER_PROGRAM,
-                             WIDTH, PREFETCH)
+        if PRELIST_BINS > 0:
+            # (a pre-listed row prefetches nothing of its logits: no column is below 0)
+            raw = _first_segment(x_ptr, row, stride_x, prog, lanes, tl.where(from_list, 0, n),
+                                 SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         for j in range(SEGMENTS_PER_PROGRAM):
             g = j * programs_per_row + prog  # the pre-list's segment (a pre-listed row)
             if (from_list == 0) | (g * WIDTH < pre_count):
