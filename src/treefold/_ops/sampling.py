@@ -187,11 +187,14 @@ def _chained(dev: torch.device) -> tuple:
             dict(WAIT_FOR_PRIOR=True, launch_pdl=True))
 
 
-def _prefetch(g: Plan, chained: dict, loads_before_wait: bool) -> bool:
-    """PREFETCH of a pass after the first: the plan's, or True when the pass is a dependent launch
-    (``chained`` from ``_chained``) whose kernel loads its first segment of logits before it waits
-    for the previous pass (``loads_before_wait``): that load then overlaps the wait, whatever the
+def _prefetch(g: Plan, asked: Optional[bool], chained: dict, loads_before_wait: bool) -> bool:
+    """PREFETCH of a pass after the first: what the caller ``asked`` for (a launch choice under
+    study), else the plan's, or True when the pass is a dependent launch (``chained`` from
+    ``_chained``) whose kernel loads its first segment of logits before it waits for the
+    previous pass (``loads_before_wait``): that load then overlaps the wait, whatever the
     segments per program."""
+    if asked is not None:
+        return asked
     return g.prefetch or ("WAIT_FOR_PRIOR" in chained and loads_before_wait)
 
 
@@ -332,7 +335,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins,
-        PREFETCH=_prefetch(g, middle, True), num_warps=g.num_warps, **middle)
+        PREFETCH=_prefetch(g, prefetch, middle, True), num_warps=g.num_warps, **middle)
     # Sampling: rows with more sure-kept tokens than the resolve pass races cheaply race them in
     # place, in the compaction pass or in a race launch after it. A scalar top_k <= SURE_LIST_MAX
     # leaves at most k tokens before the boundary bins in every row: nothing to race there.
@@ -352,7 +355,8 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
-        RACE_SURE=race_in_compaction, PRELIST_BINS=prelist_bins, PREFETCH=_prefetch(g, middle, not prelist_bins),
+        RACE_SURE=race_in_compaction, PRELIST_BINS=prelist_bins,
+        PREFETCH=_prefetch(g, prefetch, middle, not prelist_bins),
         num_warps=_compact_warps(g, grid[0], _sm_count(dev)), **middle)
     if sure_race and not race_in_compaction:
         # (the other rows' programs read their plan and store no winner)
