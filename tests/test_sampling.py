@@ -467,6 +467,7 @@ def test_top_k_equals_stable_sort(device, dtype):
 def test_long_boundary_lists_take_the_sort_and_the_search(device, monkeypatch):
     """Short pairwise, sort and bracket-search tiers give the same answers (tiny tiers here)."""
     monkeypatch.setattr(ops, "PAIRWISE_MAX", 4)
+    monkeypatch.setattr(ops, "PAIRWISE_MAX_TOP_K", 4)
     monkeypatch.setattr(ops, "PAIR_CHUNK", 2)
     monkeypatch.setattr(ops, "SORT_MAX", 16)
     monkeypatch.setattr(ops, "SEARCH_BLOCK", 8)

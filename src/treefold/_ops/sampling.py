@@ -39,8 +39,18 @@ BINS_PER_NAT = 4.0
 FINE_BINS = 64
 #: ``resolve_kernel`` ranks boundary lists up to this long by pairwise comparisons (PAIR_CHUNK
 #: tokens at a time); a longer one is first cut down with the sub-bins, and what is still longer
-#: (a huge tie group) takes the bracket search.
-PAIRWISE_MAX = 128
+#: (a huge tie group) takes the bracket search. The ranking costs its full [PAIRWISE_MAX,
+#: PAIR_CHUNK] tiles whatever the list's length (SM clock stamps in the one resolve program, one
+#: row of 151936 fp32 on the H200: 6.1 us of a 13.7 us resolve under top-p 0.9, 6.2 us for
+#: min-p's empty list). H200, CUDA graph, L2 flushed, 151936 fp32 logits, the same tokens
+#: (results/h200-probe-pairwise.txt), 128 -> 64: one row top-p 0.9 29.1 -> 25.5 us, min-p 0.05
+#: 23.1 -> 19.7, top-k 50 18.6 -> 17.1, top-k 50 + top-p 23.1 -> 19.6; 64 rows top-p 108.1 ->
+#: 104.2, min-p 104.5 -> 100.8, top-k 50 + top-p 97.1 -> 94.2, flat rows equal or faster. 32 was
+#: faster still for top-p and min-p but 37-65 us slower for top-k 50 + top-p (lists of about 45
+#: tokens then take the bracket search); chunks of 16 gained nothing. ``top_k`` keeps 128
+#: (PAIRWISE_MAX_TOP_K): at 64 it sorted more lists, 64 rows top_k(50) 89.4 -> 101.3 us.
+PAIRWISE_MAX = 64
+PAIRWISE_MAX_TOP_K = 128
 PAIR_CHUNK = 32
 #: ``top_k`` sorts lists up to this long; the largest k the kernels serve (larger k: a stable
 #: torch.sort).
@@ -325,6 +335,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
     prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
     first, middle, last = _chained(dev)
+    pairwise_max = PAIRWISE_MAX_TOP_K if mode == kernels.MODE_TOPK.value else PAIRWISE_MAX
     run(_SEGMENT_MAX,
         grid, x, n, x.stride(0), part_max, hist, fine, counter, prelist_count, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
@@ -354,7 +365,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         g.programs_per_row, t, k, p, mp, filters,
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=PAIRWISE_MAX, ALL_VALUES=all_values,
+        BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=pairwise_max, ALL_VALUES=all_values,
         RACE_SURE=race_in_compaction, PRELIST_BINS=prelist_bins,
         PREFETCH=_prefetch(g, prefetch, middle, not prelist_bins),
         num_warps=_compact_warps(g, grid[0], _sm_count(dev)), **middle)
@@ -373,8 +384,8 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         s, s_stride, o, o_stride, outputs.get("token", spare), outputs.get("lo", spare), outputs.get("hi", spare),
         outputs.get("thr", spare), outputs.get("max", spare), outputs.get("mass", spare),
         outputs.get("values", spare), outputs.get("indices", spare), k_out,
-        **flags, MODE=mode, PARTS_POW2=g.parts_pow2, SORT_SMALL=PAIRWISE_MAX,
-        PAIR_CHUNK=min(PAIR_CHUNK, PAIRWISE_MAX), SORT_LARGE=SORT_MAX,
+        **flags, MODE=mode, PARTS_POW2=g.parts_pow2, SORT_SMALL=pairwise_max,
+        PAIR_CHUNK=min(PAIR_CHUNK, pairwise_max), SORT_LARGE=SORT_MAX,
         SEARCH_BLOCK=SEARCH_BLOCK, SLOTS=SEARCH_SLOTS, FINE_BINS=FINE_BINS,
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, SURE_PARTIALS=sure_race,
         num_warps=RESOLVE_WARPS if mode == kernels.MODE_SAMPLE.value else RESOLVE_WARPS_TOP_K_AND_MASKS,
