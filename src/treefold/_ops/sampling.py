@@ -77,6 +77,10 @@ MAX_WIDTH = 1024
 #: logits, p = 1 as a tensor) 150.9 us where listing them all took 494: the resolve pass races
 #: about 0.5 tokens per ns per row.
 SURE_LIST_MAX = 8192
+#: The same limit on grids where the compaction races in place itself (``race_in_compaction``:
+#: at most COMPACT_RACE_PROGRAMS_PER_SM programs per SM, e.g. one row of 151936), where the
+#: in-place race is spread over all the row's programs at once instead of a launch of its own.
+SURE_LIST_MAX_IN_COMPACTION = SURE_LIST_MAX
 #: Sampling: the compaction pass races sure-kept tokens in place itself (``compact_kernel``'s
 #: RACE_SURE) when its grid has at most this many programs per SM, the most its registers allow
 #: with that race in it (154 on sm_90): all programs are then resident at once either way, and
@@ -357,7 +361,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     run(_PLAN,
         (rows,), part_max, part_total, hist, plan_rows, n, g.programs_per_row, t, k, p, mp, filters,
         T_ROW=flags["T_ROW"], K_ROW=flags["K_ROW"], P_ROW=flags["P_ROW"], MINP_ROW=flags["MINP_ROW"], MODE=mode,
-        SURE_LIST_MAX=SURE_LIST_MAX, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
+        SURE_LIST_MAX=SURE_LIST_MAX_IN_COMPACTION if race_in_compaction else SURE_LIST_MAX, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
         num_warps=1, **middle)
     run(_COMPACT,
         grid, x, n, x.stride(0), fine, counter, plan_rows, boundary, n,
