@@ -581,6 +581,7 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
     for sure_list_max in (0, 20, 1 << 20):
         for race_per_sm in (0, 1 << 20):
             monkeypatch.setattr(ops, "SURE_LIST_MAX", sure_list_max)
+            monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", sure_list_max)
             monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", race_per_sm)
             assert all(torch.equal(a, b) for a, b in zip(outputs(), want)), (sure_list_max, race_per_sm)
     try:
@@ -718,13 +719,15 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
         # row: no noise), its sure-kept tokens listed or raced in place
         out = [ops.sample_rows(ties, 0.0, None, None, None, seeds, 3, **launch),
                ops.sample_rows(ties, torch.zeros(3), None, 0.99, None, seeds, 3, **launch)]
-        defaults = ops.SURE_LIST_MAX, ops.COMPACT_RACE_PROGRAMS_PER_SM
+        defaults = ops.SURE_LIST_MAX, ops.COMPACT_RACE_PROGRAMS_PER_SM, ops.SURE_LIST_MAX_IN_COMPACTION
         for race_per_sm in (0, 1 << 20):
             monkeypatch.setattr(ops, "SURE_LIST_MAX", 0)
+            monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", 0)
             monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", race_per_sm)
             out.append(ops.sample_rows(ties, torch.zeros(3), None, 0.99, None, seeds, 3, **launch))
         monkeypatch.setattr(ops, "SURE_LIST_MAX", defaults[0])
         monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", defaults[1])
+        monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", defaults[2])
         return out
 
     # boundary lists longer than PAIRWISE_MAX: near-flat rows, which the sub-bin pass shortens
@@ -744,13 +747,15 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
             out.append(ops.sample_rows(x, 0.8, *args, seeds, 3, **launch))
             out.append(ops.filter_rows(x, *args, probs=True, **launch))
         out.extend(ops.top_k_rows(x, 40, **launch))
-        defaults = ops.SURE_LIST_MAX, ops.COMPACT_RACE_PROGRAMS_PER_SM
+        defaults = ops.SURE_LIST_MAX, ops.COMPACT_RACE_PROGRAMS_PER_SM, ops.SURE_LIST_MAX_IN_COMPACTION
         for race_per_sm in (0, 1 << 20):  # every sure-kept token raced: after the compaction, inside it
             monkeypatch.setattr(ops, "SURE_LIST_MAX", 0)
+            monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", 0)
             monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", race_per_sm)
             out.append(ops.sample_rows(x, 0.8, None, 0.95, None, seeds, 4, **launch))
         monkeypatch.setattr(ops, "SURE_LIST_MAX", defaults[0])
         monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", defaults[1])
+        monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", defaults[2])
         return out
 
     assert not kernels.FUSED_REDUCTIONS
@@ -788,6 +793,9 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
                                                      "COMPACT_RACE_PROGRAMS_PER_SM")}
     monkeypatch.setattr(ops, "PRELIST_ONLY_WITH_TOP_P", False)
     monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
+    # what the compaction hands on is compared with and without a pre-list: the sure-kept tokens
+    # listed in both (a compaction without one would otherwise race them in place on these grids)
+    monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", ops.SURE_LIST_MAX)
     g = torch.Generator().manual_seed(21)
     n = 400
     x = torch.randn(3, n, generator=g) * torch.tensor([[6.0], [8.0], [0.3]])

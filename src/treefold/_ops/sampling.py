@@ -48,9 +48,13 @@ FINE_BINS = 64
 #: 104.2, min-p 104.5 -> 100.8, top-k 50 + top-p 97.1 -> 94.2, flat rows equal or faster. 32 was
 #: faster still for top-p and min-p but 37-65 us slower for top-k 50 + top-p (lists of about 45
 #: tokens then take the bracket search); chunks of 16 gained nothing. ``top_k`` keeps 128
-#: (PAIRWISE_MAX_TOP_K): at 64 it sorted more lists, 64 rows top_k(50) 89.4 -> 101.3 us.
+#: (PAIRWISE_MAX_TOP_K): at 64 it sorted more lists, 64 rows top_k(50) 89.4 -> 101.3 us. So do
+#: 16-bit logits (PAIRWISE_MAX_16BIT; only fp32 was measured at 64): their values tie in groups
+#: the sub-bins cannot split (bf16 rows of standard deviation 4 near a top-p 0.9 boundary: 17-76
+#: tokens per value), and a group longer than the limit takes the bracket search.
 PAIRWISE_MAX = 64
 PAIRWISE_MAX_TOP_K = 128
+PAIRWISE_MAX_16BIT = 128
 PAIR_CHUNK = 32
 #: ``top_k`` sorts lists up to this long; the largest k the kernels serve (larger k: a stable
 #: torch.sort).
@@ -78,9 +82,15 @@ MAX_WIDTH = 1024
 #: about 0.5 tokens per ns per row.
 SURE_LIST_MAX = 8192
 #: The same limit on grids where the compaction races in place itself (``race_in_compaction``:
-#: at most COMPACT_RACE_PROGRAMS_PER_SM programs per SM, e.g. one row of 151936), where the
-#: in-place race is spread over all the row's programs at once instead of a launch of its own.
-SURE_LIST_MAX_IN_COMPACTION = SURE_LIST_MAX
+#: at most COMPACT_RACE_PROGRAMS_PER_SM programs per SM, e.g. one row of 151936): there the
+#: in-place race is spread over all the row's programs at once, in a pass that reads the logits
+#: anyway (when it reads no pre-list), so every row races in place and the resolve pass only
+#: merges the winners. H200, CUDA
+#: graph, L2 flushed, one row of 151936, the same tokens (results/h200-probe-resolve-one-row.txt),
+#: 8192 -> 0: fp32 top-p 0.9 25.5 -> 24.5 us, min-p 0.05 19.5 -> 18.0, bf16 top-p 83.4 -> 83.7
+#: (an input whose resolve is slow for another reason: not yet diagnosed); top-k 50 and 64 rows
+#: do not race in the compaction: unchanged.
+SURE_LIST_MAX_IN_COMPACTION = 0
 #: Sampling: the compaction pass races sure-kept tokens in place itself (``compact_kernel``'s
 #: RACE_SURE) when its grid has at most this many programs per SM, the most its registers allow
 #: with that race in it (154 on sm_90): all programs are then resident at once either way, and
@@ -339,7 +349,8 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
     prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
     first, middle, last = _chained(dev)
-    pairwise_max = PAIRWISE_MAX_TOP_K if mode == kernels.MODE_TOPK.value else PAIRWISE_MAX
+    pairwise_max = (PAIRWISE_MAX_TOP_K if mode == kernels.MODE_TOPK.value
+                    else PAIRWISE_MAX if x.dtype == torch.float32 else PAIRWISE_MAX_16BIT)
     run(_SEGMENT_MAX,
         grid, x, n, x.stride(0), part_max, hist, fine, counter, prelist_count, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
@@ -358,10 +369,12 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         isinstance(top_k, int) and top_k <= SURE_LIST_MAX)
     race_in_compaction = sure_race and (
         rows * g.programs_per_row <= COMPACT_RACE_PROGRAMS_PER_SM * _sm_count(dev))
+    # (a compaction that reads the pre-list instead of the row would read the row again to race)
+    sure_list_max = SURE_LIST_MAX_IN_COMPACTION if race_in_compaction and not prelist_bins else SURE_LIST_MAX
     run(_PLAN,
         (rows,), part_max, part_total, hist, plan_rows, n, g.programs_per_row, t, k, p, mp, filters,
         T_ROW=flags["T_ROW"], K_ROW=flags["K_ROW"], P_ROW=flags["P_ROW"], MINP_ROW=flags["MINP_ROW"], MODE=mode,
-        SURE_LIST_MAX=SURE_LIST_MAX_IN_COMPACTION if race_in_compaction else SURE_LIST_MAX, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
+        SURE_LIST_MAX=sure_list_max, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
         num_warps=1, **middle)
     run(_COMPACT,
         grid, x, n, x.stride(0), fine, counter, plan_rows, boundary, n,
