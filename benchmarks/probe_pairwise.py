@@ -17,7 +17,6 @@ top-k 50 + top-p 0.9, top_k(50)) and flat (top-p 0.9); 64 rows fp32, peaked (top
 0.05, top-k 50 + top-p 0.9, top_k(50)) and flat (top-p 0.9, min-p 0.05). Each call replayed from a
 CUDA graph (do_bench median, L2 flushed) in three interleaved rounds.
 """
-import os
 import sys
 
 import torch
@@ -25,8 +24,7 @@ import torch
 import treefold  # noqa: F401  (the tree on PYTHONPATH)
 from treefold._ops import sampling as ops
 
-from probe_report import time_graphed_variants, with_values
-from probe_sampling_split import call
+from probe_report import sampling_variants, variant_probe
 
 #: name -> the launcher's settings
 VARIANTS = {
@@ -37,42 +35,16 @@ VARIANTS = {
     "max 32 chunk 16": {"PAIRWISE_MAX": 32, "PAIR_CHUNK": 16},
 }
 CASES = (
-    (1, False, ("top-p 0.9", "min-p 0.05", "top-k 50", "top-k 50 + top-p 0.9", "top_k(50)")),
-    (1, True, ("top-p 0.9",)),
-    (64, False, ("top-p 0.9", "min-p 0.05", "top-k 50 + top-p 0.9", "top_k(50)")),
-    (64, True, ("top-p 0.9", "min-p 0.05")),
+    (1, torch.float32, False, ("top-p 0.9", "min-p 0.05", "top-k 50", "top-k 50 + top-p 0.9", "top_k(50)")),
+    (1, torch.float32, True, ("top-p 0.9",)),
+    (64, torch.float32, False, ("top-p 0.9", "min-p 0.05", "top-k 50 + top-p 0.9", "top_k(50)")),
+    (64, torch.float32, True, ("top-p 0.9", "min-p 0.05")),
 )
 
 
 def table():
-    from gpu_sampling import FLAT, logits
-    out = {}
-    for batch, flat, configs in CASES:
-        x = logits(batch, torch.float32, **({"scale": FLAT} if flat else {}))
-        seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
-        for config in configs:
-            fn = call(ops, x, seeds, config, None)
-            out[(f"{batch} float32 {'flat' if flat else 'peaked'} {config}",)] = {
-                name: with_values(ops, values, fn) for name, values in VARIANTS.items()}
-    return out
-
-
-def warm(variant):
-    for calls in table().values():
-        calls[variant]()
-    torch.cuda.synchronize()
-
-
-def main(out_dir):
-    cases = table()
-    times = time_graphed_variants(cases, os.path.join(out_dir, "pairwise.json"), 3)
-    print("best of 3 rounds, us: " + " | ".join(VARIANTS))
-    for key, calls in cases.items():
-        print(f"{key[0]:36s} " + "  ".join(f"{min(times[(key, name)]):7.1f}" for name in calls))
+    return sampling_variants(ops, VARIANTS, CASES)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--warm":
-        warm(sys.argv[2])
-    else:
-        main(sys.argv[1])
+    variant_probe(sys.argv, VARIANTS, table, "pairwise.json")

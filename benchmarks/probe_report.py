@@ -1,6 +1,7 @@
 """What the probe_* scripts share: timing their calls in interleaved rounds against the same-run
 copy roof (``time_against_roof``) or replayed from CUDA graphs after a check that every variant
-gives the same tensors (``time_graphed_variants``), printing and writing the results as JSON; and
+gives the same tensors (``time_graphed_variants``), printing and writing the results as JSON; the
+command line of the sampling launch-choice probes (``sampling_variants``, ``variant_probe``); and
 the norm backward's inputs (``norm_backward_inputs``)."""
 import json
 import os
@@ -77,6 +78,42 @@ def time_graphed_variants(cases: dict, out_path: str = "", rounds: int = 3) -> d
         with open(out_path, "w") as f:
             json.dump({"checks": checks, "times_us": {f"{k[0]} | {k[1]}": v for k, v in times.items()}}, f, indent=1)
     return times
+
+
+def sampling_variants(ops, variants: dict, cases) -> dict:
+    """{(case,): {variant: call}} for a sampling launch-choice probe: ``cases`` are (batch, dtype,
+    flat, filter names) over the gpu_sampling inputs (151936 logits, peaked or flat), each call
+    ``probe_sampling_split.call`` under ``with_values(ops, settings)`` for every variant
+    (name -> settings of the ``ops`` module)."""
+    from gpu_sampling import FLAT, logits
+    from probe_sampling_split import call
+    out = {}
+    for batch, dtype, flat, configs in cases:
+        x = logits(batch, dtype, **({"scale": FLAT} if flat else {}))
+        seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
+        for config in configs:
+            fn = call(ops, x, seeds, config, None)
+            out[(f"{batch} {str(dtype)[6:]} {'flat' if flat else 'peaked'} {config}",)] = {
+                name: with_values(ops, values, fn) for name, values in variants.items()}
+    return out
+
+
+def variant_probe(argv, variants: dict, table, json_name: str) -> None:
+    """The command line of a launch-choice probe whose ``table()`` gives ``sampling_variants``:
+    ``--warm VARIANT`` runs that variant's calls once (compiling its kernels into Triton's cache,
+    so that a driver can warm the variants in parallel processes first); ``OUT_DIR`` checks and
+    times every variant (``time_graphed_variants``, three rounds, JSON to OUT_DIR/json_name) and
+    prints the best round of each."""
+    if argv[1] == "--warm":
+        for calls in table().values():
+            calls[argv[2]]()
+        torch.cuda.synchronize()
+        return
+    cases = table()
+    times = time_graphed_variants(cases, os.path.join(argv[1], json_name), 3)
+    print("best of 3 rounds, us: " + " | ".join(variants))
+    for key, calls in cases.items():
+        print(f"{key[0]:36s} " + "  ".join(f"{min(times[(key, name)]):7.1f}" for name in calls))
 
 
 def norm_backward_inputs(m: int, n: int):

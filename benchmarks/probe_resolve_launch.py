@@ -16,7 +16,6 @@ from a CUDA graph (do_bench median, L2 flushed) in three interleaved rounds. The
 is large (about 22,000 SASS instructions): ``--warm`` compiles a variant into Triton's cache, so
 a driver can warm the variants in parallel processes before the timing process starts.
 """
-import os
 import sys
 
 import torch
@@ -24,8 +23,7 @@ import torch
 import treefold  # noqa: F401  (the tree on PYTHONPATH)
 from treefold._ops import sampling as ops
 
-from probe_report import time_graphed_variants, with_values
-from probe_sampling_split import call
+from probe_report import sampling_variants, variant_probe
 
 #: name -> the launcher's settings
 VARIANTS = {
@@ -35,38 +33,15 @@ VARIANTS = {
     "chunk 16": {"PAIR_CHUNK": 16},
     "chunk 64": {"PAIR_CHUNK": 64},
 }
-CASES = ((1, ("top-p 0.9", "min-p 0.05", "top-k 50", "top-k 50 + top-p 0.9")), (64, ("top-p 0.9", "min-p 0.05")))
+CASES = (
+    (1, torch.float32, False, ("top-p 0.9", "min-p 0.05", "top-k 50", "top-k 50 + top-p 0.9")),
+    (64, torch.float32, False, ("top-p 0.9", "min-p 0.05")),
+)
 
 
 def table():
-    from gpu_sampling import logits
-    out = {}
-    for batch, configs in CASES:
-        x = logits(batch, torch.float32)
-        seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
-        for config in configs:
-            fn = call(ops, x, seeds, config, None)
-            out[(f"{batch} float32 peaked {config}",)] = {name: with_values(ops, values, fn)
-                                                          for name, values in VARIANTS.items()}
-    return out
-
-
-def warm(variant):
-    for calls in table().values():
-        calls[variant]()
-    torch.cuda.synchronize()
-
-
-def main(out_dir):
-    cases = table()
-    times = time_graphed_variants(cases, os.path.join(out_dir, "resolve.json"), 3)
-    print("best of 3 rounds, us: " + " | ".join(VARIANTS))
-    for key, calls in cases.items():
-        print(f"{key[0]:32s} " + "  ".join(f"{min(times[(key, name)]):7.1f}" for name in calls))
+    return sampling_variants(ops, VARIANTS, CASES)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--warm":
-        warm(sys.argv[2])
-    else:
-        main(sys.argv[1])
+    variant_probe(sys.argv, VARIANTS, table, "resolve.json")
