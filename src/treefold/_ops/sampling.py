@@ -82,14 +82,13 @@ MAX_WIDTH = 1024
 #: about 0.5 tokens per ns per row.
 SURE_LIST_MAX = 8192
 #: The same limit on grids where the compaction races in place itself (``race_in_compaction``:
-#: at most COMPACT_RACE_PROGRAMS_PER_SM programs per SM, e.g. one row of 151936): there the
-#: in-place race is spread over all the row's programs at once, in a pass that reads the logits
-#: anyway (when it reads no pre-list), so every row races in place and the resolve pass only
-#: merges the winners. H200, CUDA
-#: graph, L2 flushed, one row of 151936, the same tokens (results/h200-probe-resolve-one-row.txt),
-#: 8192 -> 0: fp32 top-p 0.9 25.5 -> 24.5 us, min-p 0.05 19.5 -> 18.0, bf16 top-p 83.4 -> 83.7
-#: (an input whose resolve is slow for another reason: not yet diagnosed); top-k 50 and 64 rows
-#: do not race in the compaction: unchanged.
+#: at most COMPACT_RACE_PROGRAMS_PER_SM programs per SM, e.g. one row of 151936) and reads no
+#: pre-list: there the in-place race is spread over all the row's programs at once, in a pass
+#: that reads the logits anyway, so every row races in place and the resolve pass only merges
+#: the winners. H200, CUDA graph, L2 flushed, one row of 151936, the same tokens
+#: (results/h200-probe-resolve-one-row.txt), 8192 -> 0: fp32 top-p 0.9 25.5 -> 24.5 us, min-p
+#: 0.05 19.5 -> 18.0, bf16 top-p 83.4 -> 83.7 (an input whose resolve is slow for another
+#: reason, not yet diagnosed); top-k 50 and 64 rows do not race in the compaction: unchanged.
 SURE_LIST_MAX_IN_COMPACTION = 0
 #: Sampling: the compaction pass races sure-kept tokens in place itself (``compact_kernel``'s
 #: RACE_SURE) when its grid has at most this many programs per SM, the most its registers allow
