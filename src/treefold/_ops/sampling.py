@@ -87,7 +87,7 @@ SURE_LIST_MAX = 8192
 #: that reads the logits anyway, so every row races in place and the resolve pass only merges
 #: the winners. H200, CUDA graph, L2 flushed, one row of 151936, the same tokens
 #: (results/h200-probe-resolve-one-row.txt), 8192 -> 0: fp32 top-p 0.9 25.5 -> 24.5 us, min-p
-#: 0.05 19.5 -> 18.0, bf16 top-p 83.4 -> 83.7 (an input whose resolve is slow for another
+#: 0.05 19.5 -> 18.0, bf16 top-p 83.4 -> 83.7 (an input whose call is slow for another
 #: reason, not yet diagnosed); top-k 50 and 64 rows do not race in the compaction: unchanged.
 SURE_LIST_MAX_IN_COMPACTION = 0
 #: Sampling: the compaction pass races sure-kept tokens in place itself (``compact_kernel``'s
