@@ -50,8 +50,10 @@ FINE_BINS = 64
 #: tokens then take the bracket search); chunks of 16 gained nothing. ``top_k`` keeps 128
 #: (PAIRWISE_MAX_TOP_K): at 64 it sorted more lists, 64 rows top_k(50) 89.4 -> 101.3 us. So do
 #: 16-bit logits (PAIRWISE_MAX_16BIT; only fp32 was measured at 64): their values tie in groups
-#: the sub-bins cannot split (bf16 rows of standard deviation 4 near a top-p 0.9 boundary: 17-76
-#: tokens per value), and a group longer than the limit takes the bracket search.
+#: the sub-bins cannot split, and a group longer than the limit takes the bracket search (one row
+#: of 151936 bf16 of standard deviation 4, top-p 0.9, 24 inputs interpreted on the CPU: 3 refined
+#: to 83-115 tokens; one such row took 83 us on the H200 at 64). fp32 rows refine to 4-31 tokens
+#: (peaked) or to hundreds (flat, the bracket search at either limit).
 PAIRWISE_MAX = 64
 PAIRWISE_MAX_TOP_K = 128
 PAIRWISE_MAX_16BIT = 128
@@ -87,8 +89,9 @@ SURE_LIST_MAX = 8192
 #: that reads the logits anyway, so every row races in place and the resolve pass only merges
 #: the winners. H200, CUDA graph, L2 flushed, one row of 151936, the same tokens
 #: (results/h200-probe-resolve-one-row.txt), 8192 -> 0: fp32 top-p 0.9 25.5 -> 24.5 us, min-p
-#: 0.05 19.5 -> 18.0, bf16 top-p 83.4 -> 83.7 (an input whose call is slow for another
-#: reason, not yet diagnosed); top-k 50 and 64 rows do not race in the compaction: unchanged.
+#: 0.05 19.5 -> 18.0, bf16 top-p 83.4 -> 83.7 (an input whose tie group took the bracket
+#: search at the pairwise limit of 64, see PAIRWISE_MAX_16BIT); top-k 50 and 64 rows do not race
+#: in the compaction: unchanged.
 SURE_LIST_MAX_IN_COMPACTION = 0
 #: Sampling: the compaction pass races sure-kept tokens in place itself (``compact_kernel``'s
 #: RACE_SURE) when its grid has at most this many programs per SM, the most its registers allow
