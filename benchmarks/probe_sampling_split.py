@@ -38,7 +38,7 @@ def cases():
     from gpu_sampling import FLAT, logits
     out = []
     for batch, dtype, flat in ((64, torch.float32, False), (64, torch.bfloat16, False), (1, torch.float32, False),
-                               (64, torch.float32, True)):
+                               (1, torch.bfloat16, False), (64, torch.float32, True), (1, torch.float32, True)):
         x = logits(batch, dtype, **({"scale": FLAT} if flat else {}))
         seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
         names = ("top-p 0.9", "min-p 0.05") if flat else _configs()
