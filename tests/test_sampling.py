@@ -480,15 +480,18 @@ def test_long_boundary_lists_take_the_sort_and_the_search(device, monkeypatch):
         want_v, want_i = ref.top_k(x, k)
         assert torch.equal(indices.cpu(), want_i) and torch.equal(values.cpu(), want_v), k
     seeds = torch.tensor([5, 6, 7])
-    for config in (dict(top_k=7), dict(top_p=0.55), dict(top_k=30, top_p=0.7, min_p=0.2)):
+    # sampling and thresholds: lists past the pairwise tier sorted when short enough, or searched
+    configs = (dict(top_k=7), dict(top_p=0.55), dict(top_k=30, top_p=0.7, min_p=0.2))
+    for sort_mid, config in ((s, c) for s in (False, True) for c in configs):
+        monkeypatch.setattr(ops, "SORT_MID_LISTS", sort_mid)
         got = ops.sample_rows(xs, 1.0, config.get("top_k"), config.get("top_p"),
                               config.get("min_p"), seeds.to(device), 2)
         want = ref.sample(x, 1.0, config.get("top_k"), config.get("top_p"), config.get("min_p"),
                           seeds, 2)
-        assert torch.equal(got.cpu(), want), config
+        assert torch.equal(got.cpu(), want), (sort_mid, config)
         masked = ops.filter_rows(xs, config.get("top_k"), config.get("top_p"), config.get("min_p"))
         want_mask = ref.filter_mask(x, config.get("top_k"), config.get("top_p"), config.get("min_p"))
-        assert torch.equal(torch.isfinite(masked.cpu()), torch.isfinite(want_mask)), config
+        assert torch.equal(torch.isfinite(masked.cpu()), torch.isfinite(want_mask)), (sort_mid, config)
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")

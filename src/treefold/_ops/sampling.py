@@ -58,6 +58,11 @@ PAIRWISE_MAX = 64
 PAIRWISE_MAX_TOP_K = 128
 PAIRWISE_MAX_16BIT = 128
 PAIR_CHUNK = 32
+#: Sampling and thresholds: lists longer than the pairwise limit after the sub-bin refinement are
+#: sorted (``resolve_kernel``'s SORT_MID) when they have at most SORT_MAX tokens, instead of
+#: taking the bracket search. Flat rows refine to hundreds of tokens (181-575 for one row of
+#: 151936 of standard deviation 2 under top-p 0.9, interpreted on the CPU) and take the search.
+SORT_MID_LISTS = True
 #: ``top_k`` sorts lists up to this long; the largest k the kernels serve (larger k: a stable
 #: torch.sort).
 SORT_MAX = 1024
@@ -406,7 +411,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         **flags, MODE=mode, PARTS_POW2=g.parts_pow2, SORT_SMALL=pairwise_max,
         PAIR_CHUNK=min(PAIR_CHUNK, pairwise_max), SORT_LARGE=SORT_MAX,
         SEARCH_BLOCK=SEARCH_BLOCK, SLOTS=SEARCH_SLOTS, FINE_BINS=FINE_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, SURE_PARTIALS=sure_race,
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, SURE_PARTIALS=sure_race, SORT_MID=SORT_MID_LISTS,
         num_warps=RESOLVE_WARPS if mode == kernels.MODE_SAMPLE.value else RESOLVE_WARPS_TOP_K_AND_MASKS,
         **last)
     return g

@@ -1378,7 +1378,7 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
                    SORT_LARGE: tl.constexpr,
                    SEARCH_BLOCK: tl.constexpr, SLOTS: tl.constexpr, FINE_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr, SURE_PARTIALS: tl.constexpr = True,
-                   WAIT_FOR_PRIOR: tl.constexpr = False):
+                   WAIT_FOR_PRIOR: tl.constexpr = False, SORT_MID: tl.constexpr = False):
     """One program per row: when sampling, the race among the sure-kept tokens first; then the
     exact prefix boundary among the listed tokens, and the row's outputs. A list longer than
     SORT_SMALL is first shortened with the sub-bin histogram (``_refine``; not for MODE_TOPK,
@@ -1413,6 +1413,10 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
             a time; longer ones take the bracket search.
         SORT_LARGE: MODE_TOPK sorts lists up to this long; a longer one (a huge tie group) is cut
             to its k tokens by the bracket search first (k_out <= SORT_LARGE).
+        SORT_MID: sampling and thresholds: a list still longer than SORT_SMALL after the
+            sub-bin refinement is sorted too when it has at most SORT_LARGE tokens (ranks and
+            masses from the sort and a prefix sum, as top_k's), instead of taking the bracket
+            search. The same decisions either way.
         SEARCH_BLOCK: tokens per block of the passes over a list (the sure-kept race, the sub-bin
             refinement, the bracket search).
         SLOTS: sub-intervals per pass of the bracket search.
@@ -1469,18 +1473,23 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
                            o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
                            values_ptr, indices_ptr, k_out, MODE, SORT_SMALL, False, PAIR_CHUNK,
                            ALL_VALUES)
-        elif MODE == MODE_TOPK:
-            _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
-                           mass_above, kept_above, kept_low, best_score, best_index, m, total_fixed,
-                           inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
-                           o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
-                           values_ptr, indices_ptr, k_out, MODE, SORT_LARGE, True, 1, ALL_VALUES)
         else:
-            _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
-                            mass_above, kept_above, kept_low, best_score, best_index, m, total_fixed,
-                            inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
-                            o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
-                            MODE, SEARCH_BLOCK, SLOTS, ALL_VALUES)
+            searched = tl.full([], MODE != MODE_TOPK, tl.int1)
+            if (MODE == MODE_TOPK) or SORT_MID:
+                if n_list <= SORT_LARGE:  # (always for top_k: its list was cut to SORT_LARGE above)
+                    _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
+                                   mass_above, kept_above, kept_low, best_score, best_index, m, total_fixed,
+                                   inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
+                                   o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
+                                   values_ptr, indices_ptr, k_out, MODE, SORT_LARGE, True, 1, ALL_VALUES)
+                    searched = False
+            if MODE != MODE_TOPK:
+                if searched:
+                    _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
+                                    mass_above, kept_above, kept_low, best_score, best_index, m,
+                                    total_fixed, inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on,
+                                    s, stream, o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr,
+                                    mass_ptr, MODE, SEARCH_BLOCK, SLOTS, ALL_VALUES)
     else:
         if MODE == MODE_SAMPLE:
             tl.store(token_ptr + row, -1)
