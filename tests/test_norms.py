@@ -902,6 +902,40 @@ def test_reading_the_row_twice_gives_the_same_bits(n):
     assert_bits(want[0], ref.rms_norm(x, w, 1e-6, offset=1.0)[0])
 
 
+@pytest.mark.parametrize("n", [1, 33, 5120])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_holding_16bit_rows_gives_the_same_bits(n, dtype):
+    # Rows held as loaded and widened again where used: the same values, so the same bits as the
+    # float32 copies, NaN and Inf included (the widening is exact; only its place moves).
+    x, r = randn((3, n), dtype, seed=n), randn((3, n), dtype, seed=n + 1)
+    w, b = weight_like(n, dtype), randn(n, dtype, seed=3)
+    kernel_or_skip(x)
+    x[0, 0], x[1, -1] = float("nan"), float("inf")
+    for residual, offset in ((None, 0.0), (None, 1.0), (r, 0.0)):
+        want = ops.rms_norm_impl(x, w, residual, 1e-6, offset, "llama", dtype)
+        got = ops.rms_norm_impl(x, w, residual, 1e-6, offset, "llama", dtype, hold_16bit=True)
+        for a, c in zip(got, want):
+            if a is not None:
+                assert_bits(a, c)
+    assert_bits(want[0], ref.rms_norm(x, w, 1e-6, r)[0])
+    want = ops.layer_norm_impl(x, w, b, 1e-5)
+    got = ops.layer_norm_impl(x, w, b, 1e-5, hold_16bit=True)
+    for a, c in zip(got, want):
+        assert_bits(a, c)
+    assert_bits(want[0], ref.layer_norm(x, w, b, 1e-5)[0])
+
+
+def test_hold_16bit_refusals():
+    def plan(n, dtype=torch.bfloat16, **kw):
+        return ops._forward_plan(n, dtype, True, False, True, False, False, True, False, None, None, **kw)[2]
+    assert not plan(4096)["HOLD_16BIT"] and not plan(16384)["HOLD_16BIT"]  # a launch choice, off by default
+    assert plan(16384, hold_16bit=True)["HOLD_16BIT"] and not plan(16384, hold_16bit=True)["READ_TWICE"]
+    with pytest.raises(ValueError, match="hold_16bit=True holds 16-bit rows, got torch.float32"):
+        plan(4096, torch.float32, hold_16bit=True)
+    with pytest.raises(ValueError, match="hold_16bit=True holds the row that read_twice=True reads again"):
+        plan(16384, hold_16bit=True, read_twice=True)
+
+
 @pytest.mark.parametrize("n", [33, 5120])
 def test_layer_norm_backward_sums_paired_or_not_give_the_same_bits(n):
     x, w, dy = randn((5, n), torch.float32, seed=n), weight_like(n, torch.float32), randn((5, n), torch.float32, seed=2)
@@ -1063,6 +1097,16 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
         ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
                            round_normalised=True, read_twice=read_twice)
         assert_bits(y, full)
+    if dtype != torch.float32:  # nor holding 16-bit rows as loaded, at every warps
+        for num_warps in (None, 4, 16):
+            y = torch.full_like(full, float("nan"))
+            ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
+                               round_normalised=True, hold_16bit=True, num_warps=num_warps)
+            assert_bits(y, full)
+            y = torch.full_like(full, float("nan"))
+            ops.launch_forward(x, None, w, b, y, None, None, None, eps=1e-5, offset=0.0, is_rms=False,
+                               round_normalised=False, hold_16bit=True, num_warps=num_warps)
+            assert_bits(y, full_ln)
 
 
 @pytest.mark.gpu

@@ -152,7 +152,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                   rows_per_program: Optional[int], num_warps: Optional[int],
                   segments_per_program: Optional[int] = None, read_policy: str = "",
                   fused_squares: Optional[bool] = None,
-                  read_twice: Optional[bool] = None) -> tuple[int, int, dict]:
+                  read_twice: Optional[bool] = None,
+                  hold_16bit: Optional[bool] = None) -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
@@ -160,7 +161,9 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``fused_squares``: False keeps every product rounded on its own where ``_fuses_squares`` would
     contract the squares (the bits are the same either way); True only where it would (float16).
     ``read_twice``: RMSNorm without a residual reads each row again after its reduction (default:
-    rows of ``_READ_TWICE_BLOCK``, whole rows, with ``_READ_TWICE_WARPS`` warps unless given)."""
+    rows of ``_READ_TWICE_BLOCK``, whole rows, with ``_READ_TWICE_WARPS`` warps unless given).
+    ``hold_16bit``: a 16-bit row is held as loaded through the reductions and widened to float32
+    again where it is used, instead of held as float32 (default: off)."""
     default_rows, default_warps = forward_config(n, is_rms)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -186,11 +189,15 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if read_twice and has_residual:
         raise ValueError("norm: read_twice=True reads x again, but with a residual the row normalised is "
                          "x + residual")
+    if hold_16bit and dtype.itemsize != 2:
+        raise ValueError(f"norm: hold_16bit=True holds 16-bit rows, got {dtype}")
+    if hold_16bit and read_twice:
+        raise ValueError("norm: hold_16bit=True holds the row that read_twice=True reads again: choose one")
     rows = 1 if held else (rows_per_program or default_rows)
     if not held and rows != default_rows:
         default_warps = _warps_for(rows * layout["LANES"] * layout["SEGMENTS"])
     if read_twice is None:
-        read_twice = (is_rms and not has_residual and not held and rows == 1
+        read_twice = (not hold_16bit and is_rms and not has_residual and not held and rows == 1
                       and row_block(n) == _READ_TWICE_BLOCK)
     if read_twice and not held and row_block(n) == _READ_TWICE_BLOCK:
         default_warps = _READ_TWICE_WARPS
@@ -198,7 +205,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
-        READ_POLICY=read_policy, READ_TWICE=bool(read_twice), num_warps=num_warps or default_warps,
+        READ_POLICY=read_policy, READ_TWICE=bool(read_twice), HOLD_16BIT=bool(hold_16bit), num_warps=num_warps or default_warps,
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
 
 
@@ -228,7 +235,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
                    segments_per_program: Optional[int] = None, read_policy: str = "",
                    fused_squares: Optional[bool] = None, read_twice: Optional[bool] = None,
-                   prepare_key=None) -> None:
+                   hold_16bit: Optional[bool] = None, prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
     ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,
@@ -243,7 +250,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
-        read_policy, fused_squares, read_twice)
+        read_policy, fused_squares, read_twice, hold_16bit)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:

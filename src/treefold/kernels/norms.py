@@ -83,6 +83,17 @@ def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, t
 
 
 @triton.jit
+def _widen_again(held, opaque_count):
+    """A 16-bit block widened to float32 once more, where it is used, instead of float32 copies
+    of an earlier widening held through a reduction (twice the registers). Its bits are OR-ed
+    with ``opaque_count >> 31``: zero for any row count or length the launcher passes (< 2^31),
+    but not a constant, so the compiler cannot merge this widening with another of the same
+    block. The values are the same bits."""
+    bits = held.to(tl.int16, bitcast=True) | (opaque_count >> 31).to(tl.int16)
+    return bits.to(held.dtype, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def norm_forward_kernel(
     x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, part_ptr, arrivals_ptr,
     rows, n, n_float, eps, offset, num_segments, programs_per_row,
@@ -93,7 +104,7 @@ def norm_forward_kernel(
     ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
-    READ_TWICE: tl.constexpr = False,
+    READ_TWICE: tl.constexpr = False, HOLD_16BIT: tl.constexpr = False,
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -166,18 +177,20 @@ def norm_forward_kernel(
     row3 = row[:, None, None]
     col3 = col[None, :, :]
     mask = (row3 < rows) & (col3 < n)
-    v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy=READ_POLICY).to(tl.float32)
+    held = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy=READ_POLICY)
+    v = held.to(tl.float32)
     # RMSNorm reads the weight with the row, not after its reduction: its latency (an L2 hit for
     # every row but the first) then overlaps the row's. LayerNorm, which holds the centred row
     # as well, reads weight and bias after its reductions: held through them, they took its
     # registers from 94 to 126 per thread at 8192 elements and it fell from 83% to 59% of the roof.
-    if IS_RMS and not READ_TWICE:
+    if IS_RMS and not READ_TWICE and not HOLD_16BIT:
         w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0,
                     eviction_policy=READ_POLICY).to(tl.float32)
         h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
         tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask)
+        held = h
         v = h.to(tl.float32)
     if IS_RMS:
         total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
@@ -188,11 +201,16 @@ def norm_forward_kernel(
             v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy="evict_first").to(
                 tl.float32)
             w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
+        elif HOLD_16BIT:
+            v = _widen_again(held, rows)
+            w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
         normalised = v * rstd[:, None, None]
     else:
         total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
                            ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         mean = tl.div_rn(total, n_float)
+        if HOLD_16BIT:
+            v = _widen_again(held, rows)
         d = tl.where(mask, v - mean[:, None, None], 0.0)
         # the second exchange: its own half of the buffer, and the counter's second round
         total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
@@ -200,6 +218,9 @@ def norm_forward_kernel(
                               LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         var = tl.div_rn(total_sq, n_float)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+        if HOLD_16BIT:
+            # (n, not rows: a third widening must not be merged with the second either)
+            d = tl.where(mask, _widen_again(held, n) - mean[:, None, None], 0.0)
         normalised = d * rstd[:, None, None]
         if STORE_STATS:
             tl.store(mean_ptr + row, mean, mask=stats_row)

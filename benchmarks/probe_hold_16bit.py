@@ -1,0 +1,65 @@
+"""The norm forward holding 16-bit rows as loaded (``hold_16bit``: widened to float32 again where
+each use needs them) against its defaults (float32 copies held through the reductions, or rows of
+16384 read a second time), and other warps. bf16, every variant first checked bit for bit against
+the default of its case, then three interleaved rounds, do_bench median, L2 flushed; bytes: read
+x (and the residual), write y (and h).
+
+    python benchmarks/probe_hold_16bit.py [OUT_DIR]   (CUDA)
+"""
+import os
+import sys
+
+import torch
+
+from treefold._ops import norms
+
+from probe_report import time_against_roof
+
+#: (label, rows, length, the variants: name -> launch options)
+CASES = [
+    ("rms", 4096, 16384, {"default": {}, "hold 8 warps": dict(hold_16bit=True),
+                          "hold 16 warps": dict(hold_16bit=True, num_warps=16),
+                          "read twice 8 warps": dict(num_warps=8)}),
+    ("rms", 16384, 8192, {"default": {}, "hold": dict(hold_16bit=True),
+                          "hold 16 warps": dict(hold_16bit=True, num_warps=16)}),
+    ("rms", 32768, 4096, {"default": {}, "hold": dict(hold_16bit=True)}),
+    ("rms", 8192, 4096, {"default": {}, "hold": dict(hold_16bit=True)}),
+    ("rms", 65536, 1024, {"default": {}, "hold": dict(hold_16bit=True),
+                          "hold 8 warps": dict(hold_16bit=True, num_warps=8)}),
+    ("rms+residual", 32768, 4096, {"default": {}, "hold": dict(hold_16bit=True)}),
+    ("rms+residual", 4096, 16384, {"default": {}, "hold": dict(hold_16bit=True)}),
+    ("ln", 16384, 8192, {"default": {}, "hold": dict(hold_16bit=True)}),
+    ("ln", 8192, 4096, {"default": {}, "hold": dict(hold_16bit=True)}),
+]
+
+
+def main(out_dir):
+    torch.manual_seed(0)
+    calls, nbytes, unequal = {}, {}, []
+    for label, m, n, variants in CASES:
+        x = torch.randn(m, n, device="cuda").bfloat16()
+        r = torch.randn(m, n, device="cuda").bfloat16()
+        w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
+        b = (0.1 * torch.randn(n, device="cuda")).bfloat16()
+        first = None
+        for name, options in variants.items():
+            if label == "ln":
+                fn = lambda x=x, w=w, b=b, o=options: norms.layer_norm_impl(x, w, b, 1e-5, store_stats=False, **o)[:1]
+            else:
+                fn = lambda x=x, w=w, o=options, res=(r if label == "rms+residual" else None): norms.rms_norm_impl(
+                    x, w, res, 1e-6, 0.0, "llama", x.dtype, store_stats=False, **o)[:2]
+            out = [t.clone() for t in fn() if t is not None]
+            if first is None:
+                first = out
+            elif not all(torch.equal(a.view(torch.int16), b_.view(torch.int16)) for a, b_ in zip(out, first)):
+                unequal.append(f"{label} {m}x{n} {name}")
+            key = f"{label} {m}x{n} {name}"
+            calls[key] = fn
+            nbytes[key] = (4 if label == "rms+residual" else 2) * x.numel() * x.element_size()
+    print("bits equal to the default in every case" if not unequal else f"NOT EQUAL: {unequal}")
+    time_against_roof(calls, nbytes, os.path.join(out_dir, "probe-hold-16bit.json") if out_dir else "",
+                      unequal=unequal)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "")
