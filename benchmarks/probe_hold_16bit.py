@@ -1,8 +1,9 @@
-"""The norm forward holding 16-bit rows as loaded (``hold_16bit``: widened to float32 again where
-each use needs them) against its defaults (float32 copies held through the reductions, or rows of
-16384 read a second time), and other warps. bf16, every variant first checked bit for bit against
-the default of its case, then three interleaved rounds, do_bench median, L2 flushed; bytes: read
-x (and the residual), write y (and h).
+"""Launches that hold 16-bit inputs as loaded through their reductions (``hold_16bit``: widened to
+float32 again where each use needs them) against their defaults (float32 copies held through the
+reductions, or rows of 16384 read a second time), and other warps: the norm forward, and the
+softmax forward and backward ("block" and "cooperative"). bf16, every variant first checked bit
+for bit against the default of its case, then three interleaved rounds, do_bench median, L2
+flushed; bytes: read x (and the residual, or y and dy), write y (and h, or dx).
 
     python benchmarks/probe_hold_16bit.py [OUT_DIR]   (CUDA)
 """
@@ -12,6 +13,7 @@ import sys
 import torch
 
 from treefold._ops import norms
+from treefold._ops import softmax as sm
 
 from probe_report import time_against_roof
 
@@ -30,6 +32,22 @@ CASES = [
     ("rms+residual", 4096, 16384, {"default": {}, "hold": dict(hold_16bit=True)}),
     ("ln", 16384, 8192, {"default": {}, "hold": dict(hold_16bit=True)}),
     ("ln", 8192, 4096, {"default": {}, "hold": dict(hold_16bit=True)}),
+]
+_HOLD = sm.Tuning(hold_16bit=True)
+#: (label, rows, length, the variants: name -> (strategy, Tuning)); the softmax output is bf16
+SOFTMAX_CASES = [
+    ("softmax", 8192, 4096, {"default": ("auto", sm.Tuning()), "hold": ("auto", _HOLD)}),
+    ("softmax", 32768, 8192, {"default": ("auto", sm.Tuning()), "hold": ("auto", _HOLD)}),
+    ("softmax", 4096, 32768, {"default": ("auto", sm.Tuning()), "hold": ("auto", _HOLD),
+                              "hold, 4 segments of 8 warps": ("cooperative", sm.Tuning(
+                                  segments_per_program=4, num_warps=8, hold_16bit=True))}),
+    ("softmax", 256, 131072, {"default": ("auto", sm.Tuning()), "hold": ("auto", _HOLD)}),
+    ("softmax backward", 8192, 4096, {"default": ("auto", sm.Tuning()), "hold": ("auto", _HOLD),
+                                      "hold 4 warps": ("auto", sm.Tuning(num_warps=4, hold_16bit=True))}),
+    ("softmax backward", 4096, 32768, {"default": ("auto", sm.Tuning()), "hold": ("auto", _HOLD),
+                                       "hold 32 warps": ("block", sm.Tuning(num_warps=32, hold_16bit=True)),
+                                       "cooperative": ("cooperative", sm.Tuning()),
+                                       "cooperative hold": ("cooperative", _HOLD)}),
 ]
 
 
@@ -56,6 +74,24 @@ def main(out_dir):
             key = f"{label} {m}x{n} {name}"
             calls[key] = fn
             nbytes[key] = (4 if label == "rms+residual" else 2) * x.numel() * x.element_size()
+    for label, m, n, variants in SOFTMAX_CASES:
+        x = (3 * torch.randn(m, n, device="cuda")).bfloat16()
+        y = torch.softmax(x.float(), -1).bfloat16()
+        dy = torch.randn(m, n, device="cuda").bfloat16()
+        first = None
+        for name, (strategy, tuning) in variants.items():
+            if label == "softmax":
+                fn = lambda x=x, s=strategy, t=tuning: (sm.softmax_forward(x, strategy=s, tuning=t),)
+            else:
+                fn = lambda y=y, dy=dy, s=strategy, t=tuning: (sm.softmax_backward(dy, y, strategy=s, tuning=t),)
+            out = [t.clone() for t in fn()]
+            if first is None:
+                first = out
+            elif not all(torch.equal(a.view(torch.int16), b_.view(torch.int16)) for a, b_ in zip(out, first)):
+                unequal.append(f"{label} {m}x{n} {name}")
+            key = f"{label} {m}x{n} {name}"
+            calls[key] = fn
+            nbytes[key] = (2 if label == "softmax" else 3) * x.numel() * x.element_size()
     print("bits equal to the default in every case" if not unequal else f"NOT EQUAL: {unequal}")
     time_against_roof(calls, nbytes, os.path.join(out_dir, "probe-hold-16bit.json") if out_dir else "",
                       unequal=unequal)

@@ -9,6 +9,7 @@ Tolerances are ``treefold.numerics.TOLERANCES`` for the output dtype (float32: r
 about 22 ulp, covering the log2 depth of the trees, exp and one reciprocal; bf16/fp16: a few
 roundings of their own precision), applied by ``numerics.compare`` against float64 references.
 """
+import dataclasses
 import math
 import shutil
 
@@ -286,6 +287,49 @@ def test_every_strategy_gives_the_same_bits(n, op, family):
     first_dx = next(iter(dxs.values()))
     for key, dx in dxs.items():
         assert_same_bits(dx, first_dx, f"{op} backward n={n} {key}")
+
+
+#: Launches that hold a block through the row's merge, and may hold 16-bit inputs as loaded.
+#: (The interpreter runs programs one after another: one cooperative program per row.)
+HOLDING = [("warp", ops.Tuning()), ("block", ops.Tuning()), ("cooperative", ops.Tuning(segments_per_program=4096))]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [1, 33, 4095])
+def test_holding_16bit_inputs_gives_the_same_bits(n, dtype, poisoned_outputs):
+    # Held as loaded and widened again for the outputs (the exps taken again): the same values.
+    x = _data((4, n), dtype, seed=n)
+    x[1, 0] = float("nan")
+    x[2] = float("-inf")  # a fully masked row
+    y = _data((4, n), dtype, scale=0.01, seed=n + 1).abs()
+    dy = _data((4, n), dtype, scale=1.0, seed=n + 2)
+    for strategy, tuning in HOLDING:
+        if strategy == "warp" and n > 1024:
+            continue
+        held = dataclasses.replace(tuning, hold_16bit=True)
+        for op in ("softmax", "log_softmax", "logsumexp"):
+            kw = {} if op == "logsumexp" else {"temperature": 0.7}
+            want = _study_forward(op, x, strategy, tuning, **kw)
+            assert_same_bits(_study_forward(op, x, strategy, held, **kw), want, f"{op} {strategy}")
+        for log in (False, True):
+            want = ops.softmax_backward(dy, y, log=log, strategy=strategy, tuning=tuning)
+            got = ops.softmax_backward(dy, y, log=log, strategy=strategy, tuning=held)
+            assert_same_bits(got, want, f"backward log={log} {strategy}")
+        lse = ops.logsumexp_forward(x, strategy=strategy, tuning=tuning)
+        assert_same_bits(ops.logsumexp_backward(dy[:, 0], x, lse, strategy=strategy, tuning=held),
+                         ops.logsumexp_backward(dy[:, 0], x, lse, strategy=strategy, tuning=tuning),
+                         f"logsumexp backward {strategy}")
+
+
+def test_hold_16bit_is_off_by_default_and_refused_for_32bit_inputs():
+    def constexprs(strategy, item_size, tuning):
+        return [dict(ph.constexprs) for ph in ops.plan(0, False, 4096, 8, 132, item_size, strategy, tuning).phases]
+    assert all("HOLD_16BIT" not in c for c in constexprs("block", 2, ops.Tuning()))
+    assert all(c["HOLD_16BIT"] for c in constexprs("block", 2, ops.Tuning(hold_16bit=True)))
+    assert all(c["HOLD_16BIT"] for c in constexprs("cooperative", 2, ops.Tuning(hold_16bit=True)))
+    with pytest.raises(ValueError, match="softmax: hold_16bit=True holds 16-bit inputs, got 4-byte elements"):
+        constexprs("block", 4, ops.Tuning(hold_16bit=True))
 
 
 @needs_kernel
@@ -801,6 +845,24 @@ def test_gpu_strategies_num_warps_and_batches_agree_bitwise(rows, n, dtype):
                                         tuning=t) for s, t in backward_configs]
             for (s, t), dx in zip(backward_configs, dxs):
                 assert_same_bits(dx, dxs[0], f"{op} backward {shape} {s} {t}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, n", [(7, 4096), (1000, 4096), (7, 32768), (256, 131072)])
+def test_gpu_holding_16bit_inputs_gives_the_same_bits(rows, n):
+    x = _data((rows, n), torch.bfloat16, seed=n).cuda()
+    dy = _data((rows, n), torch.bfloat16, scale=1.0, seed=rows).cuda()
+    configs = [("cooperative", ops.Tuning()), ("cooperative", ops.Tuning(segments_per_program=1, num_warps=4))]
+    configs += [("block", ops.Tuning(num_warps=w)) for w in (8, 16) if _compiled_tile_fits("block", 2 * n, w)]
+    for strategy, tuning in configs:
+        held = dataclasses.replace(tuning, hold_16bit=True)
+        for op in ("softmax", "log_softmax", "logsumexp"):
+            want = _study_forward(op, x, strategy, tuning)
+            assert_same_bits(_study_forward(op, x, strategy, held), want, f"{op} {strategy} {tuning}")
+            if op != "logsumexp":
+                dx = ops.softmax_backward(dy, want, log=op == "log_softmax", strategy=strategy, tuning=held)
+                assert_same_bits(dx, ops.softmax_backward(dy, want, log=op == "log_softmax", strategy=strategy,
+                                                          tuning=tuning), f"{op} backward {strategy} {tuning}")
 
 
 @pytest.mark.gpu

@@ -116,7 +116,10 @@ class Tuning:
     ``hints`` (eviction policies on the two reads of "online" / "split") and ``dependent_launch``
     (True / False: "split" launches FINISH as a programmatic dependent launch, where the device
     has it, or not; None: when PARTIALS fits in one wave) and ``stages`` (>= 1: the pipelining
-    depth of the streaming loops of "online" and "split", ``kernels.softmax_kernel``'s STAGES)."""
+    depth of the streaming loops of "online" and "split", ``kernels.softmax_kernel``'s STAGES) and
+    ``hold_16bit`` (True: "warp", "block" and "cooperative" hold 16-bit inputs as loaded through
+    the row's merge and widen them again for the outputs, ``kernels.softmax_kernel``'s
+    HOLD_16BIT; refused for 32-bit inputs)."""
     num_warps: Optional[int] = None
     rows_per_program: Optional[int] = None
     seg_block: Optional[int] = None
@@ -125,6 +128,7 @@ class Tuning:
     hints: Optional[bool] = None
     dependent_launch: Optional[bool] = None
     stages: Optional[int] = None
+    hold_16bit: Optional[bool] = None
 
 
 _DEFAULT_TUNING = Tuning()
@@ -249,6 +253,9 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
                                       or tuning.stages < 1):
         raise ValueError(f"{fn}: stages must be an int >= 1, got {tuning.stages!r}")
     stages = tuning.stages or STREAM_STAGES
+    if tuning.hold_16bit and item_size != 2:
+        raise ValueError(f"{fn}: hold_16bit=True holds 16-bit inputs, got {item_size}-byte elements")
+    hold = bool(tuning.hold_16bit)
     first_policy, second_policy = ("evict_last", "evict_first") if hints else ("", "")
 
     factor = _held_factor(op, backward)
@@ -267,7 +274,8 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
             num_warps = tuning.num_warps or max(4, min(16, rpp * tile * factor // (32 * per_thread)))
         phase = _phase(order.cdiv(rows, rpp), 1, num_warps, dict(
             common, PHASE=kernels.WHOLE_ROWS.value, IN_REGISTERS=True, ROWS_PER_PROGRAM=rpp,
-            SEG_BLOCK=1, SEGMENTS_PER_PROGRAM=1, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY=""))
+            SEG_BLOCK=1, SEGMENTS_PER_PROGRAM=1, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY="",
+            **({"HOLD_16BIT": True} if hold else {})))
         return Plan(strategy, num_warps, rpp, 1, 1, inner, False, segments, (phase,))
 
     if strategy == "online":
@@ -297,7 +305,8 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
         num_warps = tuning.num_warps or COOPERATIVE_WARPS
         phase = _phase(rows * programs_per_row, programs_per_row, num_warps, dict(
             common, PHASE=kernels.COOPERATIVE.value, IN_REGISTERS=False, ROWS_PER_PROGRAM=1, SEG_BLOCK=spp,
-            SEGMENTS_PER_PROGRAM=spp, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY=""))
+            SEGMENTS_PER_PROGRAM=spp, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY="",
+            **({"HOLD_16BIT": True} if hold else {})))
         return Plan(strategy, num_warps, 1, spp, spp, inner, False, segments, (phase,),
                     "p" if backward else "pq")
 

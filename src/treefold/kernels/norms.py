@@ -23,7 +23,7 @@ uses for segment results. No atomics: the same bits on every run.
 import triton
 import triton.language as tl
 
-from .combine import arrive, round_to, tree_sum, wait_for_arrivals
+from .combine import arrive, round_to, tree_sum, wait_for_arrivals, widen_again
 
 
 @triton.jit
@@ -80,17 +80,6 @@ def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, t
         return tree_sum(tl.reshape(seg, [1, SEGMENTS]), 1, SEGMENTS, LOG2_SEGMENTS, 1, 0)
     else:
         return row_tree_sum(v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
-
-
-@triton.jit
-def _widen_again(held, opaque_count):
-    """A 16-bit block widened to float32 once more, where it is used, instead of float32 copies
-    of an earlier widening held through a reduction (twice the registers). Its bits are OR-ed
-    with ``opaque_count >> 31``: zero for any row count or length the launcher passes (< 2^31),
-    but not a constant, so the compiler cannot merge this widening with another of the same
-    block. The values are the same bits."""
-    bits = held.to(tl.int16, bitcast=True) | (opaque_count >> 31).to(tl.int16)
-    return bits.to(held.dtype, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -202,7 +191,7 @@ def norm_forward_kernel(
                 tl.float32)
             w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
         elif HOLD_16BIT:
-            v = _widen_again(held, rows)
+            v = widen_again(held, rows)
             w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
         normalised = v * rstd[:, None, None]
     else:
@@ -210,7 +199,7 @@ def norm_forward_kernel(
                            ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
         mean = tl.div_rn(total, n_float)
         if HOLD_16BIT:
-            v = _widen_again(held, rows)
+            v = widen_again(held, rows)
         d = tl.where(mask, v - mean[:, None, None], 0.0)
         # the second exchange: its own half of the buffer, and the counter's second round
         total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
@@ -220,7 +209,7 @@ def norm_forward_kernel(
         rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
         if HOLD_16BIT:
             # (n, not rows: a third widening must not be merged with the second either)
-            d = tl.where(mask, _widen_again(held, n) - mean[:, None, None], 0.0)
+            d = tl.where(mask, widen_again(held, n) - mean[:, None, None], 0.0)
         normalised = d * rstd[:, None, None]
         if STORE_STATS:
             tl.store(mean_ptr + row, mean, mask=stats_row)

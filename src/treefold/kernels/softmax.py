@@ -57,7 +57,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import arrive, round_to, start_dependent_launch, tree_max_sum, tree_sum, wait_for_arrivals
+from .combine import (arrive, round_to, start_dependent_launch, tree_max_sum, tree_sum, wait_for_arrivals,
+                      widen_again)
 
 #: Triton's interpreter truncates float32 -> bfloat16; outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
@@ -126,28 +127,51 @@ def _lane_tree_sum(x, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS: tl.co
 
 
 @triton.jit
-def _load_tiles(src_ptrs, grad_ptrs, mask, inv_temperature, FOR_PARTIALS: tl.constexpr,
-                OP: tl.constexpr, BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
-                POLICY: tl.constexpr):
-    """Load one block of a row as float32: returns (a, b).
+def _load_raw_tiles(src_ptrs, grad_ptrs, mask, FOR_PARTIALS: tl.constexpr, OP: tl.constexpr,
+                    BACKWARD: tl.constexpr, POLICY: tl.constexpr):
+    """Load one block of a row as stored (in its own dtype): returns (raw_a, raw_b) for ``_widen_tiles``.
 
-    Forward: a = x * inv_temperature (masked lanes -inf), b = a (unused).
-    Backward softmax / log_softmax: a = y, b = dy (masked lanes 0); for the partials of
-    log_softmax, which need dy only, y is not read and a = b.
-    Backward logsumexp: a = x (masked lanes 0), b = a (unused).
+    Forward: x (masked lanes -inf). Backward softmax / log_softmax: y and dy (masked lanes 0);
+    for the partials of log_softmax, which need dy only, y is not read. Backward logsumexp: x
+    (masked lanes 0). Where one tensor serves as both, raw_b is raw_a.
     """
     if BACKWARD:
         if OP == LOGSUMEXP:
-            a = tl.load(src_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
-            b = a
+            raw_a = tl.load(src_ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
+            raw_b = raw_a
         else:
-            b = tl.load(grad_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+            raw_b = tl.load(grad_ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
             if FOR_PARTIALS and OP == LOG_SOFTMAX:
-                a = b
+                raw_a = raw_b
             else:
-                a = tl.load(src_ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+                raw_a = tl.load(src_ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
     else:
-        a = tl.load(src_ptrs, mask=mask, other=float("-inf"), eviction_policy=POLICY).to(tl.float32)
+        raw_a = tl.load(src_ptrs, mask=mask, other=float("-inf"), eviction_policy=POLICY)
+        raw_b = raw_a
+    return raw_a, raw_b
+
+
+@triton.jit
+def _widen_tiles(raw_a, raw_b, inv_temperature, opaque_count, AGAIN: tl.constexpr, FOR_PARTIALS: tl.constexpr,
+                 OP: tl.constexpr, BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr):
+    """(a, b) as float32 from ``_load_raw_tiles``: forward a = x * inv_temperature, b = a;
+    backward a = y (or dy where raw_b is raw_a), b = dy; backward logsumexp a = b = x.
+
+    ``AGAIN``: a held 16-bit block widened once more where its outputs need it
+    (``combine.widen_again`` with ``opaque_count``), rather than reuse float32 copies.
+    """
+    if AGAIN:
+        a = widen_again(raw_a, opaque_count)
+    else:
+        a = raw_a.to(tl.float32)
+    if BACKWARD:
+        if OP == LOGSUMEXP or (FOR_PARTIALS and OP == LOG_SOFTMAX):
+            b = a
+        elif AGAIN:
+            b = widen_again(raw_b, opaque_count)
+        else:
+            b = raw_b.to(tl.float32)
+    else:
         if HAS_TEMPERATURE:
             a = a * inv_temperature
         b = a
@@ -155,12 +179,23 @@ def _load_tiles(src_ptrs, grad_ptrs, mask, inv_temperature, FOR_PARTIALS: tl.con
 
 
 @triton.jit
-def _segment_partials(a, b, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS: tl.constexpr,
+def _load_tiles(src_ptrs, grad_ptrs, mask, inv_temperature, FOR_PARTIALS: tl.constexpr,
+                OP: tl.constexpr, BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
+                POLICY: tl.constexpr):
+    """Load one block of a row as float32: returns (a, b), as ``_widen_tiles`` gives them."""
+    raw_a, raw_b = _load_raw_tiles(src_ptrs, grad_ptrs, mask, FOR_PARTIALS, OP, BACKWARD, POLICY)
+    return _widen_tiles(raw_a, raw_b, inv_temperature, 0, False, FOR_PARTIALS, OP, BACKWARD, HAS_TEMPERATURE)
+
+
+@triton.jit
+def _segment_partials(a, b, a_for_exp, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS: tl.constexpr,
                       INNER: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
                       LOG2_INNER_GROUPS: tl.constexpr, OP: tl.constexpr, BACKWARD: tl.constexpr):
     """Partials of the segments of a ``[SEGS, OUTER, INNER]`` block: (p, q), each [SEGS].
 
-    Forward: p = m_s (segment max), q = s_s (tree sum of exp(x - m_s')).
+    Forward: p = m_s (segment max), q = s_s (tree sum of exp(x - m_s')), the exps taken of
+    ``a_for_exp``: ``a`` itself, or the same values widened again from a held 16-bit block (so
+    that neither the maximum nor the sum holds float32 copies of the block through the other).
     Backward softmax: p = q = tree sum of dy * y. Backward log_softmax: p = q = tree sum of dy.
     """
     if BACKWARD:
@@ -173,7 +208,7 @@ def _segment_partials(a, b, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS:
         q = p
     else:
         p = tl.max(tl.max(a, axis=2), axis=1)
-        q = _lane_tree_sum(_segment_exp(a, p), OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
+        q = _lane_tree_sum(_segment_exp(a_for_exp, p), OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
                            LOG2_INNER_GROUPS)
     return p, q
 
@@ -336,7 +371,7 @@ def softmax_kernel(
     SEG_BLOCK: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, ONLINE_BLOCKS: tl.constexpr,
     FIRST_READ_POLICY: tl.constexpr, SECOND_READ_POLICY: tl.constexpr,
     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
-    STAGES: tl.constexpr = 1,
+    STAGES: tl.constexpr = 1, HOLD_16BIT: tl.constexpr = False,
 ):
     """The softmax family: one kernel, specialised by the constexpr flags.
 
@@ -392,6 +427,10 @@ def softmax_kernel(
             memory (asynchronous copies) while the current block is reduced, so a program keeps
             bytes in flight without holding them in registers. 1: each block's loads are issued
             when the loop reaches it. Never changes bits.
+        HOLD_16BIT: the phases that hold a block through the row's merge (WHOLE_ROWS in
+            registers, COOPERATIVE) hold 16-bit inputs as loaded, and widen them again, and
+            take the forward softmax's exps again, for the outputs: half the registers for the
+            block, one more exp per element. Never changes bits.
 
     A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
     segment s, i.e. column s * LANES + k * INNER + j of the row.
@@ -414,12 +453,18 @@ def softmax_kernel(
         cols = (tl.arange(0, SEG_POW2) * LANES)[None, :, None, None] + lane_cols[None, :, :, :]
         mask = (rows_idx < rows)[:, None, None, None] & (cols < n)
         rows64 = rows_idx.to(tl.int64)[:, None, None, None]
-        a, b = _load_tiles(src_ptr + rows64 * stride_src + cols, grad_ptr + rows64 * stride_grad + cols,
-                           mask, inv_temperature, False, OP, BACKWARD, HAS_TEMPERATURE, "")
+        raw_a, raw_b = _load_raw_tiles(src_ptr + rows64 * stride_src + cols, grad_ptr + rows64 * stride_grad + cols,
+                                       mask, False, OP, BACKWARD, "")
+        a, b = _widen_tiles(raw_a, raw_b, inv_temperature, 0, False, False, OP, BACKWARD, HAS_TEMPERATURE)
+        a_for_exp = a
+        if HOLD_16BIT:
+            a_for_exp, _ = _widen_tiles(raw_a, raw_b, inv_temperature, rows, True, False, OP, BACKWARD,
+                                        HAS_TEMPERATURE)
         if LSE_BACKWARD:
             c0, c1 = _given_constants(row_ptr, grad_ptr, rows_idx, rows_idx < rows)
         else:
             p, q = _segment_partials(tl.reshape(a, [HELD, OUTER, INNER]), tl.reshape(b, [HELD, OUTER, INNER]),
+                                     tl.reshape(a_for_exp, [HELD, OUTER, INNER]),
                                      OUTER, LOG2_OUTER, HELD, INNER, GROUP, LOG2_GROUP,
                                      LOG2_INNER_GROUPS, OP, BACKWARD)
             c0, c1 = _merge_partials(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]),
@@ -428,9 +473,12 @@ def softmax_kernel(
         if LSE_FORWARD:
             tl.store(dst_ptr + rows_idx, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16), mask=rows_idx < rows)
         else:
+            if HOLD_16BIT:
+                a, b = _widen_tiles(raw_a, raw_b, inv_temperature, n, True, False, OP, BACKWARD, HAS_TEMPERATURE)
             e, f = a, c1[:, None, None, None]
             if OP == SOFTMAX and not BACKWARD:
-                # the partials' exp tile (the same operations on the same values: computed once)
+                # the partials' exp tile (the same operations on the same values: computed once;
+                # twice with HOLD_16BIT, whose widened block is a new value)
                 e = tl.reshape(_segment_exp(tl.reshape(a, [HELD, OUTER, INNER]), p),
                                [ROWS_PER_PROGRAM, SEG_POW2, OUTER, INNER])
                 f = _softmax_factors(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]), c0[:, None],
@@ -458,9 +506,13 @@ def softmax_kernel(
             segments = first_segment + block_segments
             cols = first_segment * LANES + block_cols
             mask = cols < n
-            a, b = _load_tiles(src_row + cols, grad_row + cols, mask, inv_temperature, LSE_FORWARD, OP,
-                               BACKWARD, HAS_TEMPERATURE, "")
-            p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
+            raw_a, raw_b = _load_raw_tiles(src_row + cols, grad_row + cols, mask, LSE_FORWARD, OP, BACKWARD, "")
+            a, b = _widen_tiles(raw_a, raw_b, inv_temperature, 0, False, LSE_FORWARD, OP, BACKWARD, HAS_TEMPERATURE)
+            a_for_exp = a
+            if HOLD_16BIT:
+                a_for_exp, _ = _widen_tiles(raw_a, raw_b, inv_temperature, rows, True, LSE_FORWARD, OP, BACKWARD,
+                                            HAS_TEMPERATURE)
+            p, q = _segment_partials(a, b, a_for_exp, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
                                      LOG2_INNER_GROUPS, OP, BACKWARD)
             _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q, BACKWARD)
             arrived = arrive(arrivals_ptr, row)
@@ -474,7 +526,11 @@ def softmax_kernel(
                 wait_for_arrivals(arrivals_ptr, row, arrived, programs_per_row)
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                   LOG2_SEG_POW2, OP, BACKWARD, ".cg")
-                # (the forward softmax's exp tile is the partials' own, computed once)
+                # (the forward softmax's exp tile is the partials' own, computed once, unless
+                # HOLD_16BIT widens the held block again)
+                if HOLD_16BIT:
+                    a, b = _widen_tiles(raw_a, raw_b, inv_temperature, n, True, False, OP, BACKWARD,
+                                        HAS_TEMPERATURE)
                 _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
                                      OP, BACKWARD, HAS_TEMPERATURE)
         elif PHASE == PARTIALS:
@@ -483,7 +539,7 @@ def softmax_kernel(
                 cols = (first_segment + block * SEG_BLOCK) * LANES + block_cols
                 a, b = _load_tiles(src_row + cols, grad_row + cols, cols < n, inv_temperature, True,
                                    OP, BACKWARD, HAS_TEMPERATURE, FIRST_READ_POLICY)
-                p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
+                p, q = _segment_partials(a, b, a, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
                                          LOG2_INNER_GROUPS, OP, BACKWARD)
                 _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q, BACKWARD)
         elif EARLY_FINISH:
@@ -523,7 +579,7 @@ def softmax_kernel(
                     cols = block * (SEG_BLOCK * LANES) + block_cols
                     a, b = _load_tiles(src_row + cols, grad_row + cols, cols < n, inv_temperature, True,
                                        OP, BACKWARD, HAS_TEMPERATURE, FIRST_READ_POLICY)
-                    p, q = _segment_partials(a, b, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
+                    p, q = _segment_partials(a, b, a, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
                                              LOG2_INNER_GROUPS, OP, BACKWARD)
                     p_all = tl.where(block_ids == block, p[None, :], p_all)
                     q_all = tl.where(block_ids == block, q[None, :], q_all)
