@@ -1071,42 +1071,34 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
         assert_bits(treefold.rms_norm(x[i:i + 1], w), full[i:i + 1])
         assert_bits(treefold.rms_norm(x[i:i + 37], w), full[i:i + 37])
         assert_bits(treefold.layer_norm(x[i:i + 3], n, w, b), full_ln[i:i + 3])
+
+    def rms(**launch):
+        y = torch.full_like(full, float("nan"))
+        ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
+                           round_normalised=True, **launch)
+        return y
+
+    def ln(**launch):
+        y = torch.full_like(full, float("nan"))
+        ops.launch_forward(x, None, w, b, y, None, None, None, eps=1e-5, offset=0.0, is_rms=False,
+                           round_normalised=False, **launch)
+        return y
+
     block = ops.row_block(n)
     for rows_per_program in (1, 2, 4, 16):
         for num_warps in (1, 4, 8, 16, 32):
             if rows_per_program * block > 32 * num_warps * 64:
                 continue  # at most 64 elements per thread: tiles that fit the register file
-            y = torch.full_like(full, float("nan"))
-            ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
-                               round_normalised=True, rows_per_program=rows_per_program, num_warps=num_warps)
-            assert_bits(y, full)
-            y = torch.full_like(full, float("nan"))
-            ops.launch_forward(x, None, w, b, y, None, None, None, eps=1e-5, offset=0.0, is_rms=False,
-                               round_normalised=False, rows_per_program=rows_per_program, num_warps=num_warps)
-            assert_bits(y, full_ln)
-    y = torch.full_like(full, float("nan"))  # a cache hint on the reads changes no bits
-    ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
-                       round_normalised=True, read_policy="evict_first")
-    assert_bits(y, full)
-    y = torch.full_like(full, float("nan"))  # nor do squares left unfused
-    ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
-                       round_normalised=True, fused_squares=False)
-    assert_bits(y, full)
+            assert_bits(rms(rows_per_program=rows_per_program, num_warps=num_warps), full)
+            assert_bits(ln(rows_per_program=rows_per_program, num_warps=num_warps), full_ln)
+    assert_bits(rms(read_policy="evict_first"), full)  # a cache hint on the reads changes no bits
+    assert_bits(rms(fused_squares=False), full)  # nor do squares left unfused
     for read_twice in (True, False):  # nor does reading the row again after its reduction
-        y = torch.full_like(full, float("nan"))
-        ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
-                           round_normalised=True, read_twice=read_twice)
-        assert_bits(y, full)
-    if dtype != torch.float32:  # nor holding 16-bit rows as loaded, at every warps
+        assert_bits(rms(read_twice=read_twice), full)
+    if dtype != torch.float32:  # nor holding 16-bit rows as loaded, at any warps
         for num_warps in (None, 4, 16):
-            y = torch.full_like(full, float("nan"))
-            ops.launch_forward(x, None, w, None, y, None, None, None, eps=1e-6, offset=0.0, is_rms=True,
-                               round_normalised=True, hold_16bit=True, num_warps=num_warps)
-            assert_bits(y, full)
-            y = torch.full_like(full, float("nan"))
-            ops.launch_forward(x, None, w, b, y, None, None, None, eps=1e-5, offset=0.0, is_rms=False,
-                               round_normalised=False, hold_16bit=True, num_warps=num_warps)
-            assert_bits(y, full_ln)
+            assert_bits(rms(hold_16bit=True, num_warps=num_warps), full)
+            assert_bits(ln(hold_16bit=True, num_warps=num_warps), full_ln)
 
 
 @pytest.mark.gpu
