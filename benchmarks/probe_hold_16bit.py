@@ -43,7 +43,11 @@ SOFTMAX_CASES = [
                                   segments_per_program=4, num_warps=8, hold_16bit=True)),
                               "block 32 warps": ("block", sm.Tuning(num_warps=32)),
                               "block 32 warps hold": ("block", sm.Tuning(num_warps=32, hold_16bit=True))}),
-    ("softmax", 256, 131072, {"default": ("auto", sm.Tuning()), "hold": ("auto", _HOLD)}),
+    ("softmax", 256, 131072, {"default": ("auto", sm.Tuning()), "hold": ("auto", _HOLD),
+                              "8 warps": ("cooperative", sm.Tuning(num_warps=8)),
+                              "8 warps hold": ("cooperative", sm.Tuning(num_warps=8, hold_16bit=True)),
+                              "4 segments of 8 warps hold": ("cooperative", sm.Tuning(
+                                  segments_per_program=4, num_warps=8, hold_16bit=True))}),
     ("softmax backward", 8192, 4096, {"default": ("auto", sm.Tuning()), "hold": ("auto", _HOLD),
                                       "hold 4 warps": ("auto", sm.Tuning(num_warps=4, hold_16bit=True))}),
     ("softmax backward", 4096, 32768, {"default": ("auto", sm.Tuning()), "hold": ("auto", _HOLD),
