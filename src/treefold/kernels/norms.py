@@ -149,6 +149,11 @@ def norm_forward_kernel(
             time) and the weight then, rather than hold both through it: fewer registers, more
             programs per SM (a launch choice; the bits do not change). Bytes from memory: the
             same, the second read hitting the caches; the caches serve 2 x M x N.
+        HOLD_16BIT: hold the 16-bit row normalised (x, or h with a residual) as loaded through
+            the reductions and widen it to float32 again where it is used (``widen_again``),
+            rather than hold float32 copies: half the registers for the row; RMSNorm then reads
+            the weight after its reduction, as with READ_TWICE (a launch choice; the bits do not
+            change).
     """
     if SHARED_ROW:
         pid = tl.program_id(0)
@@ -172,6 +177,8 @@ def norm_forward_kernel(
     # every row but the first) then overlaps the row's. LayerNorm, which holds the centred row
     # as well, reads weight and bias after its reductions: held through them, they took its
     # registers from 94 to 126 per thread at 8192 elements and it fell from 83% to 59% of the roof.
+    # (A row read twice or held in 16 bits reads the weight after the reduction too: those
+    # launches are there to hold fewer registers through it.)
     if IS_RMS and not READ_TWICE and not HOLD_16BIT:
         w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
     if HAS_RESIDUAL:
