@@ -117,9 +117,10 @@ def widen_again(held, opaque_count):
     the block as loaded through a reduction instead of float32 copies of an earlier widening (half
     the registers). Its bits are OR-ed with ``opaque_count >> 31``: zero for any row count or
     length the launchers pass (< 2^31), but not a constant, so the compiler cannot merge this
-    widening with another of the same block and keep the float32 copies live after all. A kernel
-    that widens a block three times passes a different count each time. The same bits as the
-    first widening. A float32 block (a gradient in float32 beside 16-bit outputs) is returned
+    widening with another of the same block and keep the float32 copies live after all (a count
+    of 1 arrives as a constant, Triton specialising it: such a launch may hold float32 copies
+    again). A kernel that widens a block three times passes a different count each time. The
+    same bits as the first widening. A float32 block (a gradient in float32 beside 16-bit outputs) is returned
     as it is: it was held as float32 anyway."""
     if held.dtype.primitive_bitwidth == 16:
         bits = held.to(tl.int16, bitcast=True) | (opaque_count >> 31).to(tl.int16)
