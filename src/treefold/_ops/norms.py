@@ -49,8 +49,9 @@ _RMS_ROW_4096_ELEMENTS_PER_THREAD = 16
 _WIDE_ROW = 8192
 _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: RMSNorm rows whose block is 16384 elements (8193 to 16384; no residual): one row per program of
-#: 4 warps that reads the row a second time after its reduction rather than hold it (54 registers
-#: per thread instead of 121, offline). Measured at 16384 only: 4096 x 16384 bf16 84.2% of the roof
+#: 4 warps that reads the row a second time after its reduction rather than hold it (offline sm_90,
+#: registers per thread: 121 against 237 holding it in float32 at 4 warps, 55 against 122 at 8; holding
+#: it in 16 bits, ``hold_16bit``, 71 at 8). Measured at 16384 only: 4096 x 16384 bf16 84.2% of the roof
 #: against 83.3% holding it with 8 warps (the earlier default), three interleaved rounds; shorter
 #: rows lost 2.6-9.4 points reading twice (``benchmarks/results/h200-probe-rms-wide-3.txt``).
 _READ_TWICE_BLOCK = 16384
