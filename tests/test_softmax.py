@@ -313,23 +313,30 @@ def test_holding_16bit_inputs_gives_the_same_bits(n, dtype, poisoned_outputs):
             want = _study_forward(op, x, strategy, tuning, **kw)
             assert_same_bits(_study_forward(op, x, strategy, held, **kw), want, f"{op} {strategy}")
         for log in (False, True):
-            want = ops.softmax_backward(dy, y, log=log, strategy=strategy, tuning=tuning)
+            want = ops.softmax_backward(dy, y, log=log, strategy=strategy,
+                                        tuning=dataclasses.replace(tuning, hold_16bit=False))
             got = ops.softmax_backward(dy, y, log=log, strategy=strategy, tuning=held)
             assert_same_bits(got, want, f"backward log={log} {strategy}")
         lse = ops.logsumexp_forward(x, strategy=strategy, tuning=tuning)
         assert_same_bits(ops.logsumexp_backward(dy[:, 0], x, lse, strategy=strategy, tuning=held),
-                         ops.logsumexp_backward(dy[:, 0], x, lse, strategy=strategy, tuning=tuning),
+                         ops.logsumexp_backward(dy[:, 0], x, lse, strategy=strategy,
+                                                tuning=dataclasses.replace(tuning, hold_16bit=False)),
                          f"logsumexp backward {strategy}")
 
 
-def test_hold_16bit_is_off_by_default_and_refused_for_32bit_inputs():
-    def constexprs(strategy, item_size, tuning):
-        return [dict(ph.constexprs) for ph in ops.plan(0, False, 4096, 8, 132, item_size, strategy, tuning).phases]
-    assert all("HOLD_16BIT" not in c for c in constexprs("block", 2, ops.Tuning()))
-    assert all(c["HOLD_16BIT"] for c in constexprs("block", 2, ops.Tuning(hold_16bit=True)))
-    assert all(c["HOLD_16BIT"] for c in constexprs("cooperative", 2, ops.Tuning(hold_16bit=True)))
+def test_hold_16bit_defaults_to_the_backward_of_16bit_inputs_and_is_refused_for_32bit_ones():
+    def held(strategy, item_size, tuning, backward=False):
+        phases = ops.plan(0, backward, 4096, 8, 132, item_size, strategy, tuning).phases
+        return [dict(ph.constexprs).get("HOLD_16BIT", False) for ph in phases]
+    assert held("block", 2, ops.Tuning()) == [False]  # the forward holds float32
+    assert held("block", 2, ops.Tuning(), backward=True) == [ops.HOLD_16BIT_BACKWARD]
+    assert held("cooperative", 2, ops.Tuning(), backward=True) == [ops.HOLD_16BIT_BACKWARD]
+    assert held("block", 4, ops.Tuning(), backward=True) == [False]
+    assert held("block", 2, ops.Tuning(hold_16bit=False), backward=True) == [False]
+    assert held("block", 2, ops.Tuning(hold_16bit=True)) == [True]
+    assert held("cooperative", 2, ops.Tuning(hold_16bit=True)) == [True]
     with pytest.raises(ValueError, match="softmax: hold_16bit=True holds 16-bit inputs, got 4-byte elements"):
-        constexprs("block", 4, ops.Tuning(hold_16bit=True))
+        held("block", 4, ops.Tuning(hold_16bit=True))
 
 
 @needs_kernel
@@ -861,8 +868,9 @@ def test_gpu_holding_16bit_inputs_gives_the_same_bits(rows, n):
             assert_same_bits(_study_forward(op, x, strategy, held), want, f"{op} {strategy} {tuning}")
             if op != "logsumexp":
                 dx = ops.softmax_backward(dy, want, log=op == "log_softmax", strategy=strategy, tuning=held)
+                float32_held = dataclasses.replace(tuning, hold_16bit=False)
                 assert_same_bits(dx, ops.softmax_backward(dy, want, log=op == "log_softmax", strategy=strategy,
-                                                          tuning=tuning), f"{op} backward {strategy} {tuning}")
+                                                          tuning=float32_held), f"{op} backward {strategy} {tuning}")
 
 
 @pytest.mark.gpu

@@ -104,6 +104,14 @@ SPLIT_WARPS = 4
 #: at 256 x 131072 it lifted "online" from 47.6% to 55.5% (8 warps, 4 stages), still below the
 #: default there ("cooperative", 59.2%). So the loops issue each block's loads when they reach it.
 STREAM_STAGES = 1
+#: The backward launches that hold y and dy through the row sum ("warp", "block", "cooperative")
+#: hold 16-bit ones as loaded and widen them again for dx (``Tuning.hold_16bit``): on the H200,
+#: three interleaved rounds, 4096 x 32768 bf16 (block, 16 warps) 85.7% -> 98.6% of the roof
+#: (128 registers with 104 bytes of stack -> 128 and none), cooperative 80.6% -> 88.0%,
+#: 8192 x 4096 89.1% -> 90.0%. The forward holds x as float32: holding 16 bits there lost 0-6
+#: points at every shape measured, its peak being the exp tile, not the input
+#: (``benchmarks/results/h200-probe-hold-16bit.txt``).
+HOLD_16BIT_BACKWARD = True
 
 _OPS = {"softmax": kernels.SOFTMAX.value, "log_softmax": kernels.LOG_SOFTMAX.value,
         "logsumexp": kernels.LOGSUMEXP.value}
@@ -119,7 +127,7 @@ class Tuning:
     depth of the streaming loops of "online" and "split", ``kernels.softmax_kernel``'s STAGES) and
     ``hold_16bit`` (True: "warp", "block" and "cooperative" hold 16-bit inputs as loaded through
     the row's merge and widen them again for the outputs, ``kernels.softmax_kernel``'s
-    HOLD_16BIT; refused for 32-bit inputs)."""
+    HOLD_16BIT; refused for 32-bit inputs; None: the backward passes do, ``HOLD_16BIT_BACKWARD``)."""
     num_warps: Optional[int] = None
     rows_per_program: Optional[int] = None
     seg_block: Optional[int] = None
@@ -255,7 +263,10 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
     stages = tuning.stages or STREAM_STAGES
     if tuning.hold_16bit and item_size != 2:
         raise ValueError(f"{fn}: hold_16bit=True holds 16-bit inputs, got {item_size}-byte elements")
-    hold = bool(tuning.hold_16bit)
+    if tuning.hold_16bit is None:
+        hold = HOLD_16BIT_BACKWARD and backward and item_size == 2
+    else:
+        hold = bool(tuning.hold_16bit)
     first_policy, second_policy = ("evict_last", "evict_first") if hints else ("", "")
 
     factor = _held_factor(op, backward)

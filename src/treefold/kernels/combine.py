@@ -123,7 +123,7 @@ def widen_again(held, opaque_count):
     same bits as the first widening. A float32 block (a gradient in float32 beside 16-bit outputs) is returned
     as it is: it was held as float32 anyway."""
     if held.dtype.primitive_bitwidth == 16:
-        bits = held.to(tl.int16, bitcast=True) | (opaque_count >> 31).to(tl.int16)
+        bits = held.to(tl.int16, bitcast=True) | tl.cast(opaque_count >> 31, tl.int16)
         return bits.to(held.dtype, bitcast=True).to(tl.float32)
     else:
         return held.to(tl.float32)
