@@ -108,9 +108,9 @@ STREAM_STAGES = 1
 #: hold 16-bit ones as loaded and widen them again for dx (``Tuning.hold_16bit``): on the H200,
 #: three interleaved rounds, 4096 x 32768 bf16 (block, 16 warps) 85.7% -> 98.6% of the roof
 #: (128 registers with 104 bytes of stack -> 128 and none), cooperative 80.6% -> 88.0%,
-#: 8192 x 4096 89.1% -> 90.0%. The forward holds x as float32: holding 16 bits there lost 0-6
-#: points at every shape measured, its peak being the exp tile, not the input
-#: (``benchmarks/results/h200-probe-hold-16bit.txt``).
+#: 8192 x 4096 89.1% -> 90.0% (``benchmarks/results/h200-probe-hold-16bit.txt``; against Liger,
+#: ``h200-probe-softmax-backward.txt``). The forward holds x as float32: holding 16 bits there lost
+#: 0-6 points at every shape measured, its peak of registers being the exp tile, not the input.
 HOLD_16BIT_BACKWARD = True
 
 _OPS = {"softmax": kernels.SOFTMAX.value, "log_softmax": kernels.LOG_SOFTMAX.value,
