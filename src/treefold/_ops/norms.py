@@ -164,7 +164,9 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``read_twice``: RMSNorm without a residual reads each row again after its reduction (default:
     rows of ``_READ_TWICE_BLOCK``, whole rows, with ``_READ_TWICE_WARPS`` warps unless given).
     ``hold_16bit``: a 16-bit row is held as loaded through the reductions and widened to float32
-    again where it is used, instead of held as float32 (default: off)."""
+    again where it is used, instead of held as float32 (default: off; on the H200 it was slower at
+    every shape measured, 84.6% -> 67.8% of the roof at 4096 x 16384 and 0.3-9 points elsewhere,
+    ``benchmarks/results/h200-probe-hold-16bit.txt``)."""
     default_rows, default_warps = forward_config(n, is_rms)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)

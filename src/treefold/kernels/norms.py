@@ -152,8 +152,8 @@ def norm_forward_kernel(
         HOLD_16BIT: hold the 16-bit row normalised (x, or h with a residual) as loaded through
             the reductions and widen it to float32 again where it is used (``widen_again``),
             rather than hold float32 copies: half the registers for the row; RMSNorm then reads
-            the weight after its reduction, as with READ_TWICE (a launch choice; the bits do not
-            change).
+            the weight after its reduction, as with READ_TWICE (a launch choice, slower on the
+            H200 wherever measured; the bits do not change).
     """
     if SHARED_ROW:
         pid = tl.program_id(0)
