@@ -925,6 +925,29 @@ def test_holding_16bit_rows_gives_the_same_bits(n, dtype):
     assert_bits(want[0], ref.layer_norm(x, w, b, 1e-5)[0])
 
 
+@pytest.mark.parametrize("n", [1, 33, 5120])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backward_holding_16bit_rows_gives_the_same_bits(n, dtype):
+    x, dy = randn((5, n), dtype, seed=n), randn((5, n), dtype, seed=n + 1)
+    w, b = weight_like(n, dtype), randn(n, dtype, seed=3)
+    kernel_or_skip(x)
+    x[0, 0] = float("inf")
+    _, _, rstd = ops.rms_norm_impl(x, w, None, 1e-6, 1.0, "llama", dtype)
+    for weight in (w, None):
+        want = ops.rms_norm_backward_impl(dy, None, x, weight, rstd, 1.0, "llama", dtype, None, True)
+        got = ops.rms_norm_backward_impl(dy, None, x, weight, rstd, 1.0, "llama", dtype, None, True,
+                                         hold_16bit=True)
+        for a, c in zip(got, want):
+            if a is not None:
+                assert_bits(a, c)
+    _, mean, rstd = ops.layer_norm_impl(x, w, b, 1e-5)
+    want = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype)
+    for paired in (True, False):
+        got = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype, hold_16bit=True, paired_sums=paired)
+        for a, c in zip(got, want):
+            assert_bits(a, c)
+
+
 def test_hold_16bit_refusals():
     def plan(n, dtype=torch.bfloat16, **kw):
         return ops._forward_plan(n, dtype, True, False, True, False, False, True, False, None, None, **kw)[2]
@@ -934,6 +957,9 @@ def test_hold_16bit_refusals():
         plan(4096, torch.float32, hold_16bit=True)
     with pytest.raises(ValueError, match="hold_16bit=True holds the row that read_twice=True reads again"):
         plan(16384, hold_16bit=True, read_twice=True)
+    with pytest.raises(ValueError, match="hold_16bit=True holds 16-bit rows, got torch.float32"):
+        ops._backward_plan(64, 4096, torch.float32, True, False, True, False, True, False, True, False, 8, None,
+                           None, hold_16bit=True)
 
 
 @pytest.mark.parametrize("n", [33, 5120])

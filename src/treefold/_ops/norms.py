@@ -283,10 +283,13 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
                    has_offset: bool, round_normalised: bool, store_dres: bool, weight_grad: bool,
                    bias_grad: bool, rows_per_block: int, num_warps: Optional[int],
                    num_stages: Optional[int], unroll: Optional[int] = None,
-                   prefetch: Optional[bool] = None, paired_sums: Optional[bool] = None) -> dict:
+                   prefetch: Optional[bool] = None, paired_sums: Optional[bool] = None,
+                   hold_16bit: Optional[bool] = None) -> dict:
     """The kernel's constexprs and options for one kind of backward launch."""
     if paired_sums and is_rms:
         raise ValueError("norm: paired_sums=True pairs LayerNorm's two row sums; RMSNorm's backward has one")
+    if hold_16bit and dtype.itemsize != 2:
+        raise ValueError(f"norm: hold_16bit=True holds 16-bit rows, got {dtype}")
     _, default_warps, default_stages = backward_config(m, n)
     # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
     stages = num_stages or (1 if prefetch else default_stages)
@@ -297,7 +300,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL,
         PREFETCH=bool(prefetch), STAGES=stages,
         PAIRED_SUMS=(not is_rms and row_block(n) <= _PAIRED_SUMS_MAX_BLOCK) if paired_sums is None
-        else bool(paired_sums),
+        else bool(paired_sums), HOLD_16BIT=bool(hold_16bit),
         num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages)
 
 
@@ -307,7 +310,7 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
                     round_normalised: bool, rows_per_block: int,
                     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
                     unroll: Optional[int] = None, prefetch: Optional[bool] = None,
-                    paired_sums: Optional[bool] = None) -> None:
+                    paired_sums: Optional[bool] = None, hold_16bit: Optional[bool] = None) -> None:
     """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs.
 
     ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
@@ -315,13 +318,14 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     ``num_stages`` (the row loop's pipelining depth, the kernel's STAGES), ``unroll``, ``prefetch``
     and ``paired_sums`` (LayerNorm's two row sums as one tree; default for rows of at most
     ``_PAIRED_SUMS_MAX_BLOCK``) override
-    ``backward_config`` (the bits do not change).
+    ``backward_config`` (the bits do not change); ``hold_16bit`` holds a row's 16-bit dy and x
+    through its sums and widens them again after (default: off).
     """
     m, n = x2.shape
     w = _dense(w)
     plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
                           round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
-                          rows_per_block, num_warps, num_stages, unroll, prefetch, paired_sums)
+                          rows_per_block, num_warps, num_stages, unroll, prefetch, paired_sums, hold_16bit)
     _backward_kernel(
         ((m + rows_per_block - 1) // rows_per_block,),
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,

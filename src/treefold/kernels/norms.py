@@ -254,6 +254,21 @@ def _load_backward_row(dy_ptr, x_ptr, mean_ptr, rstd_ptr, row, col, cmask, rows,
 
 
 @triton.jit
+def _normalised_and_g(dy, v, w, rstd, mean, mask, IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    """The backward's normalised row (as the forward pass computed it before any rounding) and
+    g = dy * w (dy without a weight), from float32 dy and x."""
+    if IS_RMS:
+        normalised = v * rstd
+    else:
+        normalised = tl.where(mask, v - mean, 0.0) * rstd
+    if HAS_WEIGHT:
+        g = dy * w
+    else:
+        g = dy
+    return normalised, g
+
+
+@triton.jit
 def norm_backward_kernel(
     dy_ptr, dh_out_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dres_ptr, dw_part_ptr, db_part_ptr,
     rows, n, n_float, offset,
@@ -264,7 +279,7 @@ def norm_backward_kernel(
     BLOCK_ROWS: tl.constexpr,
     SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
     GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
-    STAGES: tl.constexpr = 1, PAIRED_SUMS: tl.constexpr = True,
+    STAGES: tl.constexpr = 1, PAIRED_SUMS: tl.constexpr = True, HOLD_16BIT: tl.constexpr = False,
 ):
     """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
 
@@ -316,10 +331,14 @@ def norm_backward_kernel(
         PAIRED_SUMS: LayerNorm: evaluate its two row sums as one tree over a pair of rows (each
             level's exchange between threads shared), rather than one after the other. The same
             additions either way (a launch choice).
+        HOLD_16BIT: hold a row's 16-bit dy and x as loaded through its sums and widen them again
+            for dx and the partials (``widen_again``), rather than hold float32 g and the
+            normalised row (a launch choice; the bits do not change).
     """
     pid = tl.program_id(0).to(tl.int64)
     col = (tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :])[None, :, :]
     cmask = col < n
+    w = 1.0  # (unused without a weight)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + col, mask=cmask, other=0.0).to(tl.float32)
         if HAS_OFFSET:
@@ -343,19 +362,17 @@ def norm_backward_kernel(
         else:
             dy, v, rstd, mean = _load_backward_row(dy_ptr, x_ptr, mean_ptr, rstd_ptr, row, col, cmask, rows,
                                                    stride_dy, stride_x, IS_RMS)
+        dy_held, v_held = dy, v
         dy = dy.to(tl.float32)
         v = v.to(tl.float32)
-        if IS_RMS:
-            normalised = v * rstd
-        else:
-            normalised = tl.where(mask, v - mean, 0.0) * rstd
-        if HAS_WEIGHT:
-            g = dy * w
-        else:
-            g = dy
+        normalised, g = _normalised_and_g(dy, v, w, rstd, mean, mask, IS_RMS, HAS_WEIGHT)
         if IS_RMS:
             s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
             c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
+            if HOLD_16BIT:
+                dy = widen_again(dy_held, rows)
+                normalised, g = _normalised_and_g(dy, widen_again(v_held, rows), w, rstd, mean, mask, IS_RMS,
+                                                  HAS_WEIGHT)
             dx = (g - normalised * c_gn) * rstd
         else:
             if PAIRED_SUMS:
@@ -370,6 +387,10 @@ def norm_backward_kernel(
                 s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
             c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
             c_g = tl.div_rn(s_g, n_float)[:, None, None]
+            if HOLD_16BIT:
+                dy = widen_again(dy_held, rows)
+                normalised, g = _normalised_and_g(dy, widen_again(v_held, rows), w, rstd, mean, mask, IS_RMS,
+                                                  HAS_WEIGHT)
             dx = ((g - c_g) - normalised * c_gn) * rstd
         if HAS_DH_OUT:
             dx = dx + tl.load(dh_out_ptr + row * stride_dh_out + col, mask=mask, other=0.0).to(tl.float32)
