@@ -941,7 +941,7 @@ def test_backward_holding_16bit_rows_gives_the_same_bits(n, dtype):
             if a is not None:
                 assert_bits(a, c)
     _, mean, rstd = ops.layer_norm_impl(x, w, b, 1e-5)
-    want = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype)
+    want = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype, hold_16bit=False)
     for paired in (True, False):
         got = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype, hold_16bit=True, paired_sums=paired)
         for a, c in zip(got, want):
@@ -957,9 +957,14 @@ def test_hold_16bit_refusals():
         plan(4096, torch.float32, hold_16bit=True)
     with pytest.raises(ValueError, match="hold_16bit=True holds the row that read_twice=True reads again"):
         plan(16384, hold_16bit=True, read_twice=True)
+    def backward_holds(n, is_rms, dtype=torch.bfloat16, **kw):
+        return ops._backward_plan(64, n, dtype, is_rms, False, True, False, True, False, True, not is_rms, 8, None,
+                                  None, **kw)["HOLD_16BIT"]
+    assert backward_holds(4096, False) and backward_holds(3000, False)  # LayerNorm rows of a 4096 block
+    assert not backward_holds(8192, False) and not backward_holds(2048, False) and not backward_holds(4096, True)
+    assert not backward_holds(4096, False, torch.float32) and not backward_holds(4096, False, hold_16bit=False)
     with pytest.raises(ValueError, match="hold_16bit=True holds 16-bit rows, got torch.float32"):
-        ops._backward_plan(64, 4096, torch.float32, True, False, True, False, True, False, True, False, 8, None,
-                           None, hold_16bit=True)
+        backward_holds(4096, True, torch.float32, hold_16bit=True)
 
 
 @pytest.mark.parametrize("n", [33, 5120])

@@ -61,6 +61,13 @@ _READ_TWICE_WARPS = 4
 #: (``benchmarks/probe_layer_norm_backward.py``): 32768 x 4096 66.7% of the roof paired against
 #: 63.7%, 8192 x 4096 54.1 vs 53.2; but 16384 x 8192 73.2 vs 77.1, so wider rows keep two trees.
 _PAIRED_SUMS_MAX_BLOCK = 4096
+#: LayerNorm backward rows whose block is this many elements (2049 to 4096, 16-bit) hold dy and x
+#: as loaded through the row's sums and widen them again after (``hold_16bit``): offline sm_90,
+#: 155 -> 128 registers at 8 warps (two programs per SM instead of one); on the H200, 32768 x 4096
+#: bf16 66.6-67.0% -> 77.7-78.5% of the roof, three interleaved rounds. Measured at 4096 only; the
+#: same choice lost elsewhere: LayerNorm 16384 x 8192 77.1% -> 68.1%, RMSNorm 16384 x 8192
+#: 88.2% -> 83.0%, RMSNorm 32768 x 4096 even (``benchmarks/results/h200-probe-norm-backward-hold.txt``).
+_BACKWARD_HOLD_16BIT_LAYER_NORM_BLOCK = 4096
 #: Unroll factor of the backward kernel's row loop (a launch choice; the rows fold in order).
 BACKWARD_UNROLL = 1
 #: The backward kernel pipelines its row loop in this many stages for rows whose on-chip block
@@ -290,6 +297,9 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         raise ValueError("norm: paired_sums=True pairs LayerNorm's two row sums; RMSNorm's backward has one")
     if hold_16bit and dtype.itemsize != 2:
         raise ValueError(f"norm: hold_16bit=True holds 16-bit rows, got {dtype}")
+    if hold_16bit is None:
+        hold_16bit = (not is_rms and dtype.itemsize == 2
+                      and row_block(n) == _BACKWARD_HOLD_16BIT_LAYER_NORM_BLOCK)
     _, default_warps, default_stages = backward_config(m, n)
     # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
     stages = num_stages or (1 if prefetch else default_stages)
@@ -319,7 +329,8 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     and ``paired_sums`` (LayerNorm's two row sums as one tree; default for rows of at most
     ``_PAIRED_SUMS_MAX_BLOCK``) override
     ``backward_config`` (the bits do not change); ``hold_16bit`` holds a row's 16-bit dy and x
-    through its sums and widens them again after (default: off).
+    through its sums and widens them again after (default: LayerNorm rows of
+    ``_BACKWARD_HOLD_16BIT_LAYER_NORM_BLOCK``).
     """
     m, n = x2.shape
     w = _dense(w)
