@@ -1,6 +1,6 @@
-"""The norm backward holding a row's 16-bit dy and x through its sums (``hold_16bit``) against
-its default (float32 g and normalised row held), RMSNorm and LayerNorm at 32768 x 4096 and
-16384 x 8192 bf16, called directly (dx and the weight/bias partials and their column sums);
+"""The norm backward holding a row's 16-bit dy and x through its sums (``hold_16bit``) or not,
+against its default, RMSNorm and LayerNorm at 32768 x 4096 and 16384 x 8192 bf16 (there also
+with 16 warps), called directly (dx and the weight/bias partials and their column sums);
 each variant checked bit for bit against the default first, then three interleaved rounds,
 do_bench median, L2 flushed; bytes: read x and dy, write dx.
 
@@ -27,7 +27,11 @@ def main(out_dir):
                 ("ln", lambda o, x=x, w=w, dy=dy, mean=mean, rstd=rstd_ln: norms.layer_norm_backward_impl(
                     dy, x, w, mean, rstd, True, x.dtype, **o))):
             first = None
-            for name, options in (("default", {}), ("hold", dict(hold_16bit=True))):
+            variants = [("default", {}), ("hold", dict(hold_16bit=True)), ("float32 held", dict(hold_16bit=False))]
+            if n == 8192:
+                variants += [("16 warps", dict(num_warps=16, hold_16bit=False)),
+                             ("16 warps hold", dict(num_warps=16, hold_16bit=True))]
+            for name, options in variants:
                 fn = lambda call=call, options=options: call(options)
                 out = [t.clone() for t in fn() if t is not None]
                 if first is None:
