@@ -902,6 +902,14 @@ def test_reading_the_row_twice_gives_the_same_bits(n):
     assert_bits(want[0], ref.rms_norm(x, w, 1e-6, offset=1.0)[0])
 
 
+def assert_all_bits(got, want):
+    """Every tensor of a launcher's result tuple equal bit for bit (None where absent in both)."""
+    for a, c in zip(got, want):
+        assert (a is None) == (c is None)
+        if a is not None:
+            assert_bits(a, c)
+
+
 @pytest.mark.parametrize("n", [1, 33, 5120])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_holding_16bit_rows_gives_the_same_bits(n, dtype):
@@ -909,43 +917,28 @@ def test_holding_16bit_rows_gives_the_same_bits(n, dtype):
     # float32 copies, NaN and Inf included (the widening is exact; only its place moves).
     x, r = randn((3, n), dtype, seed=n), randn((3, n), dtype, seed=n + 1)
     w, b = weight_like(n, dtype), randn(n, dtype, seed=3)
+    dy = randn((3, n), dtype, seed=n + 2)
     kernel_or_skip(x)
     x[0, 0], x[1, -1] = float("nan"), float("inf")
     for residual, offset in ((None, 0.0), (None, 1.0), (r, 0.0)):
         want = ops.rms_norm_impl(x, w, residual, 1e-6, offset, "llama", dtype)
-        got = ops.rms_norm_impl(x, w, residual, 1e-6, offset, "llama", dtype, hold_16bit=True)
-        for a, c in zip(got, want):
-            if a is not None:
-                assert_bits(a, c)
+        assert_all_bits(ops.rms_norm_impl(x, w, residual, 1e-6, offset, "llama", dtype, hold_16bit=True), want)
     assert_bits(want[0], ref.rms_norm(x, w, 1e-6, r)[0])
     want = ops.layer_norm_impl(x, w, b, 1e-5)
-    got = ops.layer_norm_impl(x, w, b, 1e-5, hold_16bit=True)
-    for a, c in zip(got, want):
-        assert_bits(a, c)
+    assert_all_bits(ops.layer_norm_impl(x, w, b, 1e-5, hold_16bit=True), want)
     assert_bits(want[0], ref.layer_norm(x, w, b, 1e-5)[0])
-
-
-@pytest.mark.parametrize("n", [1, 33, 5120])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_backward_holding_16bit_rows_gives_the_same_bits(n, dtype):
-    x, dy = randn((5, n), dtype, seed=n), randn((5, n), dtype, seed=n + 1)
-    w, b = weight_like(n, dtype), randn(n, dtype, seed=3)
-    kernel_or_skip(x)
-    x[0, 0] = float("inf")
-    _, _, rstd = ops.rms_norm_impl(x, w, None, 1e-6, 1.0, "llama", dtype)
+    # the backward, holding dy and x: RMSNorm with and without a weight, LayerNorm paired or not
+    _, mean, rstd = want
+    _, _, rms_rstd = ops.rms_norm_impl(x, w, None, 1e-6, 1.0, "llama", dtype)
     for weight in (w, None):
-        want = ops.rms_norm_backward_impl(dy, None, x, weight, rstd, 1.0, "llama", dtype, None, True)
-        got = ops.rms_norm_backward_impl(dy, None, x, weight, rstd, 1.0, "llama", dtype, None, True,
-                                         hold_16bit=True)
-        for a, c in zip(got, want):
-            if a is not None:
-                assert_bits(a, c)
-    _, mean, rstd = ops.layer_norm_impl(x, w, b, 1e-5)
+        want = ops.rms_norm_backward_impl(dy, None, x, weight, rms_rstd, 1.0, "llama", dtype, None, True,
+                                          hold_16bit=False)
+        assert_all_bits(ops.rms_norm_backward_impl(dy, None, x, weight, rms_rstd, 1.0, "llama", dtype, None, True,
+                                                   hold_16bit=True), want)
     want = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype, hold_16bit=False)
     for paired in (True, False):
-        got = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype, hold_16bit=True, paired_sums=paired)
-        for a, c in zip(got, want):
-            assert_bits(a, c)
+        assert_all_bits(ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype, hold_16bit=True,
+                                                     paired_sums=paired), want)
 
 
 def test_hold_16bit_refusals():
