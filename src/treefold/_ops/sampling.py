@@ -53,7 +53,8 @@ FINE_BINS = 64
 #: the sub-bins cannot split, and a group longer than the limit takes the bracket search (one row
 #: of 151936 bf16 of standard deviation 4, top-p 0.9, 24 inputs interpreted on the CPU: 3 refined
 #: to 83-115 tokens; one such row took 83 us on the H200 at 64). fp32 rows refine to 4-31 tokens
-#: (peaked) or to hundreds (flat, the bracket search at either limit).
+#: (peaked) or to hundreds (flat). That was measured before SORT_MID_LISTS: lists past the limit
+#: are now sorted, not searched, so 64 for 16-bit logits may no longer lose; not yet measured.
 PAIRWISE_MAX = 64
 PAIRWISE_MAX_TOP_K = 128
 PAIRWISE_MAX_16BIT = 128
