@@ -161,7 +161,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                   segments_per_program: Optional[int] = None, read_policy: str = "",
                   fused_squares: Optional[bool] = None,
                   read_twice: Optional[bool] = None,
-                  hold_16bit: Optional[bool] = None) -> tuple[int, int, dict]:
+                  hold_16bit: Optional[bool] = None, store_hint: str = "") -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
@@ -173,7 +173,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``hold_16bit``: a 16-bit row is held as loaded through the reductions and widened to float32
     again where it is used, instead of held as float32 (default: off; on the H200 it was slower at
     every shape measured, 84.6% -> 67.8% of the roof at 4096 x 16384 and 0.3-9 points elsewhere,
-    ``benchmarks/results/h200-probe-hold-16bit.txt``)."""
+    ``benchmarks/results/h200-probe-hold-16bit.txt``).
+    ``store_hint``: the eviction policy of the stores of y and h ("" or "evict_first")."""
     default_rows, default_warps = forward_config(n, is_rms)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -191,6 +192,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                              f"programs that must run at once, which Triton's interpreter does not do")
     if read_policy not in ("", "evict_first"):
         raise ValueError(f"norm: read_policy must be '' or 'evict_first', got {read_policy!r}")
+    if store_hint not in ("", "evict_first"):
+        raise ValueError(f"norm: store_hint must be '' or 'evict_first', got {store_hint!r}")
     if fused_squares and not _fuses_squares(is_rms, dtype):
         raise ValueError(f"norm: fused_squares=True needs RMSNorm of a float16 row (squares exact in float32), "
                          f"got {'RMSNorm' if is_rms else 'LayerNorm'} of {dtype}")
@@ -216,6 +219,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
         READ_POLICY=read_policy, READ_TWICE=bool(read_twice), HOLD_16BIT=bool(hold_16bit),
+        **({"STORE_POLICY": store_hint} if store_hint else {}),
         num_warps=num_warps or default_warps,
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
 
@@ -246,7 +250,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
                    segments_per_program: Optional[int] = None, read_policy: str = "",
                    fused_squares: Optional[bool] = None, read_twice: Optional[bool] = None,
-                   hold_16bit: Optional[bool] = None, prepare_key=None) -> None:
+                   hold_16bit: Optional[bool] = None, store_hint: str = "", prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
     ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,
@@ -261,7 +265,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
-        read_policy, fused_squares, read_twice, hold_16bit)
+        read_policy, fused_squares, read_twice, hold_16bit, store_hint)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:

@@ -127,7 +127,9 @@ class Tuning:
     depth of the streaming loops of "online" and "split", ``kernels.softmax_kernel``'s STAGES) and
     ``hold_16bit`` (True: "warp", "block" and "cooperative" hold 16-bit inputs as loaded through
     the row's merge and widen them again for the outputs, ``kernels.softmax_kernel``'s
-    HOLD_16BIT; refused for 32-bit inputs; None: the backward passes do, ``HOLD_16BIT_BACKWARD``)."""
+    HOLD_16BIT; refused for 32-bit inputs; None: the backward passes do, ``HOLD_16BIT_BACKWARD``)
+    and ``store_hint`` (the cache policy of the output stores, ``kernels.softmax_kernel``'s
+    STORE_POLICY: "evict_first"; None: the default policy)."""
     num_warps: Optional[int] = None
     rows_per_program: Optional[int] = None
     seg_block: Optional[int] = None
@@ -137,6 +139,7 @@ class Tuning:
     dependent_launch: Optional[bool] = None
     stages: Optional[int] = None
     hold_16bit: Optional[bool] = None
+    store_hint: Optional[str] = None
 
 
 _DEFAULT_TUNING = Tuning()
@@ -252,10 +255,13 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
     # A block's contiguous axis: a warp's 32 lanes times one 16-byte vector (= one group) each.
     inner = min(lanes, max(group, tuning.inner or group * 32))
     outer = lanes // inner
+    if tuning.store_hint not in (None, "evict_first"):
+        raise ValueError(f"{fn}: store_hint must be None or 'evict_first', got {tuning.store_hint!r}")
     common = dict(OP=op, BACKWARD=backward, HAS_TEMPERATURE=False, LANES=lanes, INNER=inner,
                   OUTER=outer, LOG2_OUTER=order.log2(outer), GROUP=group, LOG2_GROUP=order.log2(group),
                   LOG2_INNER_GROUPS=order.log2(inner // group),
-                  SEG_POW2=seg_pow2, LOG2_SEG_POW2=order.log2(seg_pow2))
+                  SEG_POW2=seg_pow2, LOG2_SEG_POW2=order.log2(seg_pow2),
+                  **({"STORE_POLICY": tuning.store_hint} if tuning.store_hint else {}))
     hints = True if tuning.hints is None else bool(tuning.hints)
     if tuning.stages is not None and (isinstance(tuning.stages, bool) or not isinstance(tuning.stages, int)
                                       or tuning.stages < 1):

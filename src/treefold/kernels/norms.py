@@ -93,7 +93,7 @@ def norm_forward_kernel(
     ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
-    READ_TWICE: tl.constexpr = False, HOLD_16BIT: tl.constexpr = False,
+    READ_TWICE: tl.constexpr = False, HOLD_16BIT: tl.constexpr = False, STORE_POLICY: tl.constexpr = "",
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -154,6 +154,8 @@ def norm_forward_kernel(
             rather than hold float32 copies: half the registers for the row; RMSNorm then reads
             the weight after its reduction, as with READ_TWICE (a launch choice, slower on the
             H200 wherever measured; the bits do not change).
+        STORE_POLICY: eviction policy of the stores of y and h ("" or "evict_first"; a launch
+            choice, the bits do not change).
     """
     if SHARED_ROW:
         pid = tl.program_id(0)
@@ -185,7 +187,7 @@ def norm_forward_kernel(
         r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0,
                     eviction_policy=READ_POLICY).to(tl.float32)
         h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
-        tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask)
+        tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask, eviction_policy=STORE_POLICY)
         held = h
         v = h.to(tl.float32)
     if IS_RMS:
@@ -234,7 +236,8 @@ def norm_forward_kernel(
         out = out * w[None, :, :]
     if HAS_BIAS:
         out = out + b[None, :, :]
-    tl.store(y_ptr + row3 * stride_y + col3, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
+    tl.store(y_ptr + row3 * stride_y + col3, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask,
+             eviction_policy=STORE_POLICY)
 
 
 @triton.jit

@@ -321,13 +321,14 @@ def _segment_maxima(part_p_ptr, row64, num_segments, segments):
 
 @triton.jit
 def _store_block_outputs(dst_block_ptrs, mask, a, b, p, c0, c1, inv_temperature, OP: tl.constexpr,
-                         BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr):
+                         BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr, STORE_POLICY: tl.constexpr):
     """Write the outputs of a loaded ``[SEGS, OUTER, INNER]`` block (a, b) whose segment maxima
     are p ([SEGS]; read by the forward softmax alone) under the row constants (c0, c1) ([1])."""
     e, f = _exp_and_factors(a, p, c0, c1, OP, BACKWARD)
     out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
                    HAS_TEMPERATURE)
-    tl.store(dst_block_ptrs, round_to(out, dst_block_ptrs.dtype.element_ty, SOFT_BF16), mask=mask)
+    tl.store(dst_block_ptrs, round_to(out, dst_block_ptrs.dtype.element_ty, SOFT_BF16), mask=mask,
+             eviction_policy=STORE_POLICY)
 
 
 @triton.jit
@@ -371,7 +372,7 @@ def softmax_kernel(
     SEG_BLOCK: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, ONLINE_BLOCKS: tl.constexpr,
     FIRST_READ_POLICY: tl.constexpr, SECOND_READ_POLICY: tl.constexpr,
     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
-    STAGES: tl.constexpr = 1, HOLD_16BIT: tl.constexpr = False,
+    STAGES: tl.constexpr = 1, HOLD_16BIT: tl.constexpr = False, STORE_POLICY: tl.constexpr = "",
 ):
     """The softmax family: one kernel, specialised by the constexpr flags.
 
@@ -431,6 +432,8 @@ def softmax_kernel(
             registers, COOPERATIVE) hold 16-bit inputs as loaded, and widen them again, and
             take the forward softmax's exps again, for the outputs: half the registers for the
             block, one more exp per element. Never changes bits.
+        STORE_POLICY: eviction policy of the stores of the elementwise outputs ("" or
+            "evict_first"). Never changes bits.
 
     A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
     segment s, i.e. column s * LANES + k * INNER + j of the row.
@@ -485,7 +488,8 @@ def softmax_kernel(
                                      c1[:, None])[:, :, None, None]
             out = _outputs(a, b, e, f, c0[:, None, None, None], c1[:, None, None, None], inv_temperature, OP,
                            BACKWARD, HAS_TEMPERATURE)
-            tl.store(dst_ptr + rows64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
+            tl.store(dst_ptr + rows64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16),
+                     mask=mask, eviction_policy=STORE_POLICY)
     else:
         # One row per program in the streaming phases; blocks of SEG_BLOCK segments.
         if PHASE == WHOLE_ROWS:
@@ -532,7 +536,7 @@ def softmax_kernel(
                     a, b = _widen_tiles(raw_a, raw_b, inv_temperature, n, True, False, OP, BACKWARD,
                                         HAS_TEMPERATURE)
                 _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
-                                     OP, BACKWARD, HAS_TEMPERATURE)
+                                     OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY)
         elif PHASE == PARTIALS:
             for block in tl.range(block_count, num_stages=STAGES):
                 segments = first_segment + block * SEG_BLOCK + block_segments
@@ -558,7 +562,7 @@ def softmax_kernel(
             c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                               LOG2_SEG_POW2, OP, BACKWARD, "")
             _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
-                                 OP, BACKWARD, HAS_TEMPERATURE)
+                                 OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY)
         else:
             if LSE_BACKWARD:
                 c0, c1 = _given_constants(row_ptr, grad_ptr, one_row, one_row < rows)
@@ -603,4 +607,4 @@ def softmax_kernel(
                         else:
                             p = tl.max(tl.where(block_ids == block, p_all, float("-inf")), axis=0)
                     _store_block_outputs(dst_row + cols, mask, a, b, p, c0, c1, inv_temperature, OP, BACKWARD,
-                                         HAS_TEMPERATURE)
+                                         HAS_TEMPERATURE, STORE_POLICY)
