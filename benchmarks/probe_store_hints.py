@@ -1,7 +1,8 @@
 """The output stores with the L2 evict-first policy (``store_hint``) against the default policy,
 for the row kernels that stream: the softmax forward ("online" reads each row twice, the second
 time from L2 if the row is still there; "cooperative" and "block" read once) and backward, and
-the norm forward (RMSNorm rows of 16384 are read twice). bf16, every variant first checked bit
+the norm forward (RMSNorm rows of 16384 are read twice); and the order of "online"'s second read
+(``second_pass``: the blocks last to first, the last one held in registers). bf16, every variant first checked bit
 for bit against its case's default, then three interleaved rounds, do_bench median, L2 flushed;
 bytes: read x (and the residual, or y and dy), write y (and h, or dx).
 
@@ -29,29 +30,36 @@ _EF = "evict_first"
 NORM_CASES = [
     ("rms", 4096, 16384, {"default": {}, "stores evict_first": dict(store_hint=_EF)}),
     ("rms", 16384, 8192, {"default": {}, "stores evict_first": dict(store_hint=_EF)}),
-    ("rms", 32768, 4096, {"default": {}, "stores evict_first": dict(store_hint=_EF)}),
-    ("rms+residual", 32768, 4096, {"default": {}, "stores evict_first": dict(store_hint=_EF)}),
     ("ln", 16384, 8192, {"default": {}, "stores evict_first": dict(store_hint=_EF)}),
 ]
-#: (label, rows, length, the variants: name -> (strategy, Tuning))
+_T = sm.Tuning
+#: (label, rows, length, the variants: name -> (strategy, Tuning)). ``second_pass``: 1 reads the
+#: blocks again last to first, 2 also keeps the last block in registers (not read again).
 SOFTMAX_CASES = [
-    ("softmax", 4096, 32768, {"default": ("auto", sm.Tuning()),
-                              "stores evict_first": ("auto", sm.Tuning(store_hint=_EF)),
-                              "no read hints": ("auto", sm.Tuning(hints=False)),
-                              "no read hints, stores evict_first": ("auto", sm.Tuning(hints=False, store_hint=_EF)),
-                              "8 warps, stores evict_first": ("online", sm.Tuning(num_warps=8, store_hint=_EF))}),
-    ("softmax", 256, 131072, {"default": ("auto", sm.Tuning()),
-                              "stores evict_first": ("auto", sm.Tuning(store_hint=_EF)),
-                              "online": ("online", sm.Tuning()),
-                              "online, stores evict_first": ("online", sm.Tuning(store_hint=_EF))}),
-    ("softmax", 32768, 8192, {"default": ("auto", sm.Tuning()),
-                              "stores evict_first": ("auto", sm.Tuning(store_hint=_EF))}),
-    ("softmax", 8192, 4096, {"default": ("auto", sm.Tuning()),
-                             "stores evict_first": ("auto", sm.Tuning(store_hint=_EF))}),
-    ("softmax backward", 4096, 32768, {"default": ("auto", sm.Tuning()),
-                                       "stores evict_first": ("auto", sm.Tuning(store_hint=_EF))}),
-    ("softmax backward", 8192, 4096, {"default": ("auto", sm.Tuning()),
-                                      "stores evict_first": ("auto", sm.Tuning(store_hint=_EF))}),
+    ("softmax", 4096, 32768, {"default": ("auto", _T()),
+                              "stores evict_first": ("auto", _T(store_hint=_EF)),
+                              "reversed": ("auto", _T(second_pass=1)),
+                              "reversed, stores evict_first": ("auto", _T(second_pass=1, store_hint=_EF)),
+                              "last held": ("auto", _T(second_pass=2)),
+                              "last held, stores evict_first": ("auto", _T(second_pass=2, store_hint=_EF)),
+                              "last held, stores evict_first, blocks of 4096": (
+                                  "online", _T(second_pass=2, store_hint=_EF, seg_block=1)),
+                              "last held, stores evict_first, 8 warps": (
+                                  "online", _T(second_pass=2, store_hint=_EF, num_warps=8))}),
+    ("softmax", 256, 131072, {"default": ("auto", _T()),
+                              "stores evict_first": ("auto", _T(store_hint=_EF)),
+                              "online reversed, stores evict_first": ("online", _T(second_pass=1, store_hint=_EF)),
+                              "online last held, stores evict_first": ("online", _T(second_pass=2, store_hint=_EF))}),
+    ("log_softmax", 4096, 32768, {"default": ("auto", _T()),
+                                  "last held, stores evict_first": ("auto", _T(second_pass=2, store_hint=_EF))}),
+    ("softmax", 32768, 8192, {"default": ("auto", _T()),
+                              "stores evict_first": ("auto", _T(store_hint=_EF))}),
+    ("softmax", 8192, 4096, {"default": ("auto", _T()),
+                             "stores evict_first": ("auto", _T(store_hint=_EF))}),
+    ("softmax backward", 4096, 32768, {"default": ("auto", _T()),
+                                       "stores evict_first": ("auto", _T(store_hint=_EF))}),
+    ("softmax backward", 8192, 4096, {"default": ("auto", _T()),
+                                      "stores evict_first": ("auto", _T(store_hint=_EF))}),
 ]
 
 
@@ -63,8 +71,8 @@ def _norm_call(label, x, r, w, b, options):
 
 
 def _softmax_call(label, x, y, dy, strategy, tuning):
-    if label == "softmax":
-        return lambda: (sm.softmax_forward(x, strategy=strategy, tuning=tuning),)
+    if label in ("softmax", "log_softmax"):
+        return lambda: (sm.softmax_forward(x, log=label == "log_softmax", strategy=strategy, tuning=tuning),)
     return lambda: (sm.softmax_backward(dy, y, strategy=strategy, tuning=tuning),)
 
 
@@ -87,7 +95,7 @@ def cases(only: str = ""):
         x = (3 * torch.randn(m, n, device="cuda")).bfloat16()
         y = torch.softmax(x.float(), -1).bfloat16()
         dy = torch.randn(m, n, device="cuda").bfloat16()
-        moved = (2 if label == "softmax" else 3) * x.numel() * x.element_size()
+        moved = (3 if label == "softmax backward" else 2) * x.numel() * x.element_size()
         for name, choice in variants.items():
             out[f"{label} {m}x{n} {name}"] = (_softmax_call(label, x, y, dy, *choice), moved, f"{label} {m}x{n}")
     return {k: v for k, v in out.items() if not only or k == only}

@@ -68,8 +68,11 @@ def record_launches(expression: str) -> list:
 
 
 def compile_sm90(kernel, args, kwargs, overrides: dict):
-    kwargs = {**kwargs, **overrides}
-    params = list(inspect.signature(kernel.fn).parameters)
+    parameters = inspect.signature(kernel.fn).parameters
+    # constexprs the launcher leaves at their defaults (only constexprs have defaults here)
+    defaults = {k: p.default for k, p in parameters.items() if p.default is not inspect.Parameter.empty}
+    kwargs = {**defaults, **kwargs, **overrides}
+    params = list(parameters)
     runtime = [p for p in params if p not in kwargs]
     signature = {p: _type_of(v) for p, v in zip(runtime, args)}
     attrs = {}

@@ -140,6 +140,7 @@ class Tuning:
     stages: Optional[int] = None
     hold_16bit: Optional[bool] = None
     store_hint: Optional[str] = None
+    second_pass: Optional[int] = None
 
 
 _DEFAULT_TUNING = Tuning()
@@ -261,7 +262,8 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
                   OUTER=outer, LOG2_OUTER=order.log2(outer), GROUP=group, LOG2_GROUP=order.log2(group),
                   LOG2_INNER_GROUPS=order.log2(inner // group),
                   SEG_POW2=seg_pow2, LOG2_SEG_POW2=order.log2(seg_pow2),
-                  **({"STORE_POLICY": tuning.store_hint} if tuning.store_hint else {}))
+                  **({"STORE_POLICY": tuning.store_hint} if tuning.store_hint else {}),
+                  **({"SECOND_PASS": tuning.second_pass} if tuning.second_pass else {}))
     hints = True if tuning.hints is None else bool(tuning.hints)
     if tuning.stages is not None and (isinstance(tuning.stages, bool) or not isinstance(tuning.stages, int)
                                       or tuning.stages < 1):
