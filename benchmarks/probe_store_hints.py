@@ -1,8 +1,7 @@
 """The output stores with the L2 evict-first policy (``store_hint``) against the default policy,
 for the row kernels that stream: the softmax forward ("online" reads each row twice, the second
 time from L2 if the row is still there; "cooperative" and "block" read once) and backward, and
-the norm forward (RMSNorm rows of 16384 are read twice); and the order of "online"'s second read
-(``second_pass``: the blocks last to first, the last one held in registers). bf16, every variant first checked bit
+the norm forward (RMSNorm rows of 16384 are read twice). bf16, every variant first checked bit
 for bit against its case's default, then three interleaved rounds, do_bench median, L2 flushed;
 bytes: read x (and the residual, or y and dy), write y (and h, or dx).
 
@@ -13,7 +12,7 @@ Under Nsight Compute, the DRAM bytes of a variant say whether its second read ca
 
     ncu --clock-control none --kernel-name regex:'softmax_kernel|norm_forward_kernel' \
         --launch-skip 3 --launch-count 1 --metrics dram__bytes_read.sum,dram__bytes_write.sum \
-        python benchmarks/probe_store_hints.py --ncu "softmax 4096x32768 default"
+        python benchmarks/probe_store_hints.py --ncu "softmax 4096x32768 no store hint"
 """
 import os
 import sys
@@ -26,36 +25,29 @@ from treefold._ops import softmax as sm
 from probe_report import time_against_roof
 
 _EF = "evict_first"
-#: (label, rows, length, the variants: name -> launch options)
+#: (label, rows, length, the variants: name -> launch options). RMSNorm rows of 16384 are read
+#: twice and store with evict-first by default; the others store with no hint by default.
 NORM_CASES = [
-    ("rms", 4096, 16384, {"default": {}, "stores evict_first": dict(store_hint=_EF)}),
+    ("rms", 4096, 16384, {"default": {}, "no store hint": dict(store_hint="")}),
     ("rms", 16384, 8192, {"default": {}, "stores evict_first": dict(store_hint=_EF)}),
+    ("rms", 32768, 4096, {"default": {}, "stores evict_first": dict(store_hint=_EF)}),
+    ("rms+residual", 32768, 4096, {"default": {}, "stores evict_first": dict(store_hint=_EF)}),
     ("ln", 16384, 8192, {"default": {}, "stores evict_first": dict(store_hint=_EF)}),
 ]
 _T = sm.Tuning
-#: (label, rows, length, the variants: name -> (strategy, Tuning)). ``second_pass``: 1 reads the
-#: blocks again last to first, 2 also keeps the last block in registers (not read again).
+#: (label, rows, length, the variants: name -> (strategy, Tuning)). The forward "online" launch
+#: (the default at 4096 x 32768) stores with evict-first by default; the others with no hint.
 SOFTMAX_CASES = [
     ("softmax", 4096, 32768, {"default": ("auto", _T()),
-                              "stores evict_first": ("auto", _T(store_hint=_EF)),
-                              "reversed": ("auto", _T(second_pass=1)),
-                              "reversed, stores evict_first": ("auto", _T(second_pass=1, store_hint=_EF)),
-                              "last held": ("auto", _T(second_pass=2)),
-                              "last held, stores evict_first": ("auto", _T(second_pass=2, store_hint=_EF)),
-                              "last held, stores evict_first, blocks of 4096": (
-                                  "online", _T(second_pass=2, store_hint=_EF, seg_block=1)),
-                              "last held, stores evict_first, 8 warps": (
-                                  "online", _T(second_pass=2, store_hint=_EF, num_warps=8))}),
+                              "no store hint": ("auto", _T(store_hint="")),
+                              "no read hints": ("auto", _T(hints=False)),
+                              "8 warps": ("online", _T(num_warps=8))}),
+    ("log_softmax", 4096, 32768, {"default": ("auto", _T()), "no store hint": ("auto", _T(store_hint=""))}),
     ("softmax", 256, 131072, {"default": ("auto", _T()),
                               "stores evict_first": ("auto", _T(store_hint=_EF)),
-                              "online reversed, stores evict_first": ("online", _T(second_pass=1, store_hint=_EF)),
-                              "online last held, stores evict_first": ("online", _T(second_pass=2, store_hint=_EF))}),
-    ("log_softmax", 4096, 32768, {"default": ("auto", _T()),
-                                  "last held, stores evict_first": ("auto", _T(second_pass=2, store_hint=_EF))}),
-    ("softmax", 32768, 8192, {"default": ("auto", _T()),
-                              "stores evict_first": ("auto", _T(store_hint=_EF))}),
-    ("softmax", 8192, 4096, {"default": ("auto", _T()),
-                             "stores evict_first": ("auto", _T(store_hint=_EF))}),
+                              "online": ("online", _T())}),
+    ("softmax", 32768, 8192, {"default": ("auto", _T()), "stores evict_first": ("auto", _T(store_hint=_EF))}),
+    ("softmax", 8192, 4096, {"default": ("auto", _T()), "stores evict_first": ("auto", _T(store_hint=_EF))}),
     ("softmax backward", 4096, 32768, {"default": ("auto", _T()),
                                        "stores evict_first": ("auto", _T(store_hint=_EF))}),
     ("softmax backward", 8192, 4096, {"default": ("auto", _T()),

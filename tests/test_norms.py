@@ -941,6 +941,19 @@ def test_holding_16bit_rows_gives_the_same_bits(n, dtype):
                                                      paired_sums=paired), want)
 
 
+def test_store_hint_defaults_to_rows_read_twice():
+    def plan(n, **kw):
+        return ops._forward_plan(n, torch.bfloat16, True, False, True, False, False, True, False, None, None,
+                                 **kw)[2]
+    # the stores keep out of L2's way while a row waits for its second read
+    assert plan(16384)["READ_TWICE"] and plan(16384)["STORE_POLICY"] == ops._READ_TWICE_STORE_POLICY
+    assert "STORE_POLICY" not in plan(16384, read_twice=False) and "STORE_POLICY" not in plan(4096)
+    assert "STORE_POLICY" not in plan(16384, store_hint="")
+    assert plan(4096, store_hint="evict_first")["STORE_POLICY"] == "evict_first"
+    with pytest.raises(ValueError, match="norm: store_hint must be None, '' or 'evict_first', got 'evict_last'"):
+        plan(4096, store_hint="evict_last")
+
+
 def test_hold_16bit_refusals():
     def plan(n, dtype=torch.bfloat16, **kw):
         return ops._forward_plan(n, dtype, True, False, True, False, False, True, False, None, None, **kw)[2]
@@ -1116,6 +1129,9 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
             assert_bits(rms(rows_per_program=rows_per_program, num_warps=num_warps), full)
             assert_bits(ln(rows_per_program=rows_per_program, num_warps=num_warps), full_ln)
     assert_bits(rms(read_policy="evict_first"), full)  # a cache hint on the reads changes no bits
+    assert_bits(rms(store_hint="evict_first"), full)  # nor one on the stores
+    assert_bits(ln(store_hint="evict_first"), full_ln)
+    assert_bits(rms(read_twice=True, store_hint=""), full)
     assert_bits(rms(fused_squares=False), full)  # nor do squares left unfused
     for read_twice in (True, False):  # nor does reading the row again after its reduction
         assert_bits(rms(read_twice=read_twice), full)

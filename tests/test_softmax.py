@@ -202,8 +202,8 @@ def test_kernel_follows_the_order_bit_for_bit(op, n):
 
 STUDY = [
     ("warp", ops.Tuning()), ("warp", ops.Tuning(rows_per_program=4, inner=8)),
-    ("block", ops.Tuning()), ("block", ops.Tuning(num_warps=8, inner=32)),
-    ("online", ops.Tuning()), ("online", ops.Tuning(seg_block=1, hints=False)),
+    ("block", ops.Tuning()), ("block", ops.Tuning(num_warps=8, inner=32, store_hint="evict_first")),
+    ("online", ops.Tuning()), ("online", ops.Tuning(seg_block=1, hints=False, store_hint="")),
     ("online", ops.Tuning(seg_block=1, stages=3)),
     ("split", ops.Tuning()), ("split", ops.Tuning(segments_per_program=1)),
     ("split", ops.Tuning(segments_per_program=4, seg_block=1, stages=2)),
@@ -337,6 +337,22 @@ def test_hold_16bit_defaults_to_the_backward_of_16bit_inputs_and_is_refused_for_
     assert held("cooperative", 2, ops.Tuning(hold_16bit=True)) == [True]
     with pytest.raises(ValueError, match="softmax: hold_16bit=True holds 16-bit inputs, got 4-byte elements"):
         held("block", 4, ops.Tuning(hold_16bit=True))
+
+
+def test_store_hint_defaults_to_the_forward_online_launch():
+    def policies(strategy, tuning, backward=False, op=0):
+        phases = ops.plan(op, backward, 32768, 64, 132, 2, strategy, tuning).phases
+        return [dict(ph.constexprs).get("STORE_POLICY", "") for ph in phases]
+    # the rows still waiting for their second read stay in L2: only "online" forward has reason
+    assert policies("online", ops.Tuning()) == [ops.ONLINE_STORE_POLICY] == ["evict_first"]
+    assert policies("online", ops.Tuning(), op=1) == ["evict_first"]  # log_softmax too
+    assert policies("online", ops.Tuning(), op=2) == [""]  # logsumexp stores one value per row
+    assert policies("online", ops.Tuning(), backward=True) == [""]
+    assert policies("online", ops.Tuning(store_hint="")) == [""]
+    assert policies("block", ops.Tuning()) == [""] and policies("split", ops.Tuning()) == ["", ""]
+    assert policies("block", ops.Tuning(store_hint="evict_first"), backward=True) == ["evict_first"]
+    with pytest.raises(ValueError, match="softmax: store_hint must be None, '' or 'evict_first', got 'evict_last'"):
+        policies("block", ops.Tuning(store_hint="evict_last"))
 
 
 @needs_kernel

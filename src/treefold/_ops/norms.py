@@ -56,6 +56,11 @@ _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: rows lost 2.6-9.4 points reading twice (``benchmarks/results/h200-probe-rms-wide-3.txt``).
 _READ_TWICE_BLOCK = 16384
 _READ_TWICE_WARPS = 4
+#: Rows read twice store y with the L2 evict-first policy: 4096 x 16384 bf16 83.3-84.1% ->
+#: 84.8-85.4% of the roof on the H200, in two runs of three interleaved rounds each. The rows held
+#: on chip lost with it (RMSNorm 16384 x 8192 94.4% -> 93.5%, 32768 x 4096 96.5% -> 95.1%, with a
+#: residual 95.4% -> 94.2%; ``benchmarks/results/h200-probe-store-hints.txt``).
+_READ_TWICE_STORE_POLICY = "evict_first"
 #: LayerNorm backward: its two row sums as one tree over a pair of rows for rows of at most this
 #: many elements (on-chip block). Direct calls, bf16, three interleaved rounds
 #: (``benchmarks/probe_layer_norm_backward.py``): 32768 x 4096 66.7% of the roof paired against
@@ -161,7 +166,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                   segments_per_program: Optional[int] = None, read_policy: str = "",
                   fused_squares: Optional[bool] = None,
                   read_twice: Optional[bool] = None,
-                  hold_16bit: Optional[bool] = None, store_hint: str = "") -> tuple[int, int, dict]:
+                  hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None) -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
@@ -174,7 +179,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     again where it is used, instead of held as float32 (default: off; on the H200 it was slower at
     every shape measured, 84.6% -> 67.8% of the roof at 4096 x 16384 and 0.3-9 points elsewhere,
     ``benchmarks/results/h200-probe-hold-16bit.txt``).
-    ``store_hint``: the eviction policy of the stores of y and h ("" or "evict_first")."""
+    ``store_hint``: the eviction policy of the stores of y and h ("" or "evict_first"; default:
+    ``_READ_TWICE_STORE_POLICY`` for rows read twice, none otherwise)."""
     default_rows, default_warps = forward_config(n, is_rms)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -192,8 +198,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                              f"programs that must run at once, which Triton's interpreter does not do")
     if read_policy not in ("", "evict_first"):
         raise ValueError(f"norm: read_policy must be '' or 'evict_first', got {read_policy!r}")
-    if store_hint not in ("", "evict_first"):
-        raise ValueError(f"norm: store_hint must be '' or 'evict_first', got {store_hint!r}")
+    if store_hint not in (None, "", "evict_first"):
+        raise ValueError(f"norm: store_hint must be None, '' or 'evict_first', got {store_hint!r}")
     if fused_squares and not _fuses_squares(is_rms, dtype):
         raise ValueError(f"norm: fused_squares=True needs RMSNorm of a float16 row (squares exact in float32), "
                          f"got {'RMSNorm' if is_rms else 'LayerNorm'} of {dtype}")
@@ -214,6 +220,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                       and row_block(n) == _READ_TWICE_BLOCK)
     if read_twice and not held and row_block(n) == _READ_TWICE_BLOCK:
         default_warps = _READ_TWICE_WARPS
+    if store_hint is None:
+        store_hint = _READ_TWICE_STORE_POLICY if read_twice else ""
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
@@ -250,7 +258,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
                    segments_per_program: Optional[int] = None, read_policy: str = "",
                    fused_squares: Optional[bool] = None, read_twice: Optional[bool] = None,
-                   hold_16bit: Optional[bool] = None, store_hint: str = "", prepare_key=None) -> None:
+                   hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None, prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
     ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,

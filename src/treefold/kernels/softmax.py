@@ -373,7 +373,6 @@ def softmax_kernel(
     FIRST_READ_POLICY: tl.constexpr, SECOND_READ_POLICY: tl.constexpr,
     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
     STAGES: tl.constexpr = 1, HOLD_16BIT: tl.constexpr = False, STORE_POLICY: tl.constexpr = "",
-    SECOND_PASS: tl.constexpr = 0,
 ):
     """The softmax family: one kernel, specialised by the constexpr flags.
 
@@ -501,8 +500,6 @@ def softmax_kernel(
             row = pid // programs_per_row
             first_segment = (pid % programs_per_row) * SEGMENTS_PER_PROGRAM
             block_count: tl.constexpr = SEGMENTS_PER_PROGRAM // SEG_BLOCK
-        HOLD_LAST: tl.constexpr = SECOND_PASS == 2 and PHASE == WHOLE_ROWS and not LSE_FORWARD and not LSE_BACKWARD
-        streamed: tl.constexpr = block_count - 1 if HOLD_LAST else block_count
         row64 = row.to(tl.int64)
         one_row = row + tl.arange(0, 1)
         block_segments = tl.arange(0, SEG_BLOCK)
@@ -582,7 +579,7 @@ def softmax_kernel(
                 else:
                     p_all = tl.full([BLOCKS, SEG_BLOCK], float("-inf"), tl.float32)
                 q_all = tl.zeros([BLOCKS, SEG_BLOCK], tl.float32)
-                for block in tl.range(streamed, num_stages=STAGES):
+                for block in tl.range(block_count, num_stages=STAGES):
                     cols = block * (SEG_BLOCK * LANES) + block_cols
                     a, b = _load_tiles(src_row + cols, grad_row + cols, cols < n, inv_temperature, True,
                                        OP, BACKWARD, HAS_TEMPERATURE, FIRST_READ_POLICY)
@@ -590,29 +587,13 @@ def softmax_kernel(
                                              LOG2_INNER_GROUPS, OP, BACKWARD)
                     p_all = tl.where(block_ids == block, p[None, :], p_all)
                     q_all = tl.where(block_ids == block, q[None, :], q_all)
-                if HOLD_LAST:
-                    held_cols = streamed * (SEG_BLOCK * LANES) + block_cols
-                    held_a, held_b = _load_tiles(src_row + held_cols, grad_row + held_cols, held_cols < n,
-                                                 inv_temperature, False, OP, BACKWARD, HAS_TEMPERATURE,
-                                                 FIRST_READ_POLICY)
-                    p, q = _segment_partials(held_a, held_b, held_a, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP,
-                                             LOG2_GROUP, LOG2_INNER_GROUPS, OP, BACKWARD)
-                    p_all = tl.where(block_ids == streamed, p[None, :], p_all)
-                    q_all = tl.where(block_ids == streamed, q[None, :], q_all)
                 c0, c1 = _merge_partials(tl.reshape(p_all, [1, SEG_POW2]), tl.reshape(q_all, [1, SEG_POW2]),
                                          1, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
             if LSE_FORWARD:
                 tl.store(dst_ptr + one_row, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16))
             else:
                 dst_row = dst_ptr + row64 * stride_dst
-                if HOLD_LAST:
-                    p = c0
-                    if OP == SOFTMAX and not BACKWARD:
-                        p = tl.max(tl.where(block_ids == streamed, p_all, float("-inf")), axis=0)
-                    _store_block_outputs(dst_row + held_cols, held_cols < n, held_a, held_b, p, c0, c1,
-                                         inv_temperature, OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY)
-                for step in tl.range(streamed, num_stages=STAGES):
-                    block = streamed - 1 - step if SECOND_PASS >= 1 else step
+                for block in tl.range(block_count, num_stages=STAGES):
                     cols = (first_segment + block * SEG_BLOCK) * LANES + block_cols
                     mask = cols < n
                     a, b = _load_tiles(src_row + cols, grad_row + cols, mask, inv_temperature, False,
