@@ -126,3 +126,85 @@ def norm_backward_inputs(m: int, n: int):
     _, _, rstd = norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype)
     _, mean, rstd_ln = norms.layer_norm_impl(x, w, b, 1e-5)
     return x, w, b, dy, rstd, mean, rstd_ln
+
+
+def row_op_variants(cases, only: str = "") -> dict:
+    """{name: (call, bytes moved, case)} for ``cases``: (label, rows, length, {variant name: launch
+    options}), bf16. Labels: "rms", "rms+residual", "ln" (options: keywords of the norm forward's
+    launch), "rms backward", "ln backward" (of the norm backward's), "softmax", "log_softmax",
+    "softmax backward" (options: (strategy, Tuning)). Names are "label MxN variant"; ``only``
+    keeps the one so named. Bytes: read x (and the residual, or y / x and dy), write y (and h, or
+    dx)."""
+    from treefold._ops import softmax as sm
+
+    out = {}
+    for label, m, n, variants in cases:
+        case = f"{label} {m}x{n}"
+        if only and not only.startswith(case + " "):
+            continue
+        if label.endswith("backward") and label != "softmax backward":
+            x, w, b, dy, rstd, mean, rstd_ln = norm_backward_inputs(m, n)
+            if label == "rms backward":
+                def make(o, x=x, w=w, dy=dy, rstd=rstd):
+                    return lambda: norms.rms_norm_backward_impl(dy, None, x, w, rstd, 0.0, "llama", x.dtype, None,
+                                                                True, **o)
+            else:
+                def make(o, x=x, w=w, dy=dy, mean=mean, rstd=rstd_ln):
+                    return lambda: norms.layer_norm_backward_impl(dy, x, w, mean, rstd, True, x.dtype, **o)
+            moved = 3 * x.numel() * x.element_size()
+        elif label in ("rms", "rms+residual", "ln"):
+            x = torch.randn(m, n, device="cuda").bfloat16()
+            r = torch.randn(m, n, device="cuda").bfloat16()
+            w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
+            b = (0.1 * torch.randn(n, device="cuda")).bfloat16()
+            if label == "ln":
+                def make(o, x=x, w=w, b=b):
+                    return lambda: norms.layer_norm_impl(x, w, b, 1e-5, store_stats=False, **o)[:1]
+            else:
+                def make(o, x=x, w=w, res=r if label == "rms+residual" else None):
+                    return lambda: norms.rms_norm_impl(x, w, res, 1e-6, 0.0, "llama", x.dtype, store_stats=False,
+                                                       **o)[:2]
+            moved = (4 if label == "rms+residual" else 2) * x.numel() * x.element_size()
+        else:
+            x = (3 * torch.randn(m, n, device="cuda")).bfloat16()
+            if label == "softmax backward":
+                y = torch.softmax(x.float(), -1).bfloat16()
+                dy = torch.randn(m, n, device="cuda").bfloat16()
+
+                def make(choice, y=y, dy=dy):
+                    return lambda: (sm.softmax_backward(dy, y, strategy=choice[0], tuning=choice[1]),)
+            else:
+                def make(choice, x=x, log=label == "log_softmax"):
+                    return lambda: (sm.softmax_forward(x, log=log, strategy=choice[0], tuning=choice[1]),)
+            moved = (3 if label == "softmax backward" else 2) * x.numel() * x.element_size()
+        for name, options in variants.items():
+            if not only or only == f"{case} {name}":
+                out[f"{case} {name}"] = (make(options), moved, case)
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def check_and_time(variants: dict, out_path: str = "") -> None:
+    """Check every variant of ``row_op_variants`` bit for bit against its case's first, then time
+    them all (``time_against_roof``, three interleaved rounds) and write ``out_path``."""
+    unequal, first = [], {}
+    for name, (fn, _, case) in variants.items():
+        out = [t.clone() for t in fn() if t is not None]
+        if case not in first:
+            first[case] = out
+        elif not all(torch.equal(_bits(a), _bits(c)) for a, c in zip(out, first[case])):
+            unequal.append(name)
+    print("bits equal to the default in every case" if not unequal else f"NOT EQUAL: {unequal}")
+    time_against_roof({k: v[0] for k, v in variants.items()}, {k: v[1] for k, v in variants.items()}, out_path,
+                      unequal=unequal)
+
+
+def repeat_one(variants: dict) -> None:
+    """Run the one variant of ``variants`` four times (the first compiles): for ncu."""
+    (fn, _, _), = variants.values()
+    for _ in range(4):
+        fn()
+    torch.cuda.synchronize()

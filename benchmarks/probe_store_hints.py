@@ -19,10 +19,9 @@ import sys
 
 import torch
 
-from treefold._ops import norms
 from treefold._ops import softmax as sm
 
-from probe_report import time_against_roof
+from probe_report import check_and_time, repeat_one, row_op_variants
 
 _EF = "evict_first"
 #: (label, rows, length, the variants: name -> launch options). RMSNorm rows of 16384 are read
@@ -59,65 +58,15 @@ SOFTMAX_CASES = [
 ]
 
 
-def _norm_call(label, x, r, w, b, options):
-    if label == "ln":
-        return lambda: norms.layer_norm_impl(x, w, b, 1e-5, store_stats=False, **options)[:1]
-    res = r if label == "rms+residual" else None
-    return lambda: norms.rms_norm_impl(x, w, res, 1e-6, 0.0, "llama", x.dtype, store_stats=False, **options)[:2]
-
-
-def _softmax_call(label, x, y, dy, strategy, tuning):
-    if label in ("softmax", "log_softmax"):
-        return lambda: (sm.softmax_forward(x, log=label == "log_softmax", strategy=strategy, tuning=tuning),)
-    return lambda: (sm.softmax_backward(dy, y, strategy=strategy, tuning=tuning),)
-
-
-def cases(only: str = ""):
-    """{name: (call, bytes moved, its case)} of every variant (or of the one named ``only``)."""
-    out = {}
-    for label, m, n, variants in NORM_CASES:
-        if only and not only.startswith(f"{label} {m}x{n} "):
-            continue
-        x = torch.randn(m, n, device="cuda").bfloat16()
-        r = torch.randn(m, n, device="cuda").bfloat16()
-        w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
-        b = (0.1 * torch.randn(n, device="cuda")).bfloat16()
-        moved = (4 if label == "rms+residual" else 2) * x.numel() * x.element_size()
-        for name, options in variants.items():
-            out[f"{label} {m}x{n} {name}"] = (_norm_call(label, x, r, w, b, options), moved, f"{label} {m}x{n}")
-    for label, m, n, variants in SOFTMAX_CASES:
-        if only and not only.startswith(f"{label} {m}x{n} "):
-            continue
-        x = (3 * torch.randn(m, n, device="cuda")).bfloat16()
-        y = torch.softmax(x.float(), -1).bfloat16()
-        dy = torch.randn(m, n, device="cuda").bfloat16()
-        moved = (3 if label == "softmax backward" else 2) * x.numel() * x.element_size()
-        for name, choice in variants.items():
-            out[f"{label} {m}x{n} {name}"] = (_softmax_call(label, x, y, dy, *choice), moved, f"{label} {m}x{n}")
-    return {k: v for k, v in out.items() if not only or k == only}
-
-
 def main(out_dir):
     torch.manual_seed(0)
-    variants = cases()
-    unequal, first = [], {}
-    for name, (fn, _, case) in variants.items():
-        out = [t.clone() for t in fn() if t is not None]
-        if case not in first:
-            first[case] = out
-        elif not all(torch.equal(a.view(torch.int16), c.view(torch.int16)) for a, c in zip(out, first[case])):
-            unequal.append(name)
-    print("bits equal to the default in every case" if not unequal else f"NOT EQUAL: {unequal}")
-    time_against_roof({k: v[0] for k, v in variants.items()}, {k: v[1] for k, v in variants.items()},
-                      os.path.join(out_dir, "probe-store-hints.json") if out_dir else "", unequal=unequal)
+    check_and_time(row_op_variants(NORM_CASES + SOFTMAX_CASES),
+                   os.path.join(out_dir, "probe-store-hints.json") if out_dir else "")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--ncu":
         torch.manual_seed(0)
-        (fn, _, _), = cases(sys.argv[2]).values()
-        for _ in range(4):
-            fn()
-        torch.cuda.synchronize()
+        repeat_one(row_op_variants(NORM_CASES + SOFTMAX_CASES, sys.argv[2]))
     else:
         main(sys.argv[1] if len(sys.argv) > 1 else "")

@@ -166,7 +166,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                   segments_per_program: Optional[int] = None, read_policy: str = "",
                   fused_squares: Optional[bool] = None,
                   read_twice: Optional[bool] = None,
-                  hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None) -> tuple[int, int, dict]:
+                  hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
+                  max_registers: Optional[int] = None) -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
@@ -180,7 +181,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     every shape measured, 84.6% -> 67.8% of the roof at 4096 x 16384 and 0.3-9 points elsewhere,
     ``benchmarks/results/h200-probe-hold-16bit.txt``).
     ``store_hint``: the eviction policy of the stores of y and h ("" or "evict_first"; default:
-    ``_READ_TWICE_STORE_POLICY`` for rows read twice, none otherwise)."""
+    ``_READ_TWICE_STORE_POLICY`` for rows read twice, none otherwise).
+    ``max_registers``: a cap on the registers per thread (Triton's ``maxnreg``)."""
     default_rows, default_warps = forward_config(n, is_rms)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -228,7 +230,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
         READ_POLICY=read_policy, READ_TWICE=bool(read_twice), HOLD_16BIT=bool(hold_16bit),
         **({"STORE_POLICY": store_hint} if store_hint else {}),
-        num_warps=num_warps or default_warps,
+        num_warps=num_warps or default_warps, **({"maxnreg": max_registers} if max_registers else {}),
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
 
 
@@ -258,7 +260,8 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
                    segments_per_program: Optional[int] = None, read_policy: str = "",
                    fused_squares: Optional[bool] = None, read_twice: Optional[bool] = None,
-                   hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None, prepare_key=None) -> None:
+                   hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
+                   max_registers: Optional[int] = None, prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
     ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,
@@ -273,7 +276,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
-        read_policy, fused_squares, read_twice, hold_16bit, store_hint)
+        read_policy, fused_squares, read_twice, hold_16bit, store_hint, max_registers)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:
@@ -303,8 +306,9 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
                    bias_grad: bool, rows_per_block: int, num_warps: Optional[int],
                    num_stages: Optional[int], unroll: Optional[int] = None,
                    prefetch: Optional[bool] = None, paired_sums: Optional[bool] = None,
-                   hold_16bit: Optional[bool] = None) -> dict:
-    """The kernel's constexprs and options for one kind of backward launch."""
+                   hold_16bit: Optional[bool] = None, max_registers: Optional[int] = None) -> dict:
+    """The kernel's constexprs and options for one kind of backward launch (``max_registers``: a
+    cap on the registers per thread, Triton's ``maxnreg``)."""
     if paired_sums and is_rms:
         raise ValueError("norm: paired_sums=True pairs LayerNorm's two row sums; RMSNorm's backward has one")
     if hold_16bit and dtype.itemsize != 2:
@@ -323,7 +327,8 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         PREFETCH=bool(prefetch), STAGES=stages,
         PAIRED_SUMS=(not is_rms and row_block(n) <= _PAIRED_SUMS_MAX_BLOCK) if paired_sums is None
         else bool(paired_sums), HOLD_16BIT=bool(hold_16bit),
-        num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages)
+        num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages,
+        **({"maxnreg": max_registers} if max_registers else {}))
 
 
 def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[Tensor],
@@ -332,7 +337,8 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
                     round_normalised: bool, rows_per_block: int,
                     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
                     unroll: Optional[int] = None, prefetch: Optional[bool] = None,
-                    paired_sums: Optional[bool] = None, hold_16bit: Optional[bool] = None) -> None:
+                    paired_sums: Optional[bool] = None, hold_16bit: Optional[bool] = None,
+                    max_registers: Optional[int] = None) -> None:
     """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs.
 
     ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
@@ -348,7 +354,8 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     w = _dense(w)
     plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
                           round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
-                          rows_per_block, num_warps, num_stages, unroll, prefetch, paired_sums, hold_16bit)
+                          rows_per_block, num_warps, num_stages, unroll, prefetch, paired_sums, hold_16bit,
+                          max_registers)
     _backward_kernel(
         ((m + rows_per_block - 1) // rows_per_block,),
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,

@@ -136,7 +136,8 @@ class Tuning:
     HOLD_16BIT; refused for 32-bit inputs; None: the backward passes do, ``HOLD_16BIT_BACKWARD``)
     and ``store_hint`` (the eviction policy of the output stores, ``kernels.softmax_kernel``'s
     STORE_POLICY: "evict_first" or "" (none); None: "evict_first" for the forward "online"
-    launch, ``ONLINE_STORE_POLICY``, none elsewhere)."""
+    launch, ``ONLINE_STORE_POLICY``, none elsewhere) and ``max_registers`` (a cap on the registers
+    per thread, Triton's ``maxnreg``: more programs per SM, at the price of spills past it)."""
     num_warps: Optional[int] = None
     rows_per_program: Optional[int] = None
     seg_block: Optional[int] = None
@@ -147,6 +148,7 @@ class Tuning:
     stages: Optional[int] = None
     hold_16bit: Optional[bool] = None
     store_hint: Optional[str] = None
+    max_registers: Optional[int] = None
 
 
 _DEFAULT_TUNING = Tuning()
@@ -164,7 +166,9 @@ class _Phase:
 
 
 def _phase(grid: int, programs_per_row: int, num_warps: int, constexprs: dict, launch_pdl: bool = False) -> _Phase:
-    launch = dict(constexprs, num_warps=num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if launch_pdl else {}))
+    options = {"maxnreg": constexprs.pop("maxnreg")} if "maxnreg" in constexprs else {}  # (Tuning.max_registers)
+    launch = dict(constexprs, num_warps=num_warps, enable_fp_fusion=False, **options,
+                  **({"launch_pdl": True} if launch_pdl else {}))
     return _Phase((grid,), programs_per_row, num_warps, tuple(constexprs.items()), launch,
                   dict(launch, HAS_TEMPERATURE=True))
 
@@ -268,7 +272,8 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
                   OUTER=outer, LOG2_OUTER=order.log2(outer), GROUP=group, LOG2_GROUP=order.log2(group),
                   LOG2_INNER_GROUPS=order.log2(inner // group),
                   SEG_POW2=seg_pow2, LOG2_SEG_POW2=order.log2(seg_pow2),
-                  **({"STORE_POLICY": tuning.store_hint} if tuning.store_hint else {}))
+                  **({"STORE_POLICY": tuning.store_hint} if tuning.store_hint else {}),
+                  **({"maxnreg": tuning.max_registers} if tuning.max_registers else {}))
     online_store_policy = (ONLINE_STORE_POLICY if tuning.store_hint is None and not backward and not lse
                            else tuning.store_hint or "")
     hints = True if tuning.hints is None else bool(tuning.hints)
