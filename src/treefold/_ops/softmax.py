@@ -137,7 +137,9 @@ class Tuning:
     and ``store_hint`` (the eviction policy of the output stores, ``kernels.softmax_kernel``'s
     STORE_POLICY: "evict_first" or "" (none); None: "evict_first" for the forward "online"
     launch, ``ONLINE_STORE_POLICY``, none elsewhere) and ``max_registers`` (a cap on the registers
-    per thread, Triton's ``maxnreg``: more programs per SM, at the price of spills past it)."""
+    per thread, Triton's ``maxnreg``: more programs per SM, at the price of spills past it; on the
+    H200 the spills cost more than the programs gained wherever measured, 14 points at 4096 x 32768,
+    ``benchmarks/results/h200-probe-max-registers.txt``)."""
     num_warps: Optional[int] = None
     rows_per_program: Optional[int] = None
     seg_block: Optional[int] = None
