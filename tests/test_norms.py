@@ -952,6 +952,8 @@ def test_store_hint_defaults_to_rows_read_twice():
     assert plan(4096, store_hint="evict_first")["STORE_POLICY"] == "evict_first"
     with pytest.raises(ValueError, match="norm: store_hint must be None, '' or 'evict_first', got 'evict_last'"):
         plan(4096, store_hint="evict_last")
+    with pytest.raises(ValueError, match="norm: max_registers must be None or an int from 24 to 255, got 8"):
+        plan(4096, max_registers=8)
 
 
 def test_hold_16bit_refusals():
@@ -1132,6 +1134,7 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
     assert_bits(rms(store_hint="evict_first"), full)  # nor one on the stores
     assert_bits(ln(store_hint="evict_first"), full_ln)
     assert_bits(rms(read_twice=True, store_hint=""), full)
+    assert_bits(rms(max_registers=96), full)  # nor a cap on the registers that makes them spill
     assert_bits(rms(fused_squares=False), full)  # nor do squares left unfused
     for read_twice in (True, False):  # nor does reading the row again after its reduction
         assert_bits(rms(read_twice=read_twice), full)

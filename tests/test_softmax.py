@@ -204,7 +204,7 @@ STUDY = [
     ("warp", ops.Tuning()), ("warp", ops.Tuning(rows_per_program=4, inner=8)),
     ("block", ops.Tuning()), ("block", ops.Tuning(num_warps=8, inner=32, store_hint="evict_first")),
     ("online", ops.Tuning()), ("online", ops.Tuning(seg_block=1, hints=False, store_hint="")),
-    ("online", ops.Tuning(seg_block=1, stages=3)),
+    ("online", ops.Tuning(seg_block=1, stages=3)), ("online", ops.Tuning(max_registers=96)),
     ("split", ops.Tuning()), ("split", ops.Tuning(segments_per_program=1)),
     ("split", ops.Tuning(segments_per_program=4, seg_block=1, stages=2)),
     ("split", ops.Tuning(segments_per_program=4, seg_block=2)),
@@ -786,6 +786,8 @@ def test_cooperative_rows_never_get_more_programs_than_sms():
      "softmax: num_warps must be a power of two >= 1, got 3"),
     (lambda: ops.softmax_forward(torch.ones(2, 8), tuning=ops.Tuning(stages=0)), ValueError,
      "softmax: stages must be an int >= 1, got 0"),
+    (lambda: ops.softmax_forward(torch.ones(2, 8), tuning=ops.Tuning(max_registers=300)), ValueError,
+     "softmax: max_registers must be None or an int from 24 to 255, got 300"),
     (lambda: ops.logsumexp_forward(torch.ones(1, 200000), strategy="block"), ValueError,
      "logsumexp: strategy='block' holds whole rows in registers; a row of 200000 elements"),
 ])

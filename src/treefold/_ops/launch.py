@@ -91,6 +91,13 @@ def int_key(value: int):
     return ("u64" if value >= _INT64_END else "i64", value & 15 == 0)
 
 
+def check_max_registers(fn: str, value) -> None:
+    """A launch's ``max_registers`` (Triton's ``maxnreg``): None, or an int from 24 to 255, the
+    per-thread caps ptxas accepts."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 24 <= value <= 255):
+        raise ValueError(f"{fn}: max_registers must be None or an int from 24 to 255, got {value!r}")
+
+
 @functools.lru_cache(maxsize=64)
 def dependent_launch(device_type: str, index: Optional[int]) -> bool:
     """Whether launches on this device may be programmatic dependent launches: a CUDA device of

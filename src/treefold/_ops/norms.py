@@ -22,7 +22,7 @@ from .. import backend, order
 from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
-from .launch import Launcher
+from .launch import Launcher, check_max_registers
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
 MAX_ROW_LENGTH = 65536
@@ -201,6 +201,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                              f"programs that must run at once, which Triton's interpreter does not do")
     if read_policy not in ("", "evict_first"):
         raise ValueError(f"norm: read_policy must be '' or 'evict_first', got {read_policy!r}")
+    check_max_registers("norm", max_registers)
     if store_hint not in (None, "", "evict_first"):
         raise ValueError(f"norm: store_hint must be None, '' or 'evict_first', got {store_hint!r}")
     if fused_squares and not _fuses_squares(is_rms, dtype):
@@ -313,6 +314,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
     took RMSNorm from 88% to 52% of the roof and LayerNorm from 78% to 19%)."""
     if paired_sums and is_rms:
         raise ValueError("norm: paired_sums=True pairs LayerNorm's two row sums; RMSNorm's backward has one")
+    check_max_registers("norm", max_registers)
     if hold_16bit and dtype.itemsize != 2:
         raise ValueError(f"norm: hold_16bit=True holds 16-bit rows, got {dtype}")
     if hold_16bit is None:

@@ -40,7 +40,7 @@ import torch
 from .. import backend, order
 from .._checks import as_rows
 from ..kernels import softmax as kernels
-from .launch import Launcher, dependent_launch as _dependent_launch, launch_hooks_active
+from .launch import Launcher, check_max_registers, dependent_launch as _dependent_launch, launch_hooks_active
 from ..reference import softmax as reference
 
 STRATEGIES = ("warp", "block", "online", "split", "cooperative")
@@ -268,6 +268,7 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
     # A block's contiguous axis: a warp's 32 lanes times one 16-byte vector (= one group) each.
     inner = min(lanes, max(group, tuning.inner or group * 32))
     outer = lanes // inner
+    check_max_registers(fn, tuning.max_registers)
     if tuning.store_hint not in (None, "", "evict_first"):
         raise ValueError(f"{fn}: store_hint must be None, '' or 'evict_first', got {tuning.store_hint!r}")
     common = dict(OP=op, BACKWARD=backward, HAS_TEMPERATURE=False, LANES=lanes, INNER=inner,
