@@ -10,7 +10,7 @@ import torch
 
 from treefold._ops import norms
 from treefold.bench.roofs import measure_copy_roof
-from treefold.bench.timing import CudaTimer, interleaved_us
+from treefold.bench.timing import CudaTimer, cuda_graph_us, interleaved_us
 
 
 def time_against_roof(calls: dict, nbytes: dict, out_path: str = "", **extra) -> list[dict]:
@@ -187,9 +187,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
-def check_and_time(variants: dict, out_path: str = "") -> None:
+def check_and_time(variants: dict, out_path: str = "", graphed: bool = False) -> None:
     """Check every variant of ``row_op_variants`` bit for bit against its case's first, then time
-    them all (``time_against_roof``, three interleaved rounds) and write ``out_path``."""
+    them all (``time_against_roof``, three interleaved rounds, L2 flushed; with ``graphed``, the
+    device time per call of 20 calls captured in a CUDA graph, ``cuda_graph_us``, as the bench's
+    decode column) and write ``out_path``."""
     unequal, first = [], {}
     for name, (fn, _, case) in variants.items():
         out = [t.clone() for t in fn() if t is not None]
@@ -198,8 +200,18 @@ def check_and_time(variants: dict, out_path: str = "") -> None:
         elif not all(torch.equal(_bits(a), _bits(c)) for a, c in zip(out, first[case])):
             unequal.append(name)
     print("bits equal to the default in every case" if not unequal else f"NOT EQUAL: {unequal}")
-    time_against_roof({k: v[0] for k, v in variants.items()}, {k: v[1] for k, v in variants.items()}, out_path,
-                      unequal=unequal)
+    if not graphed:
+        time_against_roof({k: v[0] for k, v in variants.items()}, {k: v[1] for k, v in variants.items()}, out_path,
+                          unequal=unequal)
+        return
+    times = interleaved_us({k: v[0] for k, v in variants.items()}, cuda_graph_us)
+    width = max((len(k) for k in times), default=0)
+    for name, ts in times.items():
+        print(f"{name:{width}s}  " + "  ".join(f"{t:6.2f} us" for t in ts))
+    if out_path:
+        os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+        with open(out_path, "w") as f:
+            json.dump(dict(graphed_us=times, unequal=unequal), f, indent=1)
 
 
 def repeat_one(variants: dict) -> None:
