@@ -115,8 +115,8 @@ HOLD_16BIT_BACKWARD = True
 #: The forward "online" launch stores its outputs with the L2 evict-first policy, so that they do
 #: not push out the rows still waiting for their second read (read first with evict-last). On the
 #: H200 at 4096 x 32768 bf16: DRAM bytes read 302 -> 279 MB (256 MiB is the row once), softmax
-#: 80.9% -> 83.4% of the roof, log_softmax 84.2% -> 86.7%. Launches that read once gained nothing
-#: from it (``benchmarks/results/h200-probe-store-hints.txt``).
+#: 81.2% -> 83.8% of the roof, log_softmax 84.4% -> 88.6% (the same direction in three runs).
+#: Launches that read once gained nothing from it (``benchmarks/results/h200-probe-store-hints.txt``).
 ONLINE_STORE_POLICY = "evict_first"
 
 _OPS = {"softmax": kernels.SOFTMAX.value, "log_softmax": kernels.LOG_SOFTMAX.value,
