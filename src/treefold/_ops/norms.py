@@ -43,9 +43,16 @@ _ELEMENTS_PER_THREAD = 32
 #: 32768 x 4096 bf16 at 95.3% of the roof against 94.3% with 4 warps, three interleaved rounds
 #: (``benchmarks/probe_norm_forward.py``).
 _RMS_ROW_4096_ELEMENTS_PER_THREAD = 16
-#: Forward rows wider than this take 64 per thread: RMSNorm 4096 x 16384 bf16 ran
-#: at 81.5% of the roof with 8 warps against 65.8% with 16 (and 63-73% with the row shared by
-#: programs of 4096 or 8192 elements, ``segments_per_program``: a launch choice for study).
+#: ... unless it adds a residual (it then stores h as well): 4 warps, 32768 x 4096 bf16 95.6-96.0%
+#: of the roof against 95.1-95.4% with 8, one row of 4096 in a CUDA graph 1.94-1.98 us against
+#: 2.00 (``benchmarks/results/h200-probe-decode-norms.txt``).
+_RMS_RESIDUAL_ROW_4096_WARPS = 4
+#: Forward rows of this block or wider take 64 per thread: RMSNorm 4096 x 16384 bf16 ran at
+#: 81.5% of the roof with 8 warps against 65.8% with 16 (and 63-73% with the row shared by
+#: programs of 4096 or 8192 elements, ``segments_per_program``: a launch choice for study);
+#: RMSNorm rows of 8192 with 4 warps rather than 8: 16384 x 8192 94.9% against 94.2-94.7%, 64 x 8192
+#: in a CUDA graph 2.51 us against 2.64 (``h200-probe-decode-norms.txt``); LayerNorm's rows of 8192
+#: had 4 warps already.
 _WIDE_ROW = 8192
 _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: RMSNorm rows whose block is 16384 elements (8193 to 16384; no residual): one row per program of
@@ -117,7 +124,7 @@ def _warps_for(elements: int, per_thread: int = _ELEMENTS_PER_THREAD) -> int:
 def forward_config(n: int, is_rms: bool = True) -> tuple[int, int]:
     """(rows per program, num_warps) for the forward kernel. A launch choice: never changes bits."""
     block = row_block(n)
-    if block > _WIDE_ROW:
+    if block >= _WIDE_ROW:
         return 1, _warps_for(block, _WIDE_ROW_ELEMENTS_PER_THREAD)
     if not is_rms and _LAYER_NORM_ROWS[0] <= block <= _LAYER_NORM_ROWS[1]:
         return 1, _LAYER_NORM_WARPS
@@ -224,6 +231,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                       and row_block(n) == _READ_TWICE_BLOCK)
     if read_twice and not held and row_block(n) == _READ_TWICE_BLOCK:
         default_warps = _READ_TWICE_WARPS
+    if is_rms and has_residual and not held and rows == 1 and row_block(n) == 4096:
+        default_warps = _RMS_RESIDUAL_ROW_4096_WARPS
     if store_hint is None:
         store_hint = _READ_TWICE_STORE_POLICY if read_twice else ""
     return rows, order.cdiv(segments, held) if held else 1, dict(
