@@ -837,6 +837,8 @@ def _gpu_configs(n, held_factor=1, every=True):
                     ("cooperative", ops.Tuning(segments_per_program=2, num_warps=16))]
     if every:
         configs += [("online", ops.Tuning(num_warps=4, seg_block=1)),
+                    # cache policies and a register cap that spills: the arithmetic is the same
+                    ("online", ops.Tuning(store_hint="", max_registers=96)),
                     ("split", ops.Tuning(segments_per_program=1, num_warps=8)),
                     ("split", ops.Tuning(dependent_launch=True)), ("split", ops.Tuning(dependent_launch=False))]
     held = ops._tile_elements(n) * held_factor
