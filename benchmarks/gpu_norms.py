@@ -157,14 +157,22 @@ def roof_gbs() -> float:
 # Cases
 # --------------------------------------------------------------------------------------------
 
-def fwd_variants(m: int, n: int, quick: bool, is_rms: bool = True):
+def _default_launch(n: int, is_rms: bool, has_residual: bool = False) -> tuple[int, int]:
+    """(rows per program, warps) of the default launch of a bf16 row with a weight, as
+    ``_forward_plan`` decides it (rows read twice and rows with a residual included)."""
+    rows, _, plan = ops._forward_plan(n, torch.bfloat16, is_rms, has_residual, True, not is_rms, False, is_rms,
+                                      False, None, None)
+    return rows, plan["num_warps"]
+
+
+def fwd_variants(m: int, n: int, quick: bool, is_rms: bool = True, has_residual: bool = False):
     """(name, launch keywords) besides the default: half the warps (twice the elements per
     thread), twice the rows and warps (same elements per thread, a bigger tile), and twice the
     warps; tiles up to 32768 elements, and only rows the batch has. Rows wider than 8192 also
     shared among programs of 4096 and 8192 elements (``segments_per_program``)."""
     if quick:
         return []
-    rpp, warps = ops.forward_config(n, is_rms)
+    rpp, warps = _default_launch(n, is_rms, has_residual)
     out = [(rpp, warps // 2), (rpp * 2, warps * 2), (rpp, warps * 2)]
     variants = [(f"r{r} w{w}", dict(rows_per_program=r, num_warps=w))
                 for r, w in out if 1 <= w <= 32 and r * ops.row_block(n) <= 32768 and r <= max(m, 1)]
@@ -175,8 +183,8 @@ def fwd_variants(m: int, n: int, quick: bool, is_rms: bool = True):
     return variants
 
 
-def _default_name(n: int, is_rms: bool) -> str:
-    rpp, warps = ops.forward_config(n, is_rms)
+def _default_name(n: int, is_rms: bool, has_residual: bool = False) -> str:
+    rpp, warps = _default_launch(n, is_rms, has_residual)
     return f"r{rpp} w{warps}"
 
 
@@ -219,8 +227,8 @@ def rms_forward_case(m, n, dtype, residual, roof, peers, args, compile_hf=False)
     record(op, shape, dtype, "torch eager (F.rms_norm)", torch_fn, nbytes, roof, optional=False, kind="torch")
     record(op, shape, dtype, "treefold", (lambda: treefold.rms_norm(x, w, EPS, residual=r)), nbytes, roof,
            optional=False, kind="treefold")
-    record(op, shape, dtype, f"treefold default {_default_name(n, True)} (impl)", lambda: run_tf(), nbytes, roof,
-           optional=False, kind="treefold-impl")
+    record(op, shape, dtype, f"treefold default {_default_name(n, True, bool(residual))} (impl)", lambda: run_tf(),
+           nbytes, roof, optional=False, kind="treefold-impl")
     if m * n <= 8192:
         try:
             us = triton.testing.do_bench_cudagraph(lambda: run_tf(), rep=100, return_mode="median") * 1e3
@@ -231,7 +239,7 @@ def rms_forward_case(m, n, dtype, residual, roof, peers, args, compile_hf=False)
         except Exception as e:  # noqa: BLE001
             note(f"FAILED {op} {shape} cuda graph: {type(e).__name__}: {str(e)[:200]}")
     line = []
-    for label, launch in fwd_variants(m, n, args.quick):
+    for label, launch in fwd_variants(m, n, args.quick, has_residual=bool(residual)):
         name = f"treefold {label}"
         try:
             y, h, _ = run_tf(**launch)

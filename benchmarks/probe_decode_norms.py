@@ -4,7 +4,10 @@ flush, three interleaved rounds; every variant checked bit for bit against its c
 first. At these sizes a call is one wave of programs whose time is the latency of one program
 (its loads, its tree's barriers, its stores), not bytes. Then the shapes where the bench has
 RMSNorm level with a peer (16384 x 8192, and 32768 x 4096 with a residual) under other warps and
-rows per program, timed as the bench's main column (L2 flushed).
+rows per program, timed as the bench's main column (L2 flushed). Every case names its warps
+explicitly beside "default": ``results/h200-probe-decode-norms.txt`` was taken while the default
+was 8 warps in every RMSNorm case here (4 for LayerNorm), before the 4 warps it measured faster
+became the default for rows of 8192 and rows of 4096 with a residual.
 
     python benchmarks/probe_decode_norms.py [OUT_DIR]     (CUDA)
 """
@@ -22,20 +25,22 @@ def _warps(*counts):
 
 #: (label, rows, length, the variants: name -> launch options)
 CASES = [
-    ("rms", 1, 4096, _warps(1, 2, 4, 16)),
-    ("rms+residual", 1, 4096, _warps(1, 2, 4, 16)),
-    ("ln", 1, 4096, _warps(1, 2, 8)),
-    ("rms", 64, 8192, _warps(2, 4, 16)),
-    ("rms", 64, 4096, _warps(1, 2, 4, 16)),
+    ("rms", 1, 4096, _warps(1, 2, 4, 8, 16)),
+    ("rms+residual", 1, 4096, _warps(1, 2, 4, 8, 16)),
+    ("ln", 1, 4096, _warps(1, 2, 4, 8)),
+    ("rms", 64, 8192, _warps(2, 4, 8, 16)),
+    ("rms", 64, 4096, _warps(1, 2, 4, 8, 16)),
 ]
 
 
 #: (label, rows, length, the variants), timed with L2 flushed
 LEVEL_CASES = [
-    ("rms+residual", 32768, 4096, {"default": {}, "4 warps": dict(num_warps=4), "16 warps": dict(num_warps=16),
+    ("rms+residual", 32768, 4096, {"default": {}, "4 warps": dict(num_warps=4), "8 warps": dict(num_warps=8),
+                                   "16 warps": dict(num_warps=16),
                                    "2 rows, 8 warps": dict(rows_per_program=2, num_warps=8),
                                    "2 rows, 16 warps": dict(rows_per_program=2, num_warps=16)}),
-    ("rms", 16384, 8192, {"default": {}, "4 warps": dict(num_warps=4), "16 warps": dict(num_warps=16)}),
+    ("rms", 16384, 8192, {"default": {}, "4 warps": dict(num_warps=4), "8 warps": dict(num_warps=8),
+                          "16 warps": dict(num_warps=16)}),
 ]
 
 

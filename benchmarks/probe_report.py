@@ -1,8 +1,10 @@
 """What the probe_* scripts share: timing their calls in interleaved rounds against the same-run
 copy roof (``time_against_roof``) or replayed from CUDA graphs after a check that every variant
 gives the same tensors (``time_graphed_variants``), printing and writing the results as JSON; the
-command line of the sampling launch-choice probes (``sampling_variants``, ``variant_probe``); and
-the norm backward's inputs (``norm_backward_inputs``)."""
+command line of the sampling launch-choice probes (``sampling_variants``, ``variant_probe``); the
+norm backward's inputs (``norm_backward_inputs``); and the launch-choice variants of the row ops
+(``row_op_variants``), checked bit for bit and timed flushed or in CUDA graphs as the bench's
+decode column (``check_and_time``), or one of them run for ncu (``repeat_one``)."""
 import json
 import os
 

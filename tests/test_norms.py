@@ -531,7 +531,16 @@ def test_forward_launch_defaults():
     assert ops.forward_config(1024, True) == (4, 4)  # four rows of 1024, 32 per thread
     assert ops.forward_config(4096, False) == (1, 4)  # LayerNorm: one row, 4 warps, at 4096 and 8192
     assert ops.forward_config(8192, False) == (1, 4)
-    assert ops.forward_config(16384, True) == (1, 8)  # wide rows: 64 elements per thread
+    assert ops.forward_config(16384, True) == (1, 8)  # wide rows: 64 elements per thread ...
+    assert ops.forward_config(8192, True) == (1, 4)  # ... from a block of 8192 on
+    assert ops.forward_config(4096, True, has_residual=True) == (1, 4)  # a residual: 4 warps at 4096
+    def plan(n, residual=False, rows_per_program=None):
+        return ops._forward_plan(n, torch.bfloat16, True, residual, True, False, False, True, False,
+                                 rows_per_program, None)
+    assert plan(4096, True)[2]["num_warps"] == 4 and plan(4096)[2]["num_warps"] == 8
+    assert plan(16384)[2]["num_warps"] == 4 and plan(16384)[2]["READ_TWICE"]  # read twice: 4 warps
+    assert plan(8192, True)[2]["num_warps"] == 4 and plan(16384, True)[2]["num_warps"] == 8
+    assert plan(4096, True, rows_per_program=2)[2]["num_warps"] == 8  # asked for rows: 32 per thread
     # a rows_per_program asked for alone gets warps for the tile it makes (32 per thread)
     rows, _, plan = ops._forward_plan(4096, torch.bfloat16, False, False, True, True, False, False, False, 2, None)
     assert rows == 2 and plan["num_warps"] == 8

@@ -98,6 +98,17 @@ def check_max_registers(fn: str, value) -> None:
         raise ValueError(f"{fn}: max_registers must be None or an int from 24 to 255, got {value!r}")
 
 
+def register_cap(max_registers) -> dict:
+    """The launch option that caps registers per thread (``{"maxnreg": n}``), or none for None."""
+    return {"maxnreg": max_registers} if max_registers else {}
+
+
+def check_store_hint(fn: str, value) -> None:
+    """A launch's ``store_hint``: None (the launcher's default), "" (no policy) or "evict_first"."""
+    if value not in (None, "", "evict_first"):
+        raise ValueError(f"{fn}: store_hint must be None, '' or 'evict_first', got {value!r}")
+
+
 @functools.lru_cache(maxsize=64)
 def dependent_launch(device_type: str, index: Optional[int]) -> bool:
     """Whether launches on this device may be programmatic dependent launches: a CUDA device of

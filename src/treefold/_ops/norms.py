@@ -22,7 +22,7 @@ from .. import backend, order
 from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
-from .launch import Launcher, check_max_registers
+from .launch import Launcher, check_max_registers, check_store_hint, register_cap
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
 MAX_ROW_LENGTH = 65536
@@ -31,10 +31,13 @@ MAX_ROW_LENGTH = 65536
 #: RMSNorm and LayerNorm. On the H200, 1024-element rows ran best four to a program (tiles of
 #: 4096; eight to a program lost a quarter of the bandwidth).
 _FORWARD_TILE = {True: 4096, False: 8192}
-#: LayerNorm rows of 4096 and 8192: one row per program, 4 warps (32 and 64 elements per thread).
-#: On the H200, three interleaved rounds (``benchmarks/probe_minimal.py``): 8192 x 4096 bf16 82.1%
-#: of the roof against 73.3% for two rows of 8 warps; 16384 x 8192 90.3% against 83.3% for 8 warps.
-_LAYER_NORM_ROWS = (4096, 8192)
+#: LayerNorm rows of 4096: one row per program, 4 warps (32 elements per thread); rows of 8192 get
+#: the same 4 warps from the wide-row rule below. On the H200, three interleaved rounds
+#: (``benchmarks/probe_minimal.py``): 8192 x 4096 bf16 82.1% of the roof against 73.3% for two rows
+#: of 8 warps; 16384 x 8192 90.3% against 83.3% for 8 warps. (One row of 4096 in a CUDA graph ran
+#: 0.02-0.06 us faster with 8 warps, ``h200-probe-decode-norms.txt``: within the spread of rounds,
+#: against the 9 points that 4 warps gave at full size.)
+_LAYER_NORM_ROW = 4096
 _LAYER_NORM_WARPS = 4
 #: Elements per thread: 32 (four 16-byte bfloat16 loads) beat 16 and 8 at most bfloat16 shapes
 #: measured on the H200 (rows of 1024 to 16384, forward and backward; float32 was flat).
@@ -45,7 +48,8 @@ _ELEMENTS_PER_THREAD = 32
 _RMS_ROW_4096_ELEMENTS_PER_THREAD = 16
 #: ... unless it adds a residual (it then stores h as well): 4 warps, 32768 x 4096 bf16 95.6-96.0%
 #: of the roof against 95.1-95.4% with 8, one row of 4096 in a CUDA graph 1.94-1.98 us against
-#: 2.00 (``benchmarks/results/h200-probe-decode-norms.txt``).
+#: 2.00 (``benchmarks/results/h200-probe-decode-norms.txt``; measured in bfloat16, applied to
+#: every dtype, and to ``fused_add_rms_norm_``, which launches the same kernel).
 _RMS_RESIDUAL_ROW_4096_WARPS = 4
 #: Forward rows of this block or wider take 64 per thread: RMSNorm 4096 x 16384 bf16 ran at
 #: 81.5% of the roof with 8 warps against 65.8% with 16 (and 63-73% with the row shared by
@@ -121,16 +125,17 @@ def _warps_for(elements: int, per_thread: int = _ELEMENTS_PER_THREAD) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def forward_config(n: int, is_rms: bool = True) -> tuple[int, int]:
-    """(rows per program, num_warps) for the forward kernel. A launch choice: never changes bits."""
+def forward_config(n: int, is_rms: bool = True, has_residual: bool = False) -> tuple[int, int]:
+    """(rows per program, num_warps) of the forward launch that holds whole rows (the default, and
+    the rows read twice take ``_READ_TWICE_WARPS`` instead). A launch choice: never changes bits."""
     block = row_block(n)
     if block >= _WIDE_ROW:
         return 1, _warps_for(block, _WIDE_ROW_ELEMENTS_PER_THREAD)
-    if not is_rms and _LAYER_NORM_ROWS[0] <= block <= _LAYER_NORM_ROWS[1]:
+    if not is_rms and block == _LAYER_NORM_ROW:
         return 1, _LAYER_NORM_WARPS
     rows = max(1, min(64, _FORWARD_TILE[bool(is_rms)] // block))
     if is_rms and rows == 1 and block == 4096:
-        return 1, _warps_for(block, _RMS_ROW_4096_ELEMENTS_PER_THREAD)
+        return 1, _RMS_RESIDUAL_ROW_4096_WARPS if has_residual else _warps_for(block, _RMS_ROW_4096_ELEMENTS_PER_THREAD)
     return rows, _warps_for(rows * block)
 
 
@@ -191,7 +196,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``_READ_TWICE_STORE_POLICY`` for rows read twice, none otherwise).
     ``max_registers``: a cap on the registers per thread (Triton's ``maxnreg``; its spills lost
     7-16 points at 4096 x 16384 on the H200, ``benchmarks/results/h200-probe-max-registers.txt``)."""
-    default_rows, default_warps = forward_config(n, is_rms)
+    default_rows, default_warps = forward_config(n, is_rms, has_residual)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
     held = segments_per_program or 0
@@ -209,8 +214,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if read_policy not in ("", "evict_first"):
         raise ValueError(f"norm: read_policy must be '' or 'evict_first', got {read_policy!r}")
     check_max_registers("norm", max_registers)
-    if store_hint not in (None, "", "evict_first"):
-        raise ValueError(f"norm: store_hint must be None, '' or 'evict_first', got {store_hint!r}")
+    check_store_hint("norm", store_hint)
     if fused_squares and not _fuses_squares(is_rms, dtype):
         raise ValueError(f"norm: fused_squares=True needs RMSNorm of a float16 row (squares exact in float32), "
                          f"got {'RMSNorm' if is_rms else 'LayerNorm'} of {dtype}")
@@ -231,8 +235,6 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                       and row_block(n) == _READ_TWICE_BLOCK)
     if read_twice and not held and row_block(n) == _READ_TWICE_BLOCK:
         default_warps = _READ_TWICE_WARPS
-    if is_rms and has_residual and not held and rows == 1 and row_block(n) == 4096:
-        default_warps = _RMS_RESIDUAL_ROW_4096_WARPS
     if store_hint is None:
         store_hint = _READ_TWICE_STORE_POLICY if read_twice else ""
     return rows, order.cdiv(segments, held) if held else 1, dict(
@@ -241,7 +243,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
         READ_POLICY=read_policy, READ_TWICE=bool(read_twice), HOLD_16BIT=bool(hold_16bit),
         **({"STORE_POLICY": store_hint} if store_hint else {}),
-        num_warps=num_warps or default_warps, **({"maxnreg": max_registers} if max_registers else {}),
+        num_warps=num_warps or default_warps, **register_cap(max_registers),
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
 
 
@@ -276,7 +278,8 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
     ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,
-    ``fused_squares`` and ``read_twice`` override the heuristic (the bits do not change).
+    ``fused_squares``, ``read_twice``, ``hold_16bit``, ``store_hint`` and ``max_registers``
+    override the heuristic (``_forward_plan``; the bits do not change).
     ``prepare_key``: keep the prepared launch under this key in
     ``_PREPARED`` (no statistics; the slots are x, residual, weight, bias, y, h, those given, in
     that order); launches whose programs share rows are not prepared (their counters are new
@@ -341,7 +344,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         PAIRED_SUMS=(not is_rms and row_block(n) <= _PAIRED_SUMS_MAX_BLOCK) if paired_sums is None
         else bool(paired_sums), HOLD_16BIT=bool(hold_16bit),
         num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages,
-        **({"maxnreg": max_registers} if max_registers else {}))
+        **register_cap(max_registers))
 
 
 def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[Tensor],

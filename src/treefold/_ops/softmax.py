@@ -40,7 +40,8 @@ import torch
 from .. import backend, order
 from .._checks import as_rows
 from ..kernels import softmax as kernels
-from .launch import Launcher, check_max_registers, dependent_launch as _dependent_launch, launch_hooks_active
+from .launch import (Launcher, check_max_registers, check_store_hint, dependent_launch as _dependent_launch,
+                     launch_hooks_active, register_cap)
 from ..reference import softmax as reference
 
 STRATEGIES = ("warp", "block", "online", "split", "cooperative")
@@ -114,8 +115,8 @@ STREAM_STAGES = 1
 HOLD_16BIT_BACKWARD = True
 #: The forward "online" launch stores its outputs with the L2 evict-first policy, so that they do
 #: not push out the rows still waiting for their second read (read first with evict-last). On the
-#: H200 at 4096 x 32768 bf16: DRAM bytes read 302 -> 279 MB (256 MiB is the row once), softmax
-#: 81.2% -> 83.8% of the roof, log_softmax 84.4% -> 88.6% (the same direction in three runs).
+#: H200 at 4096 x 32768 bf16: DRAM bytes read 302 -> 279 MB (the input once is 268 MB), softmax
+#: 81.2% -> 83.8% of the roof (the same direction in three runs), log_softmax 84.4% -> 88.6%.
 #: Launches that read once gained nothing from it (``benchmarks/results/h200-probe-store-hints.txt``).
 ONLINE_STORE_POLICY = "evict_first"
 
@@ -138,7 +139,8 @@ class Tuning:
     STORE_POLICY: "evict_first" or "" (none); None: "evict_first" for the forward "online"
     launch, ``ONLINE_STORE_POLICY``, none elsewhere) and ``max_registers`` (a cap on the registers
     per thread, Triton's ``maxnreg``: more programs per SM, at the price of spills past it; on the
-    H200 the spills cost more than the programs gained wherever measured, 14 points at 4096 x 32768,
+    H200 the spills cost more than the programs gained, 14 points at 4096 x 32768, everywhere but
+    "cooperative" at 256 x 131072 with 80 registers, +0.8 points,
     ``benchmarks/results/h200-probe-max-registers.txt``)."""
     num_warps: Optional[int] = None
     rows_per_program: Optional[int] = None
@@ -168,7 +170,9 @@ class _Phase:
 
 
 def _phase(grid: int, programs_per_row: int, num_warps: int, constexprs: dict, launch_pdl: bool = False) -> _Phase:
-    options = {"maxnreg": constexprs.pop("maxnreg")} if "maxnreg" in constexprs else {}  # (Tuning.max_registers)
+    # (a register cap, Tuning.max_registers, is a launch option that rides with the constexprs)
+    options = {k: v for k, v in constexprs.items() if k == "maxnreg"}
+    constexprs = {k: v for k, v in constexprs.items() if k != "maxnreg"}
     launch = dict(constexprs, num_warps=num_warps, enable_fp_fusion=False, **options,
                   **({"launch_pdl": True} if launch_pdl else {}))
     return _Phase((grid,), programs_per_row, num_warps, tuple(constexprs.items()), launch,
@@ -269,14 +273,13 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
     inner = min(lanes, max(group, tuning.inner or group * 32))
     outer = lanes // inner
     check_max_registers(fn, tuning.max_registers)
-    if tuning.store_hint not in (None, "", "evict_first"):
-        raise ValueError(f"{fn}: store_hint must be None, '' or 'evict_first', got {tuning.store_hint!r}")
+    check_store_hint(fn, tuning.store_hint)
     common = dict(OP=op, BACKWARD=backward, HAS_TEMPERATURE=False, LANES=lanes, INNER=inner,
                   OUTER=outer, LOG2_OUTER=order.log2(outer), GROUP=group, LOG2_GROUP=order.log2(group),
                   LOG2_INNER_GROUPS=order.log2(inner // group),
                   SEG_POW2=seg_pow2, LOG2_SEG_POW2=order.log2(seg_pow2),
                   **({"STORE_POLICY": tuning.store_hint} if tuning.store_hint else {}),
-                  **({"maxnreg": tuning.max_registers} if tuning.max_registers else {}))
+                  **register_cap(tuning.max_registers))
     online_store_policy = (ONLINE_STORE_POLICY if tuning.store_hint is None and not backward and not lse
                            else tuning.store_hint or "")
     hints = True if tuning.hints is None else bool(tuning.hints)
