@@ -171,6 +171,12 @@ _backward_kernel = Launcher(norm_backward_kernel)
 _column_sum_kernel = Launcher(column_tree_sum_kernel)
 
 
+def _check_hold_16bit(hold_16bit: Optional[bool], dtype: torch.dtype) -> None:
+    """``hold_16bit`` (forward or backward) holds 16-bit rows only."""
+    if hold_16bit and dtype.itemsize != 2:
+        raise ValueError(f"norm: hold_16bit=True holds 16-bit rows, got {dtype}")
+
+
 @functools.lru_cache(maxsize=4096)
 def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, has_weight: bool,
                   has_bias: bool, has_offset: bool, round_normalised: bool, store_stats: bool,
@@ -223,8 +229,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if read_twice and has_residual:
         raise ValueError("norm: read_twice=True reads x again, but with a residual the row normalised is "
                          "x + residual")
-    if hold_16bit and dtype.itemsize != 2:
-        raise ValueError(f"norm: hold_16bit=True holds 16-bit rows, got {dtype}")
+    _check_hold_16bit(hold_16bit, dtype)
     if hold_16bit and read_twice:
         raise ValueError("norm: hold_16bit=True holds the row that read_twice=True reads again: choose one")
     rows = 1 if held else (rows_per_program or default_rows)
@@ -327,8 +332,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
     if paired_sums and is_rms:
         raise ValueError("norm: paired_sums=True pairs LayerNorm's two row sums; RMSNorm's backward has one")
     check_max_registers("norm", max_registers)
-    if hold_16bit and dtype.itemsize != 2:
-        raise ValueError(f"norm: hold_16bit=True holds 16-bit rows, got {dtype}")
+    _check_hold_16bit(hold_16bit, dtype)
     if hold_16bit is None:
         hold_16bit = (not is_rms and dtype.itemsize == 2
                       and row_block(n) == _BACKWARD_HOLD_16BIT_LAYER_NORM_BLOCK)

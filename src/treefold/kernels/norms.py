@@ -372,11 +372,6 @@ def norm_backward_kernel(
         if IS_RMS:
             s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
             c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
-            if HOLD_16BIT:
-                dy = widen_again(dy_held, rows)
-                normalised, g = _normalised_and_g(dy, widen_again(v_held, rows), w, rstd, mean, mask, IS_RMS,
-                                                  HAS_WEIGHT)
-            dx = (g - normalised * c_gn) * rstd
         else:
             if PAIRED_SUMS:
                 # the two row sums as one tree over a pair of rows: the same additions, each
@@ -390,10 +385,14 @@ def norm_backward_kernel(
                 s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
             c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
             c_g = tl.div_rn(s_g, n_float)[:, None, None]
-            if HOLD_16BIT:
-                dy = widen_again(dy_held, rows)
-                normalised, g = _normalised_and_g(dy, widen_again(v_held, rows), w, rstd, mean, mask, IS_RMS,
-                                                  HAS_WEIGHT)
+        if HOLD_16BIT:
+            # the row's sums are taken: dy and the normalised row again from the held 16-bit values
+            dy = widen_again(dy_held, rows)
+            normalised, g = _normalised_and_g(dy, widen_again(v_held, rows), w, rstd, mean, mask, IS_RMS,
+                                              HAS_WEIGHT)
+        if IS_RMS:
+            dx = (g - normalised * c_gn) * rstd
+        else:
             dx = ((g - c_g) - normalised * c_gn) * rstd
         if HAS_DH_OUT:
             dx = dx + tl.load(dh_out_ptr + row * stride_dh_out + col, mask=mask, other=0.0).to(tl.float32)

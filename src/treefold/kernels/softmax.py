@@ -179,6 +179,20 @@ def _widen_tiles(raw_a, raw_b, inv_temperature, opaque_count, AGAIN: tl.constexp
 
 
 @triton.jit
+def _held_tiles(raw_a, raw_b, inv_temperature, rows, FOR_PARTIALS: tl.constexpr, OP: tl.constexpr,
+                BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr, HOLD_16BIT: tl.constexpr):
+    """(a, b, a_for_exp) of a block held through the row's merge: ``_widen_tiles``' (a, b), and the
+    block the forward's segment exps are taken of (``_segment_partials``): ``a`` itself, or with
+    HOLD_16BIT the held 16-bit block widened once more (``rows`` keeps that widening apart)."""
+    a, b = _widen_tiles(raw_a, raw_b, inv_temperature, 0, False, FOR_PARTIALS, OP, BACKWARD, HAS_TEMPERATURE)
+    a_for_exp = a
+    if HOLD_16BIT:
+        a_for_exp, _ = _widen_tiles(raw_a, raw_b, inv_temperature, rows, True, FOR_PARTIALS, OP, BACKWARD,
+                                    HAS_TEMPERATURE)
+    return a, b, a_for_exp
+
+
+@triton.jit
 def _load_tiles(src_ptrs, grad_ptrs, mask, inv_temperature, FOR_PARTIALS: tl.constexpr,
                 OP: tl.constexpr, BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
                 POLICY: tl.constexpr):
@@ -458,11 +472,8 @@ def softmax_kernel(
         rows64 = rows_idx.to(tl.int64)[:, None, None, None]
         raw_a, raw_b = _load_raw_tiles(src_ptr + rows64 * stride_src + cols, grad_ptr + rows64 * stride_grad + cols,
                                        mask, False, OP, BACKWARD, "")
-        a, b = _widen_tiles(raw_a, raw_b, inv_temperature, 0, False, False, OP, BACKWARD, HAS_TEMPERATURE)
-        a_for_exp = a
-        if HOLD_16BIT:
-            a_for_exp, _ = _widen_tiles(raw_a, raw_b, inv_temperature, rows, True, False, OP, BACKWARD,
-                                        HAS_TEMPERATURE)
+        a, b, a_for_exp = _held_tiles(raw_a, raw_b, inv_temperature, rows, False, OP, BACKWARD, HAS_TEMPERATURE,
+                                      HOLD_16BIT)
         if LSE_BACKWARD:
             c0, c1 = _given_constants(row_ptr, grad_ptr, rows_idx, rows_idx < rows)
         else:
@@ -511,11 +522,8 @@ def softmax_kernel(
             cols = first_segment * LANES + block_cols
             mask = cols < n
             raw_a, raw_b = _load_raw_tiles(src_row + cols, grad_row + cols, mask, LSE_FORWARD, OP, BACKWARD, "")
-            a, b = _widen_tiles(raw_a, raw_b, inv_temperature, 0, False, LSE_FORWARD, OP, BACKWARD, HAS_TEMPERATURE)
-            a_for_exp = a
-            if HOLD_16BIT:
-                a_for_exp, _ = _widen_tiles(raw_a, raw_b, inv_temperature, rows, True, LSE_FORWARD, OP, BACKWARD,
-                                            HAS_TEMPERATURE)
+            a, b, a_for_exp = _held_tiles(raw_a, raw_b, inv_temperature, rows, LSE_FORWARD, OP, BACKWARD,
+                                          HAS_TEMPERATURE, HOLD_16BIT)
             p, q = _segment_partials(a, b, a_for_exp, OUTER, LOG2_OUTER, SEG_BLOCK, INNER, GROUP, LOG2_GROUP,
                                      LOG2_INNER_GROUPS, OP, BACKWARD)
             _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q, BACKWARD)
