@@ -12,10 +12,9 @@ import sys
 
 import torch
 
-from treefold._ops import norms
 from treefold._ops import softmax as sm
 
-from probe_report import time_against_roof
+from probe_report import check_and_time, row_op_variants
 
 #: (label, rows, length, the variants: name -> launch options)
 CASES = [
@@ -58,52 +57,10 @@ SOFTMAX_CASES = [
 ]
 
 
-def _norm_call(label, x, r, w, b, options):
-    if label == "ln":
-        return lambda: norms.layer_norm_impl(x, w, b, 1e-5, store_stats=False, **options)[:1]
-    res = r if label == "rms+residual" else None
-    return lambda: norms.rms_norm_impl(x, w, res, 1e-6, 0.0, "llama", x.dtype, store_stats=False, **options)[:2]
-
-
-def _softmax_call(label, x, y, dy, strategy, tuning):
-    if label == "softmax":
-        return lambda: (sm.softmax_forward(x, strategy=strategy, tuning=tuning),)
-    return lambda: (sm.softmax_backward(dy, y, strategy=strategy, tuning=tuning),)
-
-
 def main(out_dir):
     torch.manual_seed(0)
-    calls, nbytes, unequal = {}, {}, []
-
-    def add(label, m, n, variants, call, moved):
-        """Each variant's call under its key, checked bit for bit against the case's first."""
-        first = None
-        for name, choice in variants.items():
-            fn = call(choice)
-            out = [t.clone() for t in fn() if t is not None]
-            if first is None:
-                first = out
-            elif not all(torch.equal(a.view(torch.int16), c.view(torch.int16)) for a, c in zip(out, first)):
-                unequal.append(f"{label} {m}x{n} {name}")
-            calls[f"{label} {m}x{n} {name}"] = fn
-            nbytes[f"{label} {m}x{n} {name}"] = moved
-
-    for label, m, n, variants in CASES:
-        x = torch.randn(m, n, device="cuda").bfloat16()
-        r = torch.randn(m, n, device="cuda").bfloat16()
-        w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
-        b = (0.1 * torch.randn(n, device="cuda")).bfloat16()
-        add(label, m, n, variants, lambda o, label=label, x=x, r=r, w=w, b=b: _norm_call(label, x, r, w, b, o),
-            (4 if label == "rms+residual" else 2) * x.numel() * x.element_size())
-    for label, m, n, variants in SOFTMAX_CASES:
-        x = (3 * torch.randn(m, n, device="cuda")).bfloat16()
-        y = torch.softmax(x.float(), -1).bfloat16()
-        dy = torch.randn(m, n, device="cuda").bfloat16()
-        add(label, m, n, variants, lambda c, label=label, x=x, y=y, dy=dy: _softmax_call(label, x, y, dy, *c),
-            (2 if label == "softmax" else 3) * x.numel() * x.element_size())
-    print("bits equal to the default in every case" if not unequal else f"NOT EQUAL: {unequal}")
-    time_against_roof(calls, nbytes, os.path.join(out_dir, "probe-hold-16bit.json") if out_dir else "",
-                      unequal=unequal)
+    check_and_time(row_op_variants(CASES + SOFTMAX_CASES),
+                   os.path.join(out_dir, "probe-hold-16bit.json") if out_dir else "")
 
 
 if __name__ == "__main__":

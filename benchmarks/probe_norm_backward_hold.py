@@ -11,38 +11,25 @@ import sys
 
 import torch
 
-from treefold._ops import norms
+from probe_report import check_and_time, row_op_variants
 
-from probe_report import norm_backward_inputs, time_against_roof
+
+def _variants(n):
+    variants = {"default": {}, "hold": dict(hold_16bit=True), "float32 held": dict(hold_16bit=False)}
+    if n == 8192:
+        variants.update({"16 warps": dict(num_warps=16, hold_16bit=False),
+                         "16 warps hold": dict(num_warps=16, hold_16bit=True)})
+    return variants
+
+
+#: (label, rows, length, the variants: name -> launch options of the norm backward)
+CASES = [(label, m, n, _variants(n)) for m, n in ((32768, 4096), (16384, 8192))
+         for label in ("rms backward", "ln backward")]
 
 
 def main(out_dir):
     torch.manual_seed(0)
-    calls, nbytes, unequal = {}, {}, []
-    for m, n in ((32768, 4096), (16384, 8192)):
-        x, w, b, dy, rstd, mean, rstd_ln = norm_backward_inputs(m, n)
-        for label, call in (
-                ("rms", lambda o, x=x, w=w, dy=dy, rstd=rstd: norms.rms_norm_backward_impl(
-                    dy, None, x, w, rstd, 0.0, "llama", x.dtype, None, True, **o)),
-                ("ln", lambda o, x=x, w=w, dy=dy, mean=mean, rstd=rstd_ln: norms.layer_norm_backward_impl(
-                    dy, x, w, mean, rstd, True, x.dtype, **o))):
-            first = None
-            variants = [("default", {}), ("hold", dict(hold_16bit=True)), ("float32 held", dict(hold_16bit=False))]
-            if n == 8192:
-                variants += [("16 warps", dict(num_warps=16, hold_16bit=False)),
-                             ("16 warps hold", dict(num_warps=16, hold_16bit=True))]
-            for name, options in variants:
-                fn = lambda call=call, options=options: call(options)
-                out = [t.clone() for t in fn() if t is not None]
-                if first is None:
-                    first = out
-                elif not all(torch.equal(a, c) for a, c in zip(out, first)):
-                    unequal.append(f"{label} {m}x{n} {name}")
-                calls[f"{label} backward {m}x{n} {name}"] = fn
-                nbytes[f"{label} backward {m}x{n} {name}"] = 3 * x.numel() * x.element_size()
-    print("bits equal to the default in every case" if not unequal else f"NOT EQUAL: {unequal}")
-    time_against_roof(calls, nbytes, os.path.join(out_dir, "probe-norm-backward-hold.json") if out_dir else "",
-                      unequal=unequal)
+    check_and_time(row_op_variants(CASES), os.path.join(out_dir, "probe-norm-backward-hold.json") if out_dir else "")
 
 
 if __name__ == "__main__":
