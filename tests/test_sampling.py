@@ -850,6 +850,52 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
     ops.plan.cache_clear()
 
 
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_pre_list_holds_every_token_of_its_bins_once(device, monkeypatch):
+    """The histogram pass lists each program's pre-list tokens once per chunk of LIST_CHUNK
+    segments (one bit per lane and segment). Segments of 8 tokens, 38 of them per row: one
+    program per row lists in two chunks (32 + 6), two programs per row in one chunk each. The
+    list holds exactly the tokens whose bin floor((m - x) * BINS_PER_NAT) lies below
+    PRELIST_BINS, each once; at a capacity smaller than that the count passes the capacity, the
+    list holds only such tokens, and the sampled tokens equal those of a call without a
+    pre-list."""
+    monkeypatch.setattr(ops, "PRELIST_ONLY_WITH_TOP_P", False)
+    monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
+    monkeypatch.setattr(ops, "MIN_WIDTH", 8)
+    monkeypatch.setattr(ops, "MAX_WIDTH", 8)
+    ops.plan.cache_clear()
+    g = torch.Generator().manual_seed(5)
+    n = 300
+    x = torch.randn(2, n, generator=g) * torch.tensor([[8.0], [6.0]])
+    x[0, 17] = float("-inf")
+    m = x.max(dim=1, keepdim=True).values
+    bins = ((m - x) * ops.BINS_PER_NAT).clamp(0.0, ops.NUM_BINS - 1.0).floor()
+    want = [sorted(torch.nonzero(torch.isfinite(x[r]) & (bins[r] < ops.PRELIST_BINS)).flatten().tolist())
+            for r in range(2)]
+    assert 8 < min(map(len, want)) and max(map(len, want)) < n // 4
+    config = dict(top_p=0.9)
+    tokens = {}
+    whole = ops.PRELIST_FRACTION
+    for fraction in (whole, 0.02):
+        monkeypatch.setattr(ops, "PRELIST_FRACTION", fraction)
+        for ppr in (1, 2):
+            run = _RecordingRun()
+            tokens[fraction, ppr] = _filtered_pipeline(x.to(device), "sample", config, run, ppr)[0]
+            count, listed = run.buffers["prelist_count"].cpu(), run.buffers["prelist"].cpu()
+            for r in range(2):
+                kept = listed[r, :min(int(count[r]), listed.shape[1])].tolist()
+                if fraction == whole:
+                    assert int(count[r]) == len(want[r]) and sorted(kept) == want[r], (ppr, r)
+                else:  # (a program lists no more once the count has passed the capacity)
+                    assert int(count[r]) > listed.shape[1], (ppr, r)
+                    assert len(set(kept)) == len(kept) and set(kept) <= set(want[r]), (ppr, r)
+    monkeypatch.setattr(ops, "PRELIST_BINS", 0)
+    for ppr in (1, 2):
+        plain = _filtered_pipeline(x.to(device), "sample", config, _RecordingRun(), ppr)[0]
+        assert all(torch.equal(t, plain) for (_, p), t in tokens.items() if p == ppr)
+    ops.plan.cache_clear()
+
+
 def test_top_k_beyond_the_kernel_limit_uses_a_stable_sort(device, monkeypatch):
     monkeypatch.setattr(ops, "TOP_K_KERNEL_MAX", 2)
     x = torch.tensor([[1.0, 2.0, 2.0, 0.0]], device=device)

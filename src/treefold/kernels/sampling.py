@@ -104,6 +104,10 @@ MODE_SAMPLE = tl.constexpr(0)
 MODE_THRESHOLD = tl.constexpr(1)
 MODE_TOPK = tl.constexpr(2)
 
+#: A program lists tokens (``_list_lane_tokens``) once per LIST_CHUNK of its segments: each lane
+#: keeps one bit per segment of the chunk in an int32.
+LIST_CHUNK = tl.constexpr(32)
+
 
 # ------------------------------------------------------------------------------------------
 # Keys, scaling, bins
@@ -367,6 +371,40 @@ def _fixed_mass(y, m, finite):
     weights every mass is summed from, exactly and in any order."""
     w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
     return w, tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+
+
+@triton.jit
+def _popcount(bits):
+    """Set bits of each int32 (SWAR: no popcount instruction in every backend)."""
+    v = bits - ((bits >> 1) & 0x55555555)
+    v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
+    v = (v + (v >> 4)) & 0x0F0F0F0F
+    return (v + (v >> 8) + (v >> 16) + (v >> 24)) & 0x3F
+
+
+@triton.jit
+def _list_lane_tokens(list_row, capacity, count_ptr, lane_bits, first_col, segments, lanes,
+                      WIDTH: tl.constexpr):
+    """Append the tokens a program marked in a chunk of its segments to a row's list: bit i of a
+    lane's ``lane_bits`` marks column first_col + i * WIDTH + lane. One reduction, one scan and one
+    atomic for the whole chunk (which hands out the places: the list's order is irrelevant), then
+    one masked store per segment; places at or past ``capacity`` are not written, the count goes
+    on past it. Returns whether the list had room for all of them."""
+    lane_count = _popcount(lane_bits)
+    total = tl.sum(lane_count, axis=0)
+    room = total >= 0
+    if total > 0:
+        # relaxed: the atomic only hands out places; the list is read by a later launch
+        base = tl.atomic_add(count_ptr, total, sem="relaxed")
+        place = base + tl.cumsum(lane_count, 0) - lane_count
+        i = tl.full([], 0, tl.int32)
+        while i < segments:  # (a bound the interpreter cannot take as a range)
+            marked = ((lane_bits >> i) & 1) != 0
+            tl.store(list_row + place, first_col + i * WIDTH + lanes, mask=marked & (place < capacity))
+            place += marked.to(tl.int32)
+            i += 1
+        room = base + total <= capacity
+    return room
 
 
 @triton.jit
@@ -750,7 +788,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
 
     Bytes: reads the logits once (from L2) and the per-program maxima; writes 8 bytes per
     program, at most NUM_BINS atomic adds per program, and 4 bytes per pre-listed token with one
-    atomic add per segment that has any.
+    atomic add per program (per LIST_CHUNK segments) that has any.
 
     Args:
         x_ptr, n, stride_x: logits as in ``race_kernel``.
@@ -784,6 +822,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     room = tl.full([], 1, tl.int1)  # (a tensor from the start: prelist_stride may be a constant 1)
     counts = tl.zeros([NUM_BINS], tl.int32)
     lane_mass = tl.zeros([WIDTH], tl.int64)
+    lane_bits = tl.zeros([WIDTH], tl.int32)
+    bit = tl.full([], 0, tl.int32)  # segment j's place in its chunk
     for j in range(SEGMENTS_PER_PROGRAM):
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
                                                           SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
@@ -793,19 +833,29 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         w, w_fixed = _fixed_mass(y, m, finite)
         lane_mass += w_fixed
         if PRELIST_BINS > 0:
-            if room:
-                pre = (valid & (b < PRELIST_BINS)).to(tl.int32)
-                c_pre = tl.sum(pre, axis=0)
-                if c_pre > 0:
-                    # relaxed: the atomic only hands out places (as in the compaction)
-                    base = tl.atomic_add(prelist_count_ptr + row, c_pre, sem="relaxed")
-                    pos = base + tl.cumsum(pre, 0) - 1
-                    tl.store(prelist_row + pos, cols, mask=(pre != 0) & (pos < prelist_stride))
-                    # past the capacity the row reads its logits: this program lists no more
-                    # (the row's count has passed the capacity for good)
-                    room = base + c_pre <= prelist_stride
+            # each lane marks its pre-list tokens, one bit per segment; the chunk's tokens are
+            # listed together (a block sum, scan and atomic per segment cost this pass about 20 us
+            # of 57 at 64 x 151936 on the H200)
+            lane_bits |= (valid & (b < PRELIST_BINS)).to(tl.int32) << bit
+            if SEGMENTS_PER_PROGRAM > LIST_CHUNK:  # (else only the last chunk, after the loop)
+                if (bit == LIST_CHUNK - 1) & (j < SEGMENTS_PER_PROGRAM - 1):
+                    if room:
+                        # past the capacity the row reads its logits: this program lists no more
+                        # (the row's count has passed the capacity for good)
+                        room = _list_lane_tokens(prelist_row, prelist_stride, prelist_count_ptr + row,
+                                                 lane_bits, (prog * SEGMENTS_PER_PROGRAM + j - bit) * WIDTH,
+                                                 LIST_CHUNK, lanes, WIDTH)
+                    lane_bits = tl.zeros([WIDTH], tl.int32)
+                    bit = tl.full([], -1, tl.int32)
+            bit += 1
     tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
     tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
+    if PRELIST_BINS > 0:
+        # the last chunk, its `bit` segments, once the masses and counts are out (fewer registers live)
+        if room:
+            _list_lane_tokens(prelist_row, prelist_stride, prelist_count_ptr + row, lane_bits,
+                              (prog * SEGMENTS_PER_PROGRAM + SEGMENTS_PER_PROGRAM - bit) * WIDTH, bit, lanes,
+                              WIDTH)
 
 
 @triton.jit
