@@ -788,13 +788,17 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
     of the whole-row compaction; sampled tokens equal the reference's. By default only calls with
     top-p on grids of more than PRELIST_MIN_PROGRAMS_PER_SM programs per SM make the pre-list;
     here every call does."""
-    assert ops._prelist_bins(0.9, 1920, 132) == ops.PRELIST_BINS
-    assert ops._prelist_bins(torch.tensor([0.9]), 1920, 132) == ops.PRELIST_BINS
-    assert ops._prelist_bins(None, 1920, 132) == 0 and ops._prelist_bins(1.0, 1920, 132) == 0
-    assert ops._prelist_bins(0.9, 149, 132) == 0
+    bins = ops.PRELIST_BINS
+    assert ops._prelist_bins(None, 0.9, None, 1920, 132) == bins
+    assert ops._prelist_bins(None, torch.tensor([1.0]), None, 1920, 132) == bins
+    assert ops._prelist_bins(50, None, None, 1920, 132) == bins
+    assert ops._prelist_bins(None, 1.0, 0.05, 1920, 132) == bins
+    assert ops._prelist_bins(None, None, torch.tensor([0.0]), 1920, 132) == bins
+    assert ops._prelist_bins(None, None, None, 1920, 132) == 0
+    assert ops._prelist_bins(None, 1.0, 0.0, 1920, 132) == 0
+    assert ops._prelist_bins(None, 0.9, None, 149, 132) == 0
     default = {name: getattr(ops, name) for name in ("PRELIST_BINS", "PRELIST_FRACTION", "SURE_LIST_MAX",
                                                      "COMPACT_RACE_PROGRAMS_PER_SM")}
-    monkeypatch.setattr(ops, "PRELIST_ONLY_WITH_TOP_P", False)
     monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
     # what the compaction hands on is compared with and without a pre-list: the sure-kept tokens
     # listed in both (a compaction without one would otherwise race them in place on these grids)
@@ -859,7 +863,6 @@ def test_pre_list_holds_every_token_of_its_bins_once(device, monkeypatch):
     PRELIST_BINS, each once; at a capacity smaller than that the count passes the capacity, the
     list holds only such tokens, and the sampled tokens equal those of a call without a
     pre-list."""
-    monkeypatch.setattr(ops, "PRELIST_ONLY_WITH_TOP_P", False)
     monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
     monkeypatch.setattr(ops, "MIN_WIDTH", 8)
     monkeypatch.setattr(ops, "MAX_WIDTH", 8)
@@ -1059,7 +1062,6 @@ def test_gpu_compaction_from_the_pre_list_gives_the_same_results(monkeypatch):
     # logits off it before the compaction changes nothing), flat ones (standard deviation 1:
     # over a quarter of the row within 10 nats of the maximum) their logits
     default_bins = ops.PRELIST_BINS
-    monkeypatch.setattr(ops, "PRELIST_ONLY_WITH_TOP_P", False)  # every filter, not top-p alone
     peaked = 40  # the first rows; the others are flattened
     x = qwen_like_logits(64, 8, scale=4.0)
     x[peaked:] = x[peaked:] / 4

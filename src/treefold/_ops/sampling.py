@@ -118,16 +118,19 @@ COMPACT_WARPS_ONE_WAVE = 8
 #: compaction read the pre-list instead of the row. Logits of standard deviation 4 over 151936
 #: tokens (the benchmark's peaked rows) put about 5000 tokens within 10 nats of the maximum, and
 #: the boundaries of top-p 0.9 about 7 nats, min-p 0.05 3 nats and top-k 50 about 3 nats below it.
-#: Listing costs the histogram pass about 20 us at 64 rows of 151936 (H200). Top-p's compaction,
-#: which lists the most, wins it back twice over (82 -> 20 us; the call 158.9 -> 117.5 us);
-#: pre-listing in every call also gained 2-4 us for min-p and top-k 50 but lost 5 us for
-#: top_k(50), 21 us for min-p on flat rows and 1-3 us at one row. So the pre-list is made in
-#: calls with top-p, on grids of more than PRELIST_MIN_PROGRAMS_PER_SM programs per SM (4 rows
-#: of 151936 and more on the H200; only 1 and 64 rows were measured:
-#: results/h200-probe-sampling-prelist.txt). Its buffer is rows x n * PRELIST_FRACTION int32.
+#: Each lane marks its tokens segment by segment and a program lists them once (H200, 64 rows of
+#: 151936 fp32: the histogram launch 36.5 us without the pre-list, 47.1 with it; listing once
+#: per segment had cost 57.7). The compaction's reading of the pre-list wins that back in every
+#: filter whose boundary lies near the maximum, at 64 rows fp32: top-p 0.9 158.9 -> 93.3 us,
+#: min-p 0.05 100.7 -> 85.6, top-k 50 95.9 -> 81.0, top_k(50) 89.2 -> 82.3 (bf16 alike). Rows
+#: too flat for the list (a quarter of the row within 10 nats) pay for it: min-p 115.6 -> 133.8
+#: us at 64 flat rows; top-p 0.9 there about the same either way (results/h200-ab-prelist-
+#: always.txt, h200-ab-lane-lists.txt, h200-probe-sampling-prelist.txt). So every filtered call
+#: on a grid of more than PRELIST_MIN_PROGRAMS_PER_SM programs per SM makes the pre-list (4 rows
+#: of 151936 and more on the H200; at one row, 149 programs, it lost 1-3 us), unless no filter
+#: can end a row's kept prefix inside it. Its buffer is rows x n * PRELIST_FRACTION int32.
 PRELIST_BINS = 40
 PRELIST_FRACTION = 0.25
-PRELIST_ONLY_WITH_TOP_P = True
 PRELIST_MIN_PROGRAMS_PER_SM = 4
 #: Each pass after a call's first is a programmatic dependent launch (sm_90): its programs start
 #: while the previous pass finishes, and wait for its writes before reading anything. H200, CUDA
@@ -202,10 +205,15 @@ def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int
                 max(1, min(4, width // 256)), bool(prefetch))
 
 
-def _prelist_bins(top_p, programs: int, sms: int) -> int:
-    """The histogram's pre-list bins for a call (0: none), by PRELIST_BINS' rule."""
-    # (a scalar top_p of 1 keeps every token: no row's boundary can lie in the pre-list)
-    if PRELIST_ONLY_WITH_TOP_P and (top_p is None or (not isinstance(top_p, torch.Tensor) and top_p >= 1.0)):
+def _prelist_bins(top_k, top_p, min_p, programs: int, sms: int) -> int:
+    """The histogram's pre-list bins for a call (0: none), by PRELIST_BINS' rule. A filter given
+    as a per-row tensor may end some row's prefix in the pre-list; scalar ones that keep every
+    token (no top_k, top_p None or >= 1, min_p None or 0) cannot."""
+    def keeps_all(value, whole):
+        return value is None or (not isinstance(value, torch.Tensor) and whole(value))
+
+    if (keeps_all(top_k, lambda k: False) and keeps_all(top_p, lambda p: p >= 1.0)
+            and keeps_all(min_p, lambda q: q <= 0.0)):
         return 0
     return PRELIST_BINS if programs > PRELIST_MIN_PROGRAMS_PER_SM * sms else 0
 
@@ -352,7 +360,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     part_kept = run.buffer("part_kept", grid[0], torch.int64, dev)
     part_score = run.buffer("part_score", grid[0], torch.float32, dev)
     part_index = run.buffer("part_index", grid[0], torch.int64, dev)
-    prelist_bins = _prelist_bins(top_p, grid[0], _sm_count(dev))
+    prelist_bins = _prelist_bins(top_k, top_p, min_p, grid[0], _sm_count(dev))
     prelist_stride = max(1, int(n * PRELIST_FRACTION)) if prelist_bins else 1
     prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
     prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)

@@ -24,7 +24,7 @@ on a large grid or for the masks):
 2. ``bin_histogram_kernel``: with the row maximum m, every token falls in a bin
    floor((m - y) * BINS_PER_NAT) (the last bin collects everything further away). A histogram
    of the bins (integer atomics: exact in any order) and the row's mass, the sum of
-   w = exp(y - m) in fixed point. In calls with top-p on large grids it also lists the tokens
+   w = exp(y - m) in fixed point. In filtered calls on large grids it also lists the tokens
    of the first bins (the pre-list: within 10 nats of the maximum).
 3. ``plan_kernel``: one warp per row. From the histogram, bounds on the probability mass of
    every bin prefix locate the bins that can hold the prefix boundary (``_plan``): the row's plan.
