@@ -785,9 +785,9 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
     that row reads its logits. In every mode (sampling, thresholds, top_k with NaN and
     infinities), on one program per row and on three sharing segments of 32 tokens, the call's
     results and what the compaction hands on (lists as sets, masses, sub-bins, plan) equal those
-    of the whole-row compaction; sampled tokens equal the reference's. By default only calls with
-    top-p on grids of more than PRELIST_MIN_PROGRAMS_PER_SM programs per SM make the pre-list;
-    here every call does."""
+    of the whole-row compaction; sampled tokens equal the reference's. By default filtered calls
+    on grids of more than PRELIST_MIN_PROGRAMS_PER_SM programs per SM make the pre-list (unless no
+    filter can end a row's prefix in it); here every grid does."""
     bins = ops.PRELIST_BINS
     assert ops._prelist_bins(None, 0.9, None, 1920, 132) == bins
     assert ops._prelist_bins(None, torch.tensor([1.0]), None, 1920, 132) == bins
