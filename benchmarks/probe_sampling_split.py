@@ -11,7 +11,8 @@ Triton's cache: a driver warms a tree in K parallel processes before the timing 
 
 151936 logits (the gpu_sampling inputs), batch 64 and 1, fp32 and bf16, peaked and flat rows;
 top-p 0.9, min-p 0.05, top-k 50, top-k 50 + top-p 0.9, top_k(50); the programs per row at the
-default (16 per SM) and, with PER_SM=16,8,32 in the environment, at 8 and 32 per SM. Each call replayed from a CUDA graph (do_bench
+default (16 per SM) and, with PER_SM=16,8,32 in the environment, at 8 and 32 per SM; SPLIT_CASES
+keeps some of the cases. Each call replayed from a CUDA graph (do_bench
 median, L2 flushed) in three interleaved rounds; its tokens saved to OUT_DIR/tokens-LABEL.pt and
 its times to OUT_DIR/split-LABEL.json. --compare prints the best-of-rounds table of the labels
 and whether their tokens are equal.
@@ -23,6 +24,8 @@ import sys
 import torch
 
 PER_SM = [None if v == "16" else int(v) for v in os.environ.get("PER_SM", "16").split(",")]
+#: SPLIT_CASES="64 float32,flat" in the environment keeps the cases whose name holds one of these
+CASES = [c for c in os.environ.get("SPLIT_CASES", "").split(",") if c]
 
 
 def _configs():
@@ -44,7 +47,8 @@ def cases():
         names = ("top-p 0.9", "min-p 0.05") if flat else _configs()
         for config in names:
             key = f"{batch} {str(dtype)[6:]} {'flat' if flat else 'peaked'} {config}"
-            out.append(((key,), x, seeds, config))
+            if not CASES or any(c in key for c in CASES):
+                out.append(((key,), x, seeds, config))
     return out
 
 
