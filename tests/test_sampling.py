@@ -860,9 +860,9 @@ def test_pre_list_holds_every_token_of_its_bins_once(device, monkeypatch):
     segments (one bit per lane and segment). Segments of 8 tokens, 38 of them per row: one
     program per row lists in two chunks (32 + 6), two programs per row in one chunk each. The
     list holds exactly the tokens whose bin floor((m - x) * BINS_PER_NAT) lies below
-    PRELIST_BINS, each once; at a capacity smaller than that the count passes the capacity, the
-    list holds only such tokens, and the sampled tokens equal those of a call without a
-    pre-list."""
+    PRELIST_BINS, each once; at a capacity smaller than that the count passes the capacity (a
+    program marking more than twice its share gives the list up), and the sampled tokens equal
+    those of a call without a pre-list."""
     monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
     monkeypatch.setattr(ops, "MIN_WIDTH", 8)
     monkeypatch.setattr(ops, "MAX_WIDTH", 8)
@@ -889,9 +889,8 @@ def test_pre_list_holds_every_token_of_its_bins_once(device, monkeypatch):
                 kept = listed[r, :min(int(count[r]), listed.shape[1])].tolist()
                 if fraction == whole:
                     assert int(count[r]) == len(want[r]) and sorted(kept) == want[r], (ppr, r)
-                else:  # (a program lists no more once the count has passed the capacity)
+                else:  # (an overflowing list is never read: what it holds does not matter)
                     assert int(count[r]) > listed.shape[1], (ppr, r)
-                    assert len(set(kept)) == len(kept) and set(kept) <= set(want[r]), (ppr, r)
     monkeypatch.setattr(ops, "PRELIST_BINS", 0)
     for ppr in (1, 2):
         plain = _filtered_pipeline(x.to(device), "sample", config, _RecordingRun(), ppr)[0]

@@ -121,11 +121,13 @@ COMPACT_WARPS_ONE_WAVE = 8
 #: Each lane marks its tokens segment by segment and a program lists them once (H200, 64 rows of
 #: 151936 fp32: the histogram launch 36.5 us without the pre-list, 47.1 with it; listing once
 #: per segment had cost 57.7). The compaction's reading of the pre-list wins that back in every
-#: filter whose boundary lies near the maximum, at 64 rows fp32: top-p 0.9 158.9 -> 93.3 us,
-#: min-p 0.05 100.7 -> 85.6, top-k 50 95.9 -> 81.0, top_k(50) 89.2 -> 82.3 (bf16 alike). Rows
-#: too flat for the list (a quarter of the row within 10 nats) pay for it: min-p 115.6 -> 133.8
-#: us at 64 flat rows; top-p 0.9 there about the same either way (results/h200-ab-prelist-
-#: always.txt, h200-ab-lane-lists.txt, h200-probe-sampling-prelist.txt). So every filtered call
+#: filter whose boundary lies near the maximum, at 64 rows fp32: top-p 0.9 158.9 -> 117.5 us
+#: when it came (listing per segment; results/h200-probe-sampling-prelist.txt), and with the
+#: listing once per program min-p 0.05 100.7 -> 85.6, top-k 50 95.9 -> 81.0, top_k(50) 89.2 ->
+#: 82.3 (bf16 alike; results/h200-ab-prelist-always.txt). Rows too flat for the list (a
+#: quarter of the row within 10 nats) pay for it: min-p 115.6 -> 133.8 us at 64 flat rows,
+#: 126.4 once a program that marks more than twice its share gives the list up (top-p 0.9
+#: there 255.0 -> 248.0 with it; results/h200-ab-prelist-give-up.txt). So every filtered call
 #: on a grid of more than PRELIST_MIN_PROGRAMS_PER_SM programs per SM makes the pre-list (4 rows
 #: of 151936 and more on the H200; at one row, 149 programs, it lost 1-3 us), unless no filter
 #: can end a row's kept prefix inside it. Its buffer is rows x n * PRELIST_FRACTION int32.
