@@ -7,7 +7,8 @@ instead of the row), in one process:
 The cases of ``probe_sampling_split`` (151936 logits; 64 rows fp32 and bf16 and one row fp32,
 peaked; 64 flat rows fp32), each replayed from a CUDA graph (do_bench median, L2 flushed) in
 three interleaved rounds under the default rule (the pre-list in filtered calls on grids of more
-than 4 programs per SM), with no pre-list, and with the pre-list in every call; every variant's tokens
+than 4 programs per SM), with no pre-list, and with the pre-list on every grid (one row too);
+every variant's tokens
 must equal the default's. Then each launch's time (torch profiler) in the
 top-p 0.9 call at 64 rows fp32, with and without the pre-list. Writes OUT_DIR/prelist.json.
 """

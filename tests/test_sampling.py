@@ -857,44 +857,55 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_pre_list_holds_every_token_of_its_bins_once(device, monkeypatch):
     """The histogram pass lists each program's pre-list tokens once per chunk of LIST_CHUNK
-    segments (one bit per lane and segment). Segments of 8 tokens, 38 of them per row: one
-    program per row lists in two chunks (32 + 6), two programs per row in one chunk each. The
-    list holds exactly the tokens whose bin floor((m - x) * BINS_PER_NAT) lies below
-    PRELIST_BINS, each once; at a capacity smaller than that the count passes the capacity (a
-    program marking more than twice its share gives the list up), and the sampled tokens equal
-    those of a call without a pre-list."""
+    segments (one bit per lane and segment, bit 31 included). Segments of 8 tokens: one program
+    per row over 32, 33, 38 and 64 segments (one chunk, a chunk and one segment, 32 + 6, two
+    full chunks), two programs per row over 38. With room for all, the list holds exactly the
+    tokens whose bin floor((m - x) * BINS_PER_NAT) lies below PRELIST_BINS, each once. At smaller
+    capacities the count passes the capacity; where no program marked more than twice its share
+    (none gave the list up) the count is exact and the list full of such tokens, each once. The
+    sampled tokens equal those of a call without a pre-list."""
     monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
     monkeypatch.setattr(ops, "MIN_WIDTH", 8)
     monkeypatch.setattr(ops, "MAX_WIDTH", 8)
     ops.plan.cache_clear()
-    g = torch.Generator().manual_seed(5)
-    n = 300
-    x = torch.randn(2, n, generator=g) * torch.tensor([[8.0], [6.0]])
-    x[0, 17] = float("-inf")
-    m = x.max(dim=1, keepdim=True).values
-    bins = ((m - x) * ops.BINS_PER_NAT).clamp(0.0, ops.NUM_BINS - 1.0).floor()
-    want = [sorted(torch.nonzero(torch.isfinite(x[r]) & (bins[r] < ops.PRELIST_BINS)).flatten().tolist())
-            for r in range(2)]
-    assert 8 < min(map(len, want)) and max(map(len, want)) < n // 4
+    whole, pre_bins = ops.PRELIST_FRACTION, ops.PRELIST_BINS
     config = dict(top_p=0.9)
-    tokens = {}
-    whole = ops.PRELIST_FRACTION
-    for fraction in (whole, 0.02):
-        monkeypatch.setattr(ops, "PRELIST_FRACTION", fraction)
-        for ppr in (1, 2):
-            run = _RecordingRun()
-            tokens[fraction, ppr] = _filtered_pipeline(x.to(device), "sample", config, run, ppr)[0]
-            count, listed = run.buffers["prelist_count"].cpu(), run.buffers["prelist"].cpu()
-            for r in range(2):
-                kept = listed[r, :min(int(count[r]), listed.shape[1])].tolist()
-                if fraction == whole:
-                    assert int(count[r]) == len(want[r]) and sorted(kept) == want[r], (ppr, r)
-                else:  # (an overflowing list is never read: what it holds does not matter)
-                    assert int(count[r]) > listed.shape[1], (ppr, r)
-    monkeypatch.setattr(ops, "PRELIST_BINS", 0)
-    for ppr in (1, 2):
+    reached = set()  # below the capacity: "full" (no program gave the list up), "given up"
+    for n, ppr, fractions in ((256, 1, (whole,)), (264, 1, (whole,)), (512, 1, (whole,)),
+                              (300, 1, (whole, 0.045, 0.02)), (300, 2, (whole, 0.045, 0.02))):
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(2, n, generator=g) * torch.tensor([[8.0], [6.0]])
+        x[0, 17] = float("-inf")
+        x[:, 31 * 8 + 3] = x.max(dim=1).values - 1.0  # a mark in segment 31: bit 31 of its lane
+        m = x.max(dim=1, keepdim=True).values
+        bins = ((m - x) * ops.BINS_PER_NAT).clamp(0.0, ops.NUM_BINS - 1.0).floor()
+        near = torch.isfinite(x) & (bins < ops.PRELIST_BINS)
+        want = [sorted(torch.nonzero(near[r]).flatten().tolist()) for r in range(2)]
+        assert 8 < min(map(len, want)) and max(map(len, want)) < n // 4
+        monkeypatch.setattr(ops, "PRELIST_BINS", 0)
         plain = _filtered_pipeline(x.to(device), "sample", config, _RecordingRun(), ppr)[0]
-        assert all(torch.equal(t, plain) for (_, p), t in tokens.items() if p == ppr)
+        monkeypatch.setattr(ops, "PRELIST_BINS", pre_bins)
+        for fraction in fractions:
+            monkeypatch.setattr(ops, "PRELIST_FRACTION", fraction)
+            run = _RecordingRun()
+            assert torch.equal(_filtered_pipeline(x.to(device), "sample", config, run, ppr)[0], plain), (n, ppr)
+            count, listed = run.buffers["prelist_count"].cpu(), run.buffers["prelist"].cpu()
+            stride = listed.shape[1]
+            span = -(-n // (8 * ppr)) * 8  # the columns of one program
+            for r in range(2):
+                kept = listed[r, :min(int(count[r]), stride)].tolist()
+                marked = [int(near[r, p * span:(p + 1) * span].sum()) for p in range(ppr)]
+                if fraction == whole:
+                    assert int(count[r]) == len(want[r]) and sorted(kept) == want[r], (n, ppr, r)
+                    continue
+                assert int(count[r]) > stride, (n, ppr, fraction, r)
+                if all(c * ppr <= 2 * stride for c in marked):
+                    reached.add("full")
+                    assert int(count[r]) == len(want[r]), (n, ppr, fraction, r)
+                    assert len(kept) == stride and len(set(kept)) == stride and set(kept) <= set(want[r])
+                else:
+                    reached.add("given up")
+    assert reached == {"full", "given up"}
     ops.plan.cache_clear()
 
 

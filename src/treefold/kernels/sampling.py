@@ -104,7 +104,7 @@ MODE_SAMPLE = tl.constexpr(0)
 MODE_THRESHOLD = tl.constexpr(1)
 MODE_TOPK = tl.constexpr(2)
 
-#: A program lists tokens (``_reserve_lane_places``) once per LIST_CHUNK of its segments: each lane
+#: A program lists tokens (``_list_lane_tokens``) once per LIST_CHUNK of its segments: each lane
 #: keeps one bit per segment of the chunk in an int32.
 LIST_CHUNK = tl.constexpr(32)
 
@@ -383,40 +383,39 @@ def _popcount(bits):
 
 
 @triton.jit
-def _reserve_lane_places(count_ptr, lane_bits, capacity, programs_per_row):
-    """Places in a row's list for the tokens a program marked in a chunk of its segments (bit i
-    of a lane's ``lane_bits``: its token of the chunk's segment i): one reduction, one scan and
-    one atomic (which hands out the places: the list's order is irrelevant). Returns each lane's
-    first place and whether the program lists them (``_write_lane_places``). A program whose
-    chunk marks more than twice its share of the capacity gives the list up for the row instead:
-    it adds capacity + 1 to the count (the row then reads its logits) and lists nothing. Rows too
-    flat for the list thus skip most of its stores (H200, 64 flat rows of 151936 fp32: min-p 0.05
-    133.8 -> 126.4 us, top-p 0.9 255.0 -> 248.0); a peaked row's programs mark a few percent of
-    their tokens, far below it."""
+def _list_lane_tokens(list_row, capacity, count_ptr, lane_bits, first_col, segments, programs_per_row, lanes,
+                      WIDTH: tl.constexpr):
+    """Append the tokens a program marked in a chunk of its segments to a row's list: bit i of a
+    lane's ``lane_bits`` marks column first_col + i * WIDTH + lane. One reduction, one scan and one
+    atomic for the whole chunk (which hands out the places: the list's order is irrelevant), then
+    one masked store per segment; places at or past ``capacity`` are not written, the count goes
+    on past it. Returns whether the list has room left for the program's later chunks.
+
+    A program whose chunk marks more than twice its share of the capacity gives the list up for
+    the row instead: it raises the count to at least capacity + 1 (the row then reads its
+    logits; a maximum, not an add, so that the count stays within capacity + 1 + n) and lists
+    nothing. Rows too flat for the list thus skip most of its stores (H200, 64 flat rows of
+    151936 fp32: min-p 0.05 133.8 -> 126.4 us, top-p 0.9 255.0 -> 248.0); a peaked row's
+    programs mark a few percent of their tokens, far below it."""
     lane_count = _popcount(lane_bits)
     total = tl.sum(lane_count, axis=0)
     give_up = total * programs_per_row > 2 * capacity
-    listing = (total > 0) & (give_up == 0)
-    base = total * 0
+    room = give_up == 0
     if total > 0:
-        # relaxed: the atomic only hands out places; the list is read by a later launch
-        base = tl.atomic_add(count_ptr, tl.where(give_up, capacity + 1, total), sem="relaxed")
-    return base + tl.cumsum(lane_count, 0) - lane_count, listing, base + total <= capacity
-
-
-@triton.jit
-def _write_lane_places(list_row, capacity, place, listing, lane_bits, first_col, segments, lanes,
-                       WIDTH: tl.constexpr):
-    """Store the marked columns first_col + i * WIDTH + lane at the places
-    ``_reserve_lane_places`` gave, one masked store per segment; places at or past ``capacity``
-    are not written."""
-    if listing:
-        i = tl.full([], 0, tl.int32)
-        while i < segments:  # (a bound the interpreter cannot take as a range)
-            marked = ((lane_bits >> i) & 1) != 0
-            tl.store(list_row + place, first_col + i * WIDTH + lanes, mask=marked & (place < capacity))
-            place += marked.to(tl.int32)
-            i += 1
+        # relaxed: the atomics only hand out places and mark the list full; a later launch reads it
+        if give_up:
+            tl.atomic_max(count_ptr, capacity + 1, sem="relaxed")
+        else:
+            base = tl.atomic_add(count_ptr, total, sem="relaxed")
+            place = base + tl.cumsum(lane_count, 0) - lane_count
+            i = tl.full([], 0, tl.int32)
+            while i < segments:  # (a bound the interpreter cannot take as a range)
+                marked = ((lane_bits >> i) & 1) != 0
+                tl.store(list_row + place, first_col + i * WIDTH + lanes, mask=marked & (place < capacity))
+                place += marked.to(tl.int32)
+                i += 1
+            room = base + total <= capacity
+    return room
 
 
 @triton.jit
@@ -817,7 +816,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         prelist_count_ptr: int32 [rows] pre-list lengths (atomic), cleared by
             ``segment_max_kernel``; may exceed prelist_stride (then the list is incomplete).
         PRELIST_BINS: list the tokens of the bins below this (0: no pre-list). A program stops
-            listing once it sees the row's count pass the capacity.
+            listing once it sees the row's count pass the capacity, or once a chunk of its
+            segments marks more than twice its share of it (it then gives the row's list up).
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
     pid = tl.program_id(0).to(tl.int64)
@@ -854,11 +854,9 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                     if room:
                         # past the capacity the row reads its logits: this program lists no more
                         # (the row's count has passed the capacity for good)
-                        place, listing, room = _reserve_lane_places(prelist_count_ptr + row, lane_bits,
-                                                                    prelist_stride, programs_per_row)
-                        _write_lane_places(prelist_row, prelist_stride, place, listing, lane_bits,
-                                           (prog * SEGMENTS_PER_PROGRAM + j - bit) * WIDTH, LIST_CHUNK,
-                                           lanes, WIDTH)
+                        room = _list_lane_tokens(prelist_row, prelist_stride, prelist_count_ptr + row, lane_bits,
+                                                 (prog * SEGMENTS_PER_PROGRAM + j - bit) * WIDTH, LIST_CHUNK,
+                                                 programs_per_row, lanes, WIDTH)
                     lane_bits = tl.zeros([WIDTH], tl.int32)
                     bit = tl.full([], -1, tl.int32)
             bit += 1
@@ -869,11 +867,9 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         # live; asking for the places before the mass reduction, to overlap the atomic's round trip
         # with it, measured the same on the H200)
         if room:
-            place, listing, room = _reserve_lane_places(prelist_count_ptr + row, lane_bits, prelist_stride,
-                                                        programs_per_row)
-            _write_lane_places(prelist_row, prelist_stride, place, listing, lane_bits,
-                               (prog * SEGMENTS_PER_PROGRAM + SEGMENTS_PER_PROGRAM - bit) * WIDTH, bit, lanes,
-                               WIDTH)
+            _list_lane_tokens(prelist_row, prelist_stride, prelist_count_ptr + row, lane_bits,
+                              (prog * SEGMENTS_PER_PROGRAM + SEGMENTS_PER_PROGRAM - bit) * WIDTH, bit,
+                              programs_per_row, lanes, WIDTH)
 
 
 @triton.jit
