@@ -3,8 +3,10 @@ swept: fewer bins make the histogram pass cheaper (Triton's histogram costs a fe
 bin bit per token) and leave more tokens in the boundary bins for the compaction and resolve
 passes. 151936 logits (the gpu_sampling inputs), fp32, batch 64 and 1, peaked and flat rows.
 
-Every variant's tokens (top_k: values and indices) are first checked equal to the default's, then
-each is timed replayed from a CUDA graph (do_bench median, L2 flushed) in three interleaved rounds.
+The histogram's pre-list covers the same 10 nats in every variant (PRELIST_BINS = 10 x
+BINS_PER_NAT, at most NUM_BINS - 1: 7.75 nats for 32 bins of a quarter nat). Every variant's
+tokens (top_k: values and indices) are first checked equal to the default's, then each is timed
+replayed from a CUDA graph (do_bench median, L2 flushed) in three interleaved rounds.
 python benchmarks/probe_sampling_bins.py [OUT_DIR] (CUDA; writes probe-sampling-bins.json there).
 """
 import os
@@ -17,7 +19,7 @@ from treefold._ops import sampling as ops
 from probe_report import time_graphed_variants
 
 ROUNDS = 3
-BINS = ((128, 4.0), (64, 2.0), (64, 4.0), (32, 1.0), (32, 2.0), (16, 1.0))
+BINS = ((64, 4.0), (128, 4.0), (64, 2.0), (32, 2.0), (32, 4.0), (16, 1.0))
 CONFIGS = {
     "top-p 0.9": dict(top_p=0.9),
     "min-p 0.05": dict(min_p=0.05),
@@ -28,14 +30,16 @@ CONFIGS = {
 
 
 def with_bins(num_bins, bins_per_nat, fn):
-    """fn with the module's bins set to these for its launch (and its graph capture)."""
+    """fn with the module's bins, and the pre-list's bins over the same 10 nats, set to these for
+    its launch (and its graph capture)."""
     def run():
-        saved = ops.NUM_BINS, ops.BINS_PER_NAT
+        saved = ops.NUM_BINS, ops.BINS_PER_NAT, ops.PRELIST_BINS
         ops.NUM_BINS, ops.BINS_PER_NAT = num_bins, bins_per_nat
+        ops.PRELIST_BINS = min(num_bins - 1, round(10 * bins_per_nat))
         try:
             return fn()
         finally:
-            ops.NUM_BINS, ops.BINS_PER_NAT = saved
+            ops.NUM_BINS, ops.BINS_PER_NAT, ops.PRELIST_BINS = saved
     return run
 
 
