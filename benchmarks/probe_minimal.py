@@ -1,7 +1,7 @@
 """Softmax and LayerNorm forward: treefold's default launch against minimal Triton kernels of the
 same launch shape (one row per program; ``tl.max`` / ``tl.sum`` in the compiler's order, ``tl.exp``,
-``rsqrt``; not bit-exact) and Liger, to tell what treefold's kernels add from what the launch
-shape costs. bf16, three interleaved rounds, do_bench median, L2 flushed; bytes: read x, write y.
+``rsqrt``; not bit-exact; for rows of 32768 also a minimal "online" kernel that reads the row twice)
+and Liger, to tell what treefold's kernels add from what the launch shape costs. bf16, three interleaved rounds, do_bench median, L2 flushed; bytes: read x, write y.
 
     python benchmarks/probe_minimal.py [OUT_DIR]   (CUDA; with the peers: source .peers/activate.sh)
 """
@@ -30,6 +30,34 @@ def minimal_softmax_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def minimal_online_softmax_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, BLOCKS: tl.constexpr,
+                                  EVICT_FIRST: tl.constexpr):
+    """Two reads of the row (the second from L2): a running (max, sum) over blocks, then the
+    outputs; the compiler's reduction order, not bit-exact."""
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.arange(0, BLOCK)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.full([], 0.0, tl.float32)
+    for j in range(BLOCKS):
+        start = j * BLOCK
+        mask = start + col < n
+        x = tl.load(x_ptr + row * n + start + col, mask=mask, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    inv = 1.0 / s
+    for j in range(BLOCKS):
+        start = j * BLOCK
+        mask = start + col < n
+        x = tl.load(x_ptr + row * n + start + col, mask=mask, other=float("-inf")).to(tl.float32)
+        y = (tl.exp(x - m) * inv).to(y_ptr.dtype.element_ty)
+        if EVICT_FIRST:
+            tl.store(y_ptr + row * n + start + col, y, mask=mask, eviction_policy="evict_first")
+        else:
+            tl.store(y_ptr + row * n + start + col, y, mask=mask)
+
+
+@triton.jit
 def minimal_layer_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.arange(0, BLOCK)
@@ -46,6 +74,13 @@ def minimal_layer_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n, eps, BLOCK: tl.cons
 def minimal_softmax(x, warps):
     y = torch.empty_like(x)
     minimal_softmax_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=warps)
+    return y
+
+
+def minimal_online_softmax(x, block, warps, evict_first):
+    y = torch.empty_like(x)
+    minimal_online_softmax_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=block, BLOCKS=triton.cdiv(x.shape[1], block),
+                                                 EVICT_FIRST=evict_first, num_warps=warps)
     return y
 
 
@@ -77,6 +112,11 @@ def main(out_dir):
                         x, strategy="block", tuning=t))
         for warps in ((4, 8, 16) if n <= 8192 else (16, 32)):
             calls[f"softmax {shape} minimal kernel {warps} warps"] = lambda x=x, w=warps: minimal_softmax(x, w)
+        if n > 8192:
+            # the online layout without the treefold order: does the order or the two reads hold it back?
+            for block, warps, evict in ((8192, 4, True), (8192, 4, False), (4096, 4, True), (8192, 8, True)):
+                calls[f"softmax {shape} minimal online {block}/{warps} warps{', evict-first' if evict else ''}"] = (
+                    lambda x=x, b=block, w=warps, e=evict: minimal_online_softmax(x, b, w, e))
         if LigerSoftmaxFunction is not None:
             calls[f"softmax {shape} liger"] = lambda x=x: LigerSoftmaxFunction.apply(x)
         for key in calls:
