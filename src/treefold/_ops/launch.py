@@ -103,10 +103,12 @@ def register_cap(max_registers) -> dict:
     return {"maxnreg": max_registers} if max_registers else {}
 
 
-def check_store_hint(fn: str, value) -> None:
-    """A launch's ``store_hint``: None (the launcher's default), "" (no policy) or "evict_first"."""
-    if value not in (None, "", "evict_first"):
-        raise ValueError(f"{fn}: store_hint must be None, '' or 'evict_first', got {value!r}")
+def check_eviction_policy(fn: str, name: str, value, default: bool = True) -> None:
+    """A launch's L2 eviction policy ``name`` for its loads or stores: "" (none), "evict_first" or,
+    where the launcher has a ``default`` of its own, None for that."""
+    allowed = (None, "", "evict_first") if default else ("", "evict_first")
+    if value not in allowed:
+        raise ValueError(f"{fn}: {name} must be {'None, ' if default else ''}'' or 'evict_first', got {value!r}")
 
 
 @functools.lru_cache(maxsize=64)

@@ -22,7 +22,7 @@ from .. import backend, order
 from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
-from .launch import Launcher, check_max_registers, check_store_hint, register_cap
+from .launch import Launcher, check_eviction_policy, check_max_registers, register_cap
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
 MAX_ROW_LENGTH = 65536
@@ -217,10 +217,9 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         if order.cdiv(segments, held) > 1 and backend.INTERPRETED:
             raise ValueError(f"norm: segments_per_program={held} shares rows of {segments} segments among "
                              f"programs that must run at once, which Triton's interpreter does not do")
-    if read_policy not in ("", "evict_first"):
-        raise ValueError(f"norm: read_policy must be '' or 'evict_first', got {read_policy!r}")
+    check_eviction_policy("norm", "read_policy", read_policy, default=False)
+    check_eviction_policy("norm", "store_hint", store_hint)
     check_max_registers("norm", max_registers)
-    check_store_hint("norm", store_hint)
     if fused_squares and not _fuses_squares(is_rms, dtype):
         raise ValueError(f"norm: fused_squares=True needs RMSNorm of a float16 row (squares exact in float32), "
                          f"got {'RMSNorm' if is_rms else 'LayerNorm'} of {dtype}")

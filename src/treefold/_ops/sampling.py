@@ -214,8 +214,7 @@ def _prelist_bins(top_k, top_p, min_p, programs: int, sms: int) -> int:
     def keeps_all(value, whole):
         return value is None or (not isinstance(value, torch.Tensor) and whole(value))
 
-    if (keeps_all(top_k, lambda k: False) and keeps_all(top_p, lambda p: p >= 1.0)
-            and keeps_all(min_p, lambda q: q <= 0.0)):
+    if top_k is None and keeps_all(top_p, lambda p: p >= 1.0) and keeps_all(min_p, lambda q: q <= 0.0):
         return 0
     return PRELIST_BINS if programs > PRELIST_MIN_PROGRAMS_PER_SM * sms else 0
 

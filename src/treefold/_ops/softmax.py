@@ -40,7 +40,7 @@ import torch
 from .. import backend, order
 from .._checks import as_rows
 from ..kernels import softmax as kernels
-from .launch import (Launcher, check_max_registers, check_store_hint, dependent_launch as _dependent_launch,
+from .launch import (Launcher, check_eviction_policy, check_max_registers, dependent_launch as _dependent_launch,
                      launch_hooks_active, register_cap)
 from ..reference import softmax as reference
 
@@ -169,10 +169,10 @@ class _Phase:
     kwargs_temperature: dict = field(compare=False, repr=False, default_factory=dict)
 
 
-def _phase(grid: int, programs_per_row: int, num_warps: int, constexprs: dict, launch_pdl: bool = False) -> _Phase:
-    # (a register cap, Tuning.max_registers, is a launch option that rides with the constexprs)
-    options = {k: v for k, v in constexprs.items() if k == "maxnreg"}
-    constexprs = {k: v for k, v in constexprs.items() if k != "maxnreg"}
+def _phase(grid: int, programs_per_row: int, num_warps: int, constexprs: dict, options: dict,
+           launch_pdl: bool = False) -> _Phase:
+    """One launch: its constexprs, and ``options`` (launch options besides the warps, such as the
+    register cap of ``Tuning.max_registers``)."""
     launch = dict(constexprs, num_warps=num_warps, enable_fp_fusion=False, **options,
                   **({"launch_pdl": True} if launch_pdl else {}))
     return _Phase((grid,), programs_per_row, num_warps, tuple(constexprs.items()), launch,
@@ -273,13 +273,13 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
     inner = min(lanes, max(group, tuning.inner or group * 32))
     outer = lanes // inner
     check_max_registers(fn, tuning.max_registers)
-    check_store_hint(fn, tuning.store_hint)
+    check_eviction_policy(fn, "store_hint", tuning.store_hint)
     common = dict(OP=op, BACKWARD=backward, HAS_TEMPERATURE=False, LANES=lanes, INNER=inner,
                   OUTER=outer, LOG2_OUTER=order.log2(outer), GROUP=group, LOG2_GROUP=order.log2(group),
                   LOG2_INNER_GROUPS=order.log2(inner // group),
                   SEG_POW2=seg_pow2, LOG2_SEG_POW2=order.log2(seg_pow2),
-                  **({"STORE_POLICY": tuning.store_hint} if tuning.store_hint else {}),
-                  **register_cap(tuning.max_registers))
+                  **({"STORE_POLICY": tuning.store_hint} if tuning.store_hint else {}))
+    options = register_cap(tuning.max_registers)
     online_store_policy = (ONLINE_STORE_POLICY if tuning.store_hint is None and not backward and not lse
                            else tuning.store_hint or "")
     hints = True if tuning.hints is None else bool(tuning.hints)
@@ -312,7 +312,7 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
         phase = _phase(order.cdiv(rows, rpp), 1, num_warps, dict(
             common, PHASE=kernels.WHOLE_ROWS.value, IN_REGISTERS=True, ROWS_PER_PROGRAM=rpp,
             SEG_BLOCK=1, SEGMENTS_PER_PROGRAM=1, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY="",
-            **({"HOLD_16BIT": True} if hold else {})))
+            **({"HOLD_16BIT": True} if hold else {})), options)
         return Plan(strategy, num_warps, rpp, 1, 1, inner, False, segments, (phase,))
 
     if strategy == "online":
@@ -322,7 +322,7 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
             common, PHASE=kernels.WHOLE_ROWS.value, IN_REGISTERS=False, ROWS_PER_PROGRAM=1,
             SEG_BLOCK=seg_block, SEGMENTS_PER_PROGRAM=seg_block, ONLINE_BLOCKS=order.cdiv(segments, seg_block),
             FIRST_READ_POLICY=first_policy, SECOND_READ_POLICY=second_policy, STAGES=stages,
-            **({"STORE_POLICY": online_store_policy} if online_store_policy else {})))
+            **({"STORE_POLICY": online_store_policy} if online_store_policy else {})), options)
         return Plan(strategy, num_warps, 1, seg_block, seg_block, inner, hints, segments, (phase,))
 
     if strategy == "cooperative" and lse and backward:
@@ -344,7 +344,7 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
         phase = _phase(rows * programs_per_row, programs_per_row, num_warps, dict(
             common, PHASE=kernels.COOPERATIVE.value, IN_REGISTERS=False, ROWS_PER_PROGRAM=1, SEG_BLOCK=spp,
             SEGMENTS_PER_PROGRAM=spp, ONLINE_BLOCKS=1, FIRST_READ_POLICY="", SECOND_READ_POLICY="",
-            **({"HOLD_16BIT": True} if hold else {})))
+            **({"HOLD_16BIT": True} if hold else {})), options)
         return Plan(strategy, num_warps, 1, spp, spp, inner, False, segments, (phase,),
                     "p" if backward else "pq")
 
@@ -371,10 +371,11 @@ def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 
     if not (lse and backward):  # the logsumexp backward needs no partials
         partials = "p" if backward else "pq"
         phases.append(_phase(rows * programs_per_row, programs_per_row, num_warps,
-                             dict(split, PHASE=kernels.PARTIALS.value, **({"RELEASE_DEPENDENTS": True} if pdl else {}))))
+                             dict(split, PHASE=kernels.PARTIALS.value, **({"RELEASE_DEPENDENTS": True} if pdl else {})),
+                             options))
     finish_programs = 1 if (lse and not backward) else programs_per_row
     phases.append(_phase(rows * finish_programs, finish_programs, num_warps,
-                         dict(split, PHASE=kernels.FINISH.value, **({"WAIT_FOR_PRIOR": True} if pdl else {})),
+                         dict(split, PHASE=kernels.FINISH.value, **({"WAIT_FOR_PRIOR": True} if pdl else {})), options,
                          launch_pdl=pdl))
     return Plan(strategy, num_warps, 1, seg_block, spp, inner, hints, segments, tuple(phases), partials)
 
