@@ -689,6 +689,27 @@ def _compaction_results(run, n) -> list:
     return out
 
 
+def _exact_outputs(mode, outputs) -> list:
+    """The outputs of a filtered-path call that the kept set alone determines: tokens, top_k's
+    values and indices, and the thresholds' key, maximum and mass, not their bins [lo, hi]. A row
+    whose bins are counted from its pre-list (``bin_count_kernel``) knows the exact mass past the
+    list and may narrow [lo, hi] where counts of the whole row leave it wider: both bracket the
+    same boundary."""
+    return outputs[2:] if mode == "threshold" else outputs
+
+
+def _assert_same_compaction(whole, listed, n, why):
+    """What the compaction hands on is the same for every row whose plan is the same; a row
+    whose plan differs was counted from its pre-list in ``listed`` (its bracket then narrower)."""
+    a, b = _compaction_results(whole, n), _compaction_results(listed, n)
+    from_list = listed.buffers["list_rows"].cpu().tolist()
+    for r, (ra, rb) in enumerate(zip(a, b)):
+        if ra[-1] == rb[-1]:
+            assert ra == rb, (why, r)
+        else:
+            assert from_list[r] == 1, (why, r, ra[-1], rb[-1])
+
+
 #: Calls of every mode whose boundary lies within 10 nats of the maximum in peaked rows.
 PRE_LIST_CASES = (("sample", dict(top_p=0.9, temperature=0.8)), ("sample", dict(top_k=10, top_p=0.8)),
                   ("sample", dict(min_p=0.05, temperature=0.8)), ("threshold", dict(top_p=0.75)),
@@ -821,6 +842,8 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
             got = _filtered_pipeline(data, mode, config, listed, ppr)
             count, stride = listed.buffers["prelist_count"].cpu(), listed.buffers["prelist"].shape[1]
             assert (count[:2] <= stride).all() and count[2] > stride, (mode, config, count, stride)
+            # the peaked rows' bins are counted from their lists, the flat row's from its logits
+            assert listed.buffers["list_rows"].tolist() == [1, 1, 0], (mode, config)
             poisoned = data.clone()
             assert all(map(_same_bits, _filtered_pipeline(poisoned, mode, config, _PoisonOffTheListRun(poisoned, [0, 1]),
                                                           ppr), got)), (mode, config, ppr)
@@ -828,8 +851,9 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
                 monkeypatch.setattr(ops, "PRELIST_BINS", bins)
                 monkeypatch.setattr(ops, "PRELIST_FRACTION", fraction)
                 whole = _RecordingRun()
-                assert all(map(_same_bits, _filtered_pipeline(data, mode, config, whole, ppr), got))
-                assert _compaction_results(whole, n) == _compaction_results(listed, n), (mode, config, ppr, bins)
+                assert all(map(_same_bits, _exact_outputs(mode, _filtered_pipeline(data, mode, config, whole, ppr)),
+                               _exact_outputs(mode, got))), (mode, config, ppr, bins)
+                _assert_same_compaction(whole, listed, n, (mode, config, ppr, bins))
                 for name in ("PRELIST_BINS", "PRELIST_FRACTION"):
                     monkeypatch.setattr(ops, name, default[name])
             # pre-lists that end just short of row 0's bins: at its last boundary bin hi (bins
@@ -838,8 +862,10 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
             for edge in {e for e in (hi, lo - 1) if 0 < e < default["PRELIST_BINS"]}:
                 monkeypatch.setattr(ops, "PRELIST_BINS", edge)
                 whole = _RecordingRun()
-                assert all(map(_same_bits, _filtered_pipeline(data, mode, config, whole, ppr), got)), (mode, config, edge)
-                assert _compaction_results(whole, n) == _compaction_results(listed, n), (mode, config, edge)
+                assert all(map(_same_bits, _exact_outputs(mode, _filtered_pipeline(data, mode, config, whole, ppr)),
+                               _exact_outputs(mode, got))), (mode, config, edge)
+                if whole.buffers["list_rows"][0] == 0:
+                    _assert_same_compaction(whole, listed, n, (mode, config, edge))
             monkeypatch.setattr(ops, "PRELIST_BINS", default["PRELIST_BINS"])
             if mode == "sample":
                 # sure-kept tokens raced in place, inside the compaction (noise drawn by position
@@ -852,6 +878,37 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
                 for name in ("PRELIST_BINS", "SURE_LIST_MAX", "COMPACT_RACE_PROGRAMS_PER_SM"):
                     monkeypatch.setattr(ops, name, default[name])
     ops.plan.cache_clear()
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+@pytest.mark.parametrize("mode, config", [("sample", dict(top_p=0.9999)), ("sample", dict(top_k=150)),
+                                          ("sample", dict(min_p=1e-5, temperature=0.8)),
+                                          ("threshold", dict(top_p=0.9995, min_p=2e-5)), ("top_k", dict(top_k=200))])
+def test_rows_whose_prefix_passes_the_pre_list_count_their_logits(device, monkeypatch, mode, config):
+    """A complete pre-list that cannot hold the kept prefix (top-p's mass past it, more than its
+    length in top-k, min-p reaching past its bins) leaves the bins to be counted from the whole
+    row: the row's plan, what the compaction hands on and the results equal a call without a
+    pre-list."""
+    monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
+    monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", ops.SURE_LIST_MAX)
+    monkeypatch.setattr(ops, "MAX_WIDTH", 32)
+    ops.plan.cache_clear()
+    g = torch.Generator().manual_seed(5)
+    n = 400
+    x = (torch.randn(2, n, generator=g) * torch.tensor([[6.0], [8.0]])).to(device)
+    try:
+        listed = _RecordingRun()
+        got = _filtered_pipeline(x, mode, config, listed, 3)
+        count, stride = listed.buffers["prelist_count"].cpu(), listed.buffers["prelist"].shape[1]
+        assert (count <= stride).all() and (count < n).all(), count
+        assert listed.buffers["list_rows"].tolist() == [0, 0]
+        monkeypatch.setattr(ops, "PRELIST_BINS", 0)
+        whole = _RecordingRun()
+        assert all(map(_same_bits, _filtered_pipeline(x, mode, config, whole, 3), got))
+        assert _compaction_results(whole, n) == _compaction_results(listed, n)
+    finally:
+        monkeypatch.undo()
+        ops.plan.cache_clear()
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")

@@ -162,6 +162,7 @@ _RACE = Launcher(kernels.race_kernel)
 _RACE_COMBINE = Launcher(kernels.race_combine_kernel)
 _SEGMENT_MAX = Launcher(kernels.segment_max_kernel)
 _HISTOGRAM = Launcher(kernels.bin_histogram_kernel)
+_COUNT = Launcher(kernels.bin_count_kernel)
 _PLAN = Launcher(kernels.plan_kernel)
 _COMPACT = Launcher(kernels.compact_kernel)
 _RESOLVE = Launcher(kernels.resolve_kernel)
@@ -341,7 +342,8 @@ class _PreparedSample:
 def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, offset, *,
               all_values: bool, outputs: dict, k_out: int, programs_per_row: Optional[int],
               prefetch: Optional[bool] = None, run: Optional[_Run] = None):
-    """segment max -> histogram -> plan -> compaction -> resolve (the filtered path)."""
+    """segment max -> histogram (-> bin counts, with a pre-list) -> plan -> compaction -> resolve
+    (the filtered path)."""
     rows, n = x.shape
     dev = x.device
     run = run or _Run()
@@ -365,6 +367,9 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     prelist_stride = max(1, int(n * PRELIST_FRACTION)) if prelist_bins else 1
     prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
     prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
+    part_listed = run.buffer("part_listed", grid[0] if prelist_bins else 1, torch.int64, dev)
+    part_valid = run.buffer("part_valid", grid[0] if prelist_bins else 1, torch.int32, dev)
+    list_rows = run.buffer("list_rows", rows if prelist_bins else 1, torch.int32, dev)
     first, middle, last = _chained(dev)
     pairwise_max = (PAIRWISE_MAX_TOP_K if mode == kernels.MODE_TOPK.value
                     else PAIRWISE_MAX if x.dtype == torch.float32 else PAIRWISE_MAX_16BIT)
@@ -373,12 +378,21 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, num_warps=g.num_warps, **first)
     run(_HISTOGRAM,
-        grid, x, n, x.stride(0), part_max, part_total, hist, prelist, prelist_stride, prelist_count,
-        g.programs_per_row, t,
+        grid, x, n, x.stride(0), part_max, part_total, hist, part_listed, part_valid, prelist, prelist_stride,
+        prelist_count, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins,
         PREFETCH=_prefetch(g, prefetch, middle, True), num_warps=g.num_warps, **middle)
+    if prelist_bins:
+        # the bins counted from the pre-list where it holds the kept prefix, from the row elsewhere
+        run(_COUNT,
+            grid, x, n, x.stride(0), part_max, part_total, part_listed, part_valid, hist, prelist,
+            prelist_stride, prelist_count, list_rows, g.programs_per_row, t, k, p, mp, filters,
+            T_ROW=flags["T_ROW"], K_ROW=flags["K_ROW"], P_ROW=flags["P_ROW"], MINP_ROW=flags["MINP_ROW"],
+            WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2,
+            NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins,
+            PREFETCH=g.prefetch, num_warps=g.num_warps, **middle)
     # Sampling: rows with more sure-kept tokens than the resolve pass races cheaply race them in
     # place, in the compaction pass or in a race launch after it. A scalar top_k <= SURE_LIST_MAX
     # leaves at most k tokens before the boundary bins in every row: nothing to race there.
@@ -390,9 +404,10 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     sure_list_max = SURE_LIST_MAX_IN_COMPACTION if race_in_compaction and not prelist_bins else SURE_LIST_MAX
     run(_PLAN,
         (rows,), part_max, part_total, hist, plan_rows, n, g.programs_per_row, t, k, p, mp, filters,
+        part_listed, part_valid, prelist_count, list_rows,
         T_ROW=flags["T_ROW"], K_ROW=flags["K_ROW"], P_ROW=flags["P_ROW"], MINP_ROW=flags["MINP_ROW"], MODE=mode,
         SURE_LIST_MAX=sure_list_max, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
-        num_warps=1, **middle)
+        LIST_COUNTS=bool(prelist_bins), num_warps=1, **middle)
     run(_COMPACT,
         grid, x, n, x.stride(0), fine, counter, plan_rows, boundary, n,
         part_mass, part_kept, part_score, part_index, prelist, prelist_stride, prelist_count,

@@ -491,8 +491,8 @@ def _choose_bins(cum, lb, ub, NB: tl.constexpr, kk, total, p, topk_on, topp_on, 
 
 
 @triton.jit
-def _plan(hist_ptr, row, total, k, p, min_p, MODE: tl.constexpr, NUM_BINS: tl.constexpr,
-          BINS_PER_NAT: tl.constexpr):
+def _plan(hist_ptr, row, total, k, p, min_p, rest_count, rest_mass, MODE: tl.constexpr,
+          NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
     """Bins [lo, hi] that can hold the boundary of the kept prefix, from the bin counts alone.
 
     A token in bin j has (m - y) in [j, j + 1) / BINS_PER_NAT, so its w = exp(y - m) lies in
@@ -500,21 +500,29 @@ def _plan(hist_ptr, row, total, k, p, min_p, MODE: tl.constexpr, NUM_BINS: tl.co
     bin holds w in [0, exp(-(NUM_BINS - 1) / R)]. The mass of bins 0..j is then bounded below by
     max(sum of lower bounds, total - sum of upper bounds of the later bins) and above likewise.
 
+    Counts taken from a pre-list (``bin_count_kernel``) leave ``rest_count`` tokens of the row
+    uncounted, somewhere past the pre-list's bins, with the exact mass ``rest_mass``: they join
+    the last bin, whose mass is then that (0 and 0 for counts of the whole row). The boundary
+    then lies inside the pre-list's bins (``_pre_list_holds_prefix``), before any of them.
+
     Returns (lo, hi, count before lo, tokens in [lo, hi], valid tokens, top-k on, top-p on,
     min-p on). Tokens in bins < lo are kept (if min-p keeps them), tokens in bins > hi are not.
     """
     b = tl.arange(0, NUM_BINS)
-    cnt = tl.load(hist_ptr + row * NUM_BINS + b)
+    last = b == NUM_BINS - 1
+    cnt = tl.load(hist_ptr + row * NUM_BINS + b) + tl.where(last, rest_count, 0)
     cum = tl.cumsum(cnt, 0)
     n_valid = tl.sum(cnt, axis=0)
     bf = b.to(tl.float32)
     lo_w = tl.where(b < NUM_BINS - 1, tl.exp(-(bf + 1.0 + BIN_EDGE_SLACK) / BINS_PER_NAT), 0.0)
     hi_w = tl.minimum(tl.exp(-(bf - BIN_EDGE_SLACK) / BINS_PER_NAT), 1.0)
-    cf = cnt.to(tl.float32)
-    lb_direct = tl.cumsum(cf * lo_w, 0)
-    ub_direct = tl.cumsum(cf * hi_w, 0)
-    tail_lo = tl.sum(cf * lo_w, axis=0) - lb_direct
-    tail_hi = tl.sum(cf * hi_w, axis=0) - ub_direct
+    cf = (cnt - tl.where(last, rest_count, 0)).to(tl.float32)
+    lo_mass = cf * lo_w + tl.where(last, rest_mass, 0.0)
+    hi_mass = cf * hi_w + tl.where(last, rest_mass, 0.0)
+    lb_direct = tl.cumsum(lo_mass, 0)
+    ub_direct = tl.cumsum(hi_mass, 0)
+    tail_lo = tl.sum(lo_mass, axis=0) - lb_direct
+    tail_hi = tl.sum(hi_mass, axis=0) - ub_direct
     slack = MASS_SLACK * total
     lb = tl.maximum(lb_direct, total - tail_hi) - slack
     ub = tl.minimum(ub_direct, total - tail_lo) + slack
@@ -534,6 +542,30 @@ def _plan(hist_ptr, row, total, k, p, min_p, MODE: tl.constexpr, NUM_BINS: tl.co
     through_hi = tl.sum(tl.where(b <= hi, cnt, 0), axis=0)
     n_range = tl.maximum(through_hi - count_above, 0)
     return lo, hi, count_above, n_range, n_valid, topk_on, topp_on, minp_on
+
+
+@triton.jit
+def _pre_list_holds_prefix(pre_count, capacity, listed, total, n_valid, k, p, mp,
+                           PRELIST_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
+    """Whether a row's pre-list is complete and holds the boundary of every prefix its filters
+    can keep, so that the plan may count the pre-list's bins alone (``bin_count_kernel``), the
+    rest of the row being one lump of known count and mass (``_plan``'s rest). ``listed`` and
+    ``total`` are the pre-listed tokens' mass and the row's, as floats.
+
+    Top-k (alone or with top-p, which then works within the top-k set) keeps at most k tokens:
+    k <= the list's length. Top-p alone: the list's mass reaches p of the row's, with room for
+    four times the plan's MASS_SLACK. Min-p keeps tokens less than -ln(min_p) nats below the
+    maximum: its last bin at least one bin inside the list's (min_p > about exp(-9.75)). The
+    margins keep the plan's bins [lo, hi] (float bounds, computed in another kernel) inside the
+    list's bins."""
+    topk_on = k < n_valid
+    topp_on = p < 1.0
+    minp_on = mp > 0.0
+    by_k = topk_on & (k <= pre_count)
+    by_p = (topk_on == 0) & topp_on & (listed >= p * total + 4.0 * MASS_SLACK * total)
+    m_hi = tl.floor(-tl.log(tl.maximum(mp, 1.5e-38)) * BINS_PER_NAT + BIN_EDGE_SLACK)
+    by_minp = minp_on & (m_hi < PRELIST_BINS - 1.0)
+    return (pre_count <= capacity) & (by_k | by_p | by_minp)
 
 
 @triton.jit
@@ -780,7 +812,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
 
 @triton.jit
 def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_ptr,
-                         prelist_ptr, prelist_stride, prelist_count_ptr,
+                         part_listed_ptr, part_valid_ptr, prelist_ptr, prelist_stride, prelist_count_ptr,
                          programs_per_row, temperature,
                          T_ROW: tl.constexpr, WIDTH: tl.constexpr,
                          SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
@@ -788,25 +820,35 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                          ALL_VALUES: tl.constexpr, PRELIST_BINS: tl.constexpr = 0,
                          PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
                          RELEASE_DEPENDENTS: tl.constexpr = False):
-    """Bin histogram of the row (integer atomics) and the fixed-point mass of each program's
-    tokens (per-lane integer sums, one reduction per program). Grid rows * programs_per_row.
+    """The fixed-point mass of each program's tokens (per-lane integer sums, one reduction per
+    program) and either the bin histogram of the row (integer atomics) or the pre-list. Grid
+    rows * programs_per_row.
 
-    With PRELIST_BINS > 0 it also lists the tokens of bins 0 .. PRELIST_BINS - 1 (the pre-list:
-    their indices, in no particular order, as many as fit in prelist_stride; the count goes on
-    past it). When a row's kept prefix ends inside those bins and its pre-list is complete, the
-    compaction reads the pre-list instead of the row (``compact_kernel``): in peaked rows a few
-    thousand tokens instead of the vocabulary.
+    With PRELIST_BINS > 0 it lists the tokens of bins 0 .. PRELIST_BINS - 1 (the pre-list: their
+    indices, in no particular order, as many as fit in prelist_stride; the count goes on past
+    it), and instead of the bin counts it writes each program's valid tokens and the mass of
+    those it marked for the list: ``bin_count_kernel`` then counts the bins from the pre-list
+    where it holds the row's kept prefix, from the row where not. When a row's kept prefix ends
+    inside those bins and its pre-list is complete, the compaction reads the pre-list instead of
+    the row (``compact_kernel``): in peaked rows a few thousand tokens instead of the vocabulary.
+    Triton's histogram was half this pass's time (H200, 64 x 151936 fp32: the launch 47.5 us
+    with it, 24.5 without).
 
     Bytes: reads the logits once (from L2) and the per-program maxima; writes 8 bytes per
-    program, at most NUM_BINS atomic adds per program, and 4 bytes per pre-listed token with one
-    atomic add per program (per LIST_CHUNK segments) that has any.
+    program and either at most NUM_BINS atomic adds per program or 12 more bytes per program
+    and 4 bytes per pre-listed token with one atomic add per program (per LIST_CHUNK segments)
+    that has any.
 
     Args:
         x_ptr, n, stride_x: logits as in ``race_kernel``.
         part_max_ptr: float32 [rows, programs_per_row] from ``segment_max_kernel``.
         part_total_ptr: int64 [rows, programs_per_row] out: the sum of w * 2^40 (truncated),
             w = exp(y - m), over the program's finite tokens.
-        hist_ptr: int32 [rows, NUM_BINS], accumulated.
+        hist_ptr: int32 [rows, NUM_BINS], accumulated (PRELIST_BINS = 0).
+        part_listed_ptr: int64 [rows, programs_per_row] out (PRELIST_BINS > 0): the sum of
+            w * 2^40 (truncated) over the program's tokens of the pre-list's bins.
+        part_valid_ptr: int32 [rows, programs_per_row] out (PRELIST_BINS > 0): the program's
+            valid tokens (finite ones; every one with ALL_VALUES).
         programs_per_row, temperature, T_ROW, WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as above; with
             PREFETCH the first segment is loaded before the wait of WAIT_FOR_PRIOR.
         PARTS_POW2: next power of two of programs_per_row.
@@ -834,6 +876,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     room = tl.full([], 1, tl.int1)  # (a tensor from the start: prelist_stride may be a constant 1)
     counts = tl.zeros([NUM_BINS], tl.int32)
     lane_mass = tl.zeros([WIDTH], tl.int64)
+    lane_listed = tl.zeros([WIDTH], tl.int64)
+    lane_valid = tl.zeros([WIDTH], tl.int32)
     lane_bits = tl.zeros([WIDTH], tl.int32)
     bit = tl.full([], 0, tl.int32)  # segment j's place in its chunk
     for j in range(SEGMENTS_PER_PROGRAM):
@@ -841,14 +885,18 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                                                           SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         valid = in_row if ALL_VALUES else finite
         b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
-        counts += tl.histogram(b, NUM_BINS, mask=valid)
         w, w_fixed = _fixed_mass(y, m, finite)
         lane_mass += w_fixed
-        if PRELIST_BINS > 0:
+        if PRELIST_BINS == 0:
+            counts += tl.histogram(b, NUM_BINS, mask=valid)
+        else:
             # each lane marks its pre-list tokens, one bit per segment; the chunk's tokens are
             # listed together (a block sum, scan and atomic per segment cost this pass about 20 us
             # of 57 at 64 x 151936 on the H200)
-            lane_bits |= (valid & (b < PRELIST_BINS)).to(tl.int32) << bit
+            marked = valid & (b < PRELIST_BINS)
+            lane_bits |= marked.to(tl.int32) << bit
+            lane_listed += tl.where(marked, w_fixed, 0)
+            lane_valid += valid.to(tl.int32)
             if SEGMENTS_PER_PROGRAM > LIST_CHUNK:  # (else only the last chunk, after the loop)
                 if (bit == LIST_CHUNK - 1) & (j < SEGMENTS_PER_PROGRAM - 1):
                     if room:
@@ -861,9 +909,12 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                     bit = tl.full([], -1, tl.int32)
             bit += 1
     tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
-    tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
-    if PRELIST_BINS > 0:
-        # the last chunk, its `bit` segments, once the masses and counts are out (fewer registers
+    if PRELIST_BINS == 0:
+        tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
+    else:
+        tl.store(part_listed_ptr + pid, tl.sum(lane_listed, axis=0))
+        tl.store(part_valid_ptr + pid, tl.sum(lane_valid, axis=0))
+        # the last chunk, its `bit` segments, once the masses are out (fewer registers
         # live; asking for the places before the mass reduction, to overlap the atomic's round trip
         # with it, measured the same on the H200)
         if room:
@@ -873,11 +924,90 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
 
 
 @triton.jit
+def bin_count_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_listed_ptr, part_valid_ptr,
+                     hist_ptr, prelist_ptr, prelist_stride, prelist_count_ptr, list_rows_ptr,
+                     programs_per_row, temperature, top_k, top_p, min_p, filters,
+                     T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr, MINP_ROW: tl.constexpr,
+                     WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
+                     NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr,
+                     PRELIST_BINS: tl.constexpr, PREFETCH: tl.constexpr = False,
+                     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
+    """The bin histogram of each row after a histogram pass that made the pre-list
+    (``bin_histogram_kernel`` with PRELIST_BINS > 0): of its pre-list's tokens where the list
+    holds the row's kept prefix (``_pre_list_holds_prefix``; the plan adds the rest of the row as
+    one lump), of the whole row where not (a flat row, or a prefix reaching past the list). Grid
+    rows * programs_per_row, the histogram pass's programs; each row's first program records
+    which way its row was counted for ``plan_kernel``.
+
+    In peaked rows the pre-list is a few percent of the row: counting it, not the row, takes
+    Triton's histogram (about 30 instructions per token and thread for 64 bins) off all but
+    those tokens.
+
+    Bytes: a pre-listed row reads its pre-list and the logits it names, another row its logits
+    (from L2); both read the per-program partials and write at most NUM_BINS atomic adds per
+    program, and 4 bytes per row.
+
+    Args:
+        x_ptr, n, stride_x, part_max_ptr, part_total_ptr, programs_per_row, temperature, T_ROW,
+        WIDTH, SEGMENTS_PER_PROGRAM, PARTS_POW2, NUM_BINS, BINS_PER_NAT, ALL_VALUES, PREFETCH,
+            PRELIST_BINS: as in ``bin_histogram_kernel``.
+        part_listed_ptr, part_valid_ptr, prelist_ptr, prelist_stride, prelist_count_ptr: the
+            pre-list and its partials, from ``bin_histogram_kernel``.
+        hist_ptr: int32 [rows, NUM_BINS], accumulated (cleared by ``segment_max_kernel``).
+        list_rows_ptr: int32 [rows] out: 1 where the row's counts are its pre-list's.
+        top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW: as in ``compact_kernel``.
+        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // programs_per_row
+    prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
+    lanes = tl.arange(0, WIDTH)
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
+    m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
+    total = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2).to(tl.float32) * (1.0 / FIXED_ONE)
+    listed = _row_total(part_listed_ptr, row, programs_per_row, PARTS_POW2).to(tl.float32) * (1.0 / FIXED_ONE)
+    q = tl.arange(0, PARTS_POW2)
+    n_valid = tl.sum(tl.load(part_valid_ptr + row * programs_per_row + q, mask=q < programs_per_row, other=0),
+                     axis=0)
+    pre_count = tl.load(prelist_count_ptr + row)
+    from_list = _pre_list_holds_prefix(pre_count, prelist_stride, listed, total, n_valid, k, p, mp,
+                                       PRELIST_BINS, BINS_PER_NAT)
+    if prog == 0:
+        tl.store(list_rows_ptr + row, from_list.to(tl.int32))
+    counts = tl.zeros([NUM_BINS], tl.int32)
+    if from_list:
+        # the programs share the list's segments as the compaction does (segment j * programs +
+        # prog in step j); the list holds valid tokens of bins below PRELIST_BINS only
+        prelist_row = prelist_ptr + row * prelist_stride
+        for j in range(SEGMENTS_PER_PROGRAM):
+            g = j * programs_per_row + prog
+            if g * WIDTH < pre_count:
+                places = g * WIDTH + lanes
+                listed_here = places < pre_count
+                cols = tl.load(prelist_row + places, mask=listed_here, other=0)
+                x, finite, y = _logits_at(x_ptr, row, stride_x, cols, listed_here, inv_t)
+                valid = listed_here if ALL_VALUES else finite
+                counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES), NUM_BINS,
+                                       mask=valid)
+    else:
+        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+        for j in range(SEGMENTS_PER_PROGRAM):
+            cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
+                                                              SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+            valid = in_row if ALL_VALUES else finite
+            counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES), NUM_BINS,
+                                   mask=valid)
+    tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
+
+
+@triton.jit
 def plan_kernel(part_max_ptr, part_total_ptr, hist_ptr, plan_ptr, n, programs_per_row, temperature, top_k,
-                top_p, min_p, filters,
+                top_p, min_p, filters, part_listed_ptr, part_valid_ptr, prelist_count_ptr, list_rows_ptr,
                 T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr, MINP_ROW: tl.constexpr,
                 MODE: tl.constexpr, SURE_LIST_MAX: tl.constexpr, PARTS_POW2: tl.constexpr,
-                NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
+                NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, LIST_COUNTS: tl.constexpr = False,
                 WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
     """A row's plan, once, for the passes after the histogram: the bins [lo, hi] that can hold
     the boundary (``_plan``), the tokens before lo and in lo..hi, the valid tokens, whether the
@@ -898,6 +1028,10 @@ def plan_kernel(part_max_ptr, part_total_ptr, hist_ptr, plan_ptr, n, programs_pe
             ``compact_kernel``.
         SURE_LIST_MAX: sampling: a row whose sure-kept bins hold at most this many tokens lists
             them all for ``resolve_kernel``; a row with more races them in place.
+        LIST_COUNTS: the histogram came from ``bin_count_kernel``; a row it counted from its
+            pre-list (list_rows_ptr) adds the rest of the row (valid tokens from part_valid_ptr
+            less the list's length from prelist_count_ptr, the row's mass less the list's from
+            part_listed_ptr) to its last bin. Otherwise those four pointers are not read.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
@@ -905,9 +1039,20 @@ def plan_kernel(part_max_ptr, part_total_ptr, hist_ptr, plan_ptr, n, programs_pe
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
     m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
-    total = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2).to(tl.float32) * (1.0 / FIXED_ONE)
+    total_fixed = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2)
+    total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
+    rest_count = tl.full([], 0, tl.int32)
+    rest_mass = tl.full([], 0.0, tl.float32)
+    if LIST_COUNTS:
+        if tl.load(list_rows_ptr + row) != 0:
+            q = tl.arange(0, PARTS_POW2)
+            valid = tl.sum(tl.load(part_valid_ptr + row * programs_per_row + q, mask=q < programs_per_row,
+                                   other=0), axis=0)
+            rest_count = valid - tl.load(prelist_count_ptr + row)
+            listed_fixed = _row_total(part_listed_ptr, row, programs_per_row, PARTS_POW2)
+            rest_mass = (total_fixed - listed_fixed).to(tl.float32) * (1.0 / FIXED_ONE)
     lo, hi, count_above, n_range, n_valid, topk_on, topp_on, minp_on = _plan(
-        hist_ptr, row, total, k, p, mp, MODE, NUM_BINS, BINS_PER_NAT)
+        hist_ptr, row, total, k, p, mp, rest_count, rest_mass, MODE, NUM_BINS, BINS_PER_NAT)
     race_in_place = t_ok & f_ok & (n_valid > 0) & (count_above > SURE_LIST_MAX)
     if MODE != MODE_SAMPLE:
         race_in_place = False
