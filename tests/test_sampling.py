@@ -1125,9 +1125,10 @@ def test_gpu_sure_kept_race_inside_or_after_the_compaction_gives_the_same_tokens
 
 @pytest.mark.gpu
 def test_gpu_compaction_from_the_pre_list_gives_the_same_results(monkeypatch):
-    # 64 rows of 151936: peaked rows (standard deviation 4) read their pre-list (poisoning the
-    # logits off it before the compaction changes nothing), flat ones (standard deviation 1:
-    # over a quarter of the row within 10 nats of the maximum) their logits
+    # 64 rows of 151936: peaked rows (standard deviation 4) count their bins from their pre-list
+    # and the compaction reads it (poisoning the logits off it before the compaction changes
+    # nothing), flat ones (standard deviation 1: over a quarter of the row within 10 nats of the
+    # maximum) their logits; the results those of calls without a pre-list
     default_bins = ops.PRELIST_BINS
     peaked = 40  # the first rows; the others are flattened
     x = qwen_like_logits(64, 8, scale=4.0)
@@ -1138,11 +1139,14 @@ def test_gpu_compaction_from_the_pre_list_gives_the_same_results(monkeypatch):
             want = _filtered_pipeline(data, mode, config, listed)
             count, stride = listed.buffers["prelist_count"].cpu(), listed.buffers["prelist"].shape[1]
             assert (count[:peaked] <= stride).all() and (count[peaked:] > stride).all(), (mode, config)
+            from_list = listed.buffers["list_rows"].cpu()
+            assert from_list[:peaked].all() and not from_list[peaked:].any(), (mode, config)
             poisoned = data.clone()
             assert all(map(_same_bits, _filtered_pipeline(poisoned, mode, config, _PoisonOffTheListRun(poisoned, range(peaked))),
                            want)), (mode, config, data.dtype)
             monkeypatch.setattr(ops, "PRELIST_BINS", 0)
-            assert all(map(_same_bits, _filtered_pipeline(data, mode, config, _RecordingRun()), want))
+            assert all(map(_same_bits, _exact_outputs(mode, _filtered_pipeline(data, mode, config, _RecordingRun())),
+                           _exact_outputs(mode, want))), (mode, config, data.dtype)
             monkeypatch.setattr(ops, "PRELIST_BINS", default_bins)
     # 600 rows of 5 tokens, one of them 20 nats above the others: a grid of several waves whose
     # pre-lists hold one token each at a capacity of 1 (which the GPU launcher passes as a constant)
