@@ -131,6 +131,13 @@ COMPACT_WARPS_ONE_WAVE = 8
 #: on a grid of more than PRELIST_MIN_PROGRAMS_PER_SM programs per SM makes the pre-list (4 rows
 #: of 151936 and more on the H200; at one row, 149 programs, it lost 1-3 us), unless no filter
 #: can end a row's kept prefix inside it. Its buffer is rows x n * PRELIST_FRACTION int32.
+#: Such calls count no bins in the histogram pass: ``bin_count_kernel`` counts them after it,
+#: from the pre-list of a row whose list holds its kept prefix (the rest of the row one lump of
+#: known count and exact mass), from the row otherwise. H200, 64 rows of 151936, CUDA graph, L2
+#: flushed, tokens equal (results/h200-ab-counts-from-list.txt): histogram 47.6 -> 28.1 us, the
+#: count pass 7.4, the plan 12.7 -> 2.3 (its wait shorter); fp32 top-p 0.9 93.9 -> 81.4 us, min-p
+#: 0.05 86.0 -> 73.9, top-k 50 81.3 -> 68.7, top_k(50) 82.3 -> 74.3, bf16 alike; flat rows, which
+#: the count pass reads again, 12 us slower (top-p 248.3 -> 260.4, min-p 126.0 -> 138.4).
 PRELIST_BINS = 40
 PRELIST_FRACTION = 0.25
 PRELIST_MIN_PROGRAMS_PER_SM = 4
