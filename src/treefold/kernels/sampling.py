@@ -16,16 +16,20 @@ the highest score wins (lowest index on a tie). The winner is distributed exactl
 renormalised filtered distribution, no prefix sum or sort of the vocabulary is needed, and a row
 draws the same numbers whatever batch it sits in.
 
-Finding the prefix boundary without a sort (the filtered path: five launches, six when sampling
-on a large grid or for the masks):
+Finding the prefix boundary without a sort (the filtered path: five launches; one more when
+sampling on a large grid, one more on a grid large enough for the pre-list, one more for the
+masks):
 
 1. ``segment_max_kernel``: the maximum of y over each program's share of the row. One read of
    the logits, the only one that reaches HBM.
 2. ``bin_histogram_kernel``: with the row maximum m, every token falls in a bin
    floor((m - y) * BINS_PER_NAT) (the last bin collects everything further away). A histogram
    of the bins (integer atomics: exact in any order) and the row's mass, the sum of
-   w = exp(y - m) in fixed point. In filtered calls on large grids it also lists the tokens
-   of the first bins (the pre-list: within 10 nats of the maximum).
+   w = exp(y - m) in fixed point. In filtered calls on large grids it lists the tokens of the
+   first bins instead of counting the bins (the pre-list: within 10 nats of the maximum), and
+   ``bin_count_kernel`` counts them after it: from the pre-list where the list holds the row's
+   kept prefix (the rest of the row one lump of known count and exact mass), from the row
+   where not.
 3. ``plan_kernel``: one warp per row. From the histogram, bounds on the probability mass of
    every bin prefix locate the bins that can hold the prefix boundary (``_plan``): the row's plan.
 4. ``compact_kernel``: tokens in bins before the plan's boundary bins are kept for sure:
