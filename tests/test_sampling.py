@@ -689,25 +689,38 @@ def _compaction_results(run, n) -> list:
     return out
 
 
-def _exact_outputs(mode, outputs) -> list:
-    """The outputs of a filtered-path call that the kept set alone determines: tokens, top_k's
-    values and indices, and the thresholds' key, maximum and mass, not their bins [lo, hi]. A row
-    whose bins are counted from its pre-list (``bin_count_kernel``) knows the exact mass past the
-    list and may narrow [lo, hi] where counts of the whole row leave it wider: both bracket the
-    same boundary."""
-    return outputs[2:] if mode == "threshold" else outputs
+def _assert_same_results(mode, whole, listed, why):
+    """Two filtered-path calls on the same data, one of them counting some rows' bins from their
+    pre-lists (``bin_count_kernel``), give the same results. Tokens and top_k's values and
+    indices are equal. A list-counted row knows the exact mass past its list and may narrow the
+    thresholds' bins [lo, hi] inside those of whole-row counts; the threshold key, which is
+    taken inside [lo, hi], is then compared where the bins agree, and the masks the thresholds
+    make are compared by the callers. The maximum and the kept mass are equal."""
+    if mode != "threshold":
+        assert all(map(_same_bits, whole, listed)), why
+        return
+    (lo_a, hi_a, thr_a, max_a, mass_a), (lo_b, hi_b, thr_b, max_b, mass_b) = whole, listed
+    assert _same_bits(max_a, max_b) and _same_bits(mass_a, mass_b), why
+    same_bins = (lo_a == lo_b) & (hi_a == hi_b)
+    assert torch.equal(thr_a[same_bins], thr_b[same_bins]), why
 
 
 def _assert_same_compaction(whole, listed, n, why):
-    """What the compaction hands on is the same for every row whose plan is the same; a row
-    whose plan differs was counted from its pre-list in ``listed`` (its bracket then narrower)."""
+    """What the compaction hands on is the same for every row whose plan is the same. A row whose
+    plan differs was counted from its pre-list in ``listed`` and, where ``whole`` counted it from
+    its logits, has its bins [lo, hi] inside the whole-row ones (exact mass past the list: bounds
+    never wider)."""
     a, b = _compaction_results(whole, n), _compaction_results(listed, n)
     from_list = listed.buffers["list_rows"].cpu().tolist()
+    whole_rows = whole.buffers["list_rows"].cpu().tolist()
+    lo, hi = kernels.PLAN_LO.value, kernels.PLAN_HI.value
     for r, (ra, rb) in enumerate(zip(a, b)):
         if ra[-1] == rb[-1]:
             assert ra == rb, (why, r)
         else:
             assert from_list[r] == 1, (why, r, ra[-1], rb[-1])
+            if len(whole_rows) <= r or whole_rows[r] == 0:
+                assert ra[-1][lo] <= rb[-1][lo] and rb[-1][hi] <= ra[-1][hi], (why, r, ra[-1], rb[-1])
 
 
 #: Calls of every mode whose boundary lies within 10 nats of the maximum in peaked rows.
@@ -805,8 +818,10 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
     just before the compaction changes nothing. A flat row's pre-list overflows its capacity and
     that row reads its logits. In every mode (sampling, thresholds, top_k with NaN and
     infinities), on one program per row and on three sharing segments of 32 tokens, the call's
-    results and what the compaction hands on (lists as sets, masses, sub-bins, plan) equal those
-    of the whole-row compaction; sampled tokens equal the reference's. By default filtered calls
+    results equal those of calls without a pre-list (``_assert_same_results``; the masks too),
+    and what the compaction hands on (lists as sets, masses, sub-bins, plan) equals theirs for
+    every row whose plan is the same (a list-counted row's bins may be narrower:
+    ``_assert_same_compaction``); sampled tokens equal the reference's. By default filtered calls
     on grids of more than PRELIST_MIN_PROGRAMS_PER_SM programs per SM make the pre-list (unless no
     filter can end a row's prefix in it); here every grid does."""
     bins = ops.PRELIST_BINS
@@ -851,21 +866,26 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
                 monkeypatch.setattr(ops, "PRELIST_BINS", bins)
                 monkeypatch.setattr(ops, "PRELIST_FRACTION", fraction)
                 whole = _RecordingRun()
-                assert all(map(_same_bits, _exact_outputs(mode, _filtered_pipeline(data, mode, config, whole, ppr)),
-                               _exact_outputs(mode, got))), (mode, config, ppr, bins)
+                _assert_same_results(mode, _filtered_pipeline(data, mode, config, whole, ppr), got,
+                                     (mode, config, ppr, bins))
                 _assert_same_compaction(whole, listed, n, (mode, config, ppr, bins))
+                if mode == "threshold":
+                    masks = ops.filter_rows(data, **config, programs_per_row=ppr)
+                    for name in ("PRELIST_BINS", "PRELIST_FRACTION"):
+                        monkeypatch.setattr(ops, name, default[name])
+                    assert torch.equal(ops.filter_rows(data, **config, programs_per_row=ppr), masks), (config, ppr)
                 for name in ("PRELIST_BINS", "PRELIST_FRACTION"):
                     monkeypatch.setattr(ops, name, default[name])
             # pre-lists that end just short of row 0's bins: at its last boundary bin hi (bins
-            # 0..hi-1 listed) and at lo - 1 (a sure-kept bin left out): row 0 must read its logits
+            # 0..hi-1 listed) and at lo - 1 (a sure-kept bin left out): row 0 reads its logits,
+            # unless the shorter list still holds its prefix (exact mass past it); either way the
+            # results are those of the full list
             lo, hi = (int(listed.buffers["plan"][0, slot]) for slot in (kernels.PLAN_LO.value, kernels.PLAN_HI.value))
             for edge in {e for e in (hi, lo - 1) if 0 < e < default["PRELIST_BINS"]}:
                 monkeypatch.setattr(ops, "PRELIST_BINS", edge)
                 whole = _RecordingRun()
-                assert all(map(_same_bits, _exact_outputs(mode, _filtered_pipeline(data, mode, config, whole, ppr)),
-                               _exact_outputs(mode, got))), (mode, config, edge)
-                if whole.buffers["list_rows"][0] == 0:
-                    _assert_same_compaction(whole, listed, n, (mode, config, edge))
+                _assert_same_results(mode, _filtered_pipeline(data, mode, config, whole, ppr), got, (mode, config, edge))
+                _assert_same_compaction(whole, listed, n, (mode, config, edge))
             monkeypatch.setattr(ops, "PRELIST_BINS", default["PRELIST_BINS"])
             if mode == "sample":
                 # sure-kept tokens raced in place, inside the compaction (noise drawn by position
@@ -883,6 +903,7 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 @pytest.mark.parametrize("mode, config", [("sample", dict(top_p=0.9999)), ("sample", dict(top_k=150)),
                                           ("sample", dict(min_p=1e-5, temperature=0.8)),
+                                          ("sample", dict(top_k=150, top_p=0.95, min_p=0.05)),
                                           ("threshold", dict(top_p=0.9995, min_p=2e-5)), ("top_k", dict(top_k=200))])
 def test_rows_whose_prefix_passes_the_pre_list_count_their_logits(device, monkeypatch, mode, config):
     """A complete pre-list that cannot hold the kept prefix (top-p's mass past it, more than its
@@ -906,6 +927,53 @@ def test_rows_whose_prefix_passes_the_pre_list_count_their_logits(device, monkey
         whole = _RecordingRun()
         assert all(map(_same_bits, _filtered_pipeline(x, mode, config, whole, 3), got))
         assert _compaction_results(whole, n) == _compaction_results(listed, n)
+    finally:
+        monkeypatch.undo()
+        ops.plan.cache_clear()
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_pre_list_decision_at_its_margins(device, monkeypatch):
+    """``_pre_list_holds_prefix`` on either side of each of its edges: k at the list's length and
+    one past it, min-p's last bin one inside the list's bins and at the last of them, top-p just
+    inside and just past the list's mass less four times the plan's slack (per-row p), min-p
+    with top-k past the list (counted from the list) and with top-k and top-p both on (from the
+    row). The rows go where the rule says, and the results equal calls without a pre-list."""
+    default_bins = ops.PRELIST_BINS
+    monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
+    monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", ops.SURE_LIST_MAX)
+    monkeypatch.setattr(ops, "MAX_WIDTH", 32)
+    ops.plan.cache_clear()
+    g = torch.Generator().manual_seed(11)
+    n = 400
+    x = torch.randn(2, n, generator=g, dtype=torch.float64).float() * torch.tensor([[6.0], [8.0]])
+    m = x.max(dim=1, keepdim=True).values
+    listed = (m - x) * ops.BINS_PER_NAT < ops.PRELIST_BINS  # the bins below PRELIST_BINS, as the kernels bin
+    w = torch.exp((x - m).double())
+    ratio = (w * listed).sum(1) / w.sum(1)
+    lengths = listed.sum(1)
+    slack = 4 * kernels.MASS_SLACK.value
+    edge = math.exp(-(ops.PRELIST_BINS - 1) / ops.BINS_PER_NAT)  # min-p whose last bin is PRELIST_BINS - 1
+    cases = [
+        (dict(top_k=int(lengths.min())), [1, 1]), (dict(top_k=int(lengths.max()) + 1), [0, 0]),
+        (dict(min_p=edge * 1.02), [1, 1]), (dict(min_p=edge * 0.98), [0, 0]),
+        (dict(top_p=(ratio - slack - 2e-4).float().to(device)), [1, 1]),
+        (dict(top_p=(ratio - slack + 2e-4).clamp(max=1.0).float().to(device)), [0, 0]),
+        (dict(top_k=int(lengths.max()) + 1, min_p=0.05), [1, 1]),
+        (dict(top_k=int(lengths.max()) + 1, top_p=0.95, min_p=0.05), [0, 0]),
+    ]
+    data = x.to(device)
+    try:
+        for config, rows in cases:
+            got_run = _RecordingRun()
+            got = _filtered_pipeline(data, "sample", config, got_run, 3)
+            assert (got_run.buffers["prelist_count"].cpu() == lengths.to(torch.int32)).all(), config
+            assert got_run.buffers["list_rows"].tolist() == rows, config
+            monkeypatch.setattr(ops, "PRELIST_BINS", 0)
+            whole = _RecordingRun()
+            _assert_same_results("sample", _filtered_pipeline(data, "sample", config, whole, 3), got, config)
+            _assert_same_compaction(whole, got_run, n, config)
+            monkeypatch.setattr(ops, "PRELIST_BINS", default_bins)
     finally:
         monkeypatch.undo()
         ops.plan.cache_clear()
@@ -1145,8 +1213,8 @@ def test_gpu_compaction_from_the_pre_list_gives_the_same_results(monkeypatch):
             assert all(map(_same_bits, _filtered_pipeline(poisoned, mode, config, _PoisonOffTheListRun(poisoned, range(peaked))),
                            want)), (mode, config, data.dtype)
             monkeypatch.setattr(ops, "PRELIST_BINS", 0)
-            assert all(map(_same_bits, _exact_outputs(mode, _filtered_pipeline(data, mode, config, _RecordingRun())),
-                           _exact_outputs(mode, want))), (mode, config, data.dtype)
+            _assert_same_results(mode, _filtered_pipeline(data, mode, config, _RecordingRun()), want,
+                                 (mode, config, data.dtype))
             monkeypatch.setattr(ops, "PRELIST_BINS", default_bins)
     # 600 rows of 5 tokens, one of them 20 nats above the others: a grid of several waves whose
     # pre-lists hold one token each at a capacity of 1 (which the GPU launcher passes as a constant)

@@ -363,7 +363,8 @@ def _row_max(part_max_ptr, row, programs_per_row, POW2: tl.constexpr):
 
 @triton.jit
 def _row_total(part_total_ptr, row, programs_per_row, POW2: tl.constexpr):
-    """The row's fixed-point mass (int64) from the per-program sums of ``bin_histogram_kernel``."""
+    """A row's fixed-point mass (int64) from per-program sums: of ``bin_histogram_kernel``'s
+    masses (the row's) or listed masses (its pre-list's)."""
     q = tl.arange(0, POW2)
     v = tl.load(part_total_ptr + row * programs_per_row + q, mask=q < programs_per_row, other=0)
     return tl.sum(v, axis=0)
@@ -559,16 +560,18 @@ def _pre_list_holds_prefix(pre_count, capacity, listed, total, n_valid, k, p, mp
     Top-k (alone or with top-p, which then works within the top-k set) keeps at most k tokens:
     k <= the list's length. Top-p alone: the list's mass reaches p of the row's, with room for
     four times the plan's MASS_SLACK. Min-p keeps tokens less than -ln(min_p) nats below the
-    maximum: its last bin at least one bin inside the list's (min_p > about exp(-9.75)). The
-    margins keep the plan's bins [lo, hi] (float bounds, computed in another kernel) inside the
-    list's bins."""
+    maximum: its last bin at least one bin inside the list's (min_p > about exp(-9.75)), unless
+    top-k and top-p are both on (top-p then needs the mass of the whole top-k set, and the plan
+    keeps the top-k boundary bin: past the list when k is longer than it, which would leave the
+    compaction a boundary of the whole row). The margins keep the plan's bins [lo, hi] (float
+    bounds, computed in another kernel) inside the list's bins."""
     topk_on = k < n_valid
     topp_on = p < 1.0
     minp_on = mp > 0.0
     by_k = topk_on & (k <= pre_count)
     by_p = (topk_on == 0) & topp_on & (listed >= p * total + 4.0 * MASS_SLACK * total)
     m_hi = tl.floor(-tl.log(tl.maximum(mp, 1.5e-38)) * BINS_PER_NAT + BIN_EDGE_SLACK)
-    by_minp = minp_on & (m_hi < PRELIST_BINS - 1.0)
+    by_minp = minp_on & (m_hi < PRELIST_BINS - 1.0) & ((topk_on & topp_on) == 0)
     return (pre_count <= capacity) & (by_k | by_p | by_minp)
 
 
@@ -1020,12 +1023,13 @@ def plan_kernel(part_max_ptr, part_total_ptr, hist_ptr, plan_ptr, n, programs_pe
     stay inside the warp (each compaction program deriving it again cost them 36 barriers
     among 4 warps on sm_90).
 
-    Bytes: reads the per-program maxima and masses and the row's histogram; writes PLAN_SLOTS
-    int32 per row.
+    Bytes: reads the per-program maxima and masses and the row's histogram (with LIST_COUNTS also
+    the row's counting flag, and for a list-counted row its per-program valid counts and listed
+    masses and its list's length); writes PLAN_SLOTS int32 per row.
 
     Args:
         part_max_ptr, part_total_ptr, hist_ptr: from ``segment_max_kernel`` and
-            ``bin_histogram_kernel``.
+            ``bin_histogram_kernel`` (hist_ptr from ``bin_count_kernel`` with LIST_COUNTS).
         plan_ptr: int32 [rows, PLAN_SLOTS] out.
         n, programs_per_row, PARTS_POW2, NUM_BINS, BINS_PER_NAT: as in ``bin_histogram_kernel``.
         temperature, top_k, top_p, min_p, filters, T_ROW, K_ROW, P_ROW, MINP_ROW, MODE: as in
