@@ -900,6 +900,15 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
     ops.plan.cache_clear()
 
 
+def _pre_list_on_small_grids(monkeypatch):
+    """Every filtered call makes the pre-list, on segments of 32 tokens, and lists its sure-kept
+    tokens (a call without a pre-list would otherwise race them in place on small grids)."""
+    monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
+    monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", ops.SURE_LIST_MAX)
+    monkeypatch.setattr(ops, "MAX_WIDTH", 32)
+    ops.plan.cache_clear()
+
+
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 @pytest.mark.parametrize("mode, config", [("sample", dict(top_p=0.9999)), ("sample", dict(top_k=150)),
                                           ("sample", dict(min_p=1e-5, temperature=0.8)),
@@ -910,10 +919,7 @@ def test_rows_whose_prefix_passes_the_pre_list_count_their_logits(device, monkey
     length in top-k, min-p reaching past its bins) leaves the bins to be counted from the whole
     row: the row's plan, what the compaction hands on and the results equal a call without a
     pre-list."""
-    monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
-    monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", ops.SURE_LIST_MAX)
-    monkeypatch.setattr(ops, "MAX_WIDTH", 32)
-    ops.plan.cache_clear()
+    _pre_list_on_small_grids(monkeypatch)
     g = torch.Generator().manual_seed(5)
     n = 400
     x = (torch.randn(2, n, generator=g) * torch.tensor([[6.0], [8.0]])).to(device)
@@ -940,10 +946,7 @@ def test_pre_list_decision_at_its_margins(device, monkeypatch):
     with top-k past the list (counted from the list) and with top-k and top-p both on (from the
     row). The rows go where the rule says, and the results equal calls without a pre-list."""
     default_bins = ops.PRELIST_BINS
-    monkeypatch.setattr(ops, "PRELIST_MIN_PROGRAMS_PER_SM", 0)
-    monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", ops.SURE_LIST_MAX)
-    monkeypatch.setattr(ops, "MAX_WIDTH", 32)
-    ops.plan.cache_clear()
+    _pre_list_on_small_grids(monkeypatch)
     g = torch.Generator().manual_seed(11)
     n = 400
     x = torch.randn(2, n, generator=g, dtype=torch.float64).float() * torch.tensor([[6.0], [8.0]])
