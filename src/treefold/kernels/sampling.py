@@ -362,11 +362,12 @@ def _row_max(part_max_ptr, row, programs_per_row, POW2: tl.constexpr):
 
 
 @triton.jit
-def _row_total(part_total_ptr, row, programs_per_row, POW2: tl.constexpr):
-    """A row's fixed-point mass (int64) from per-program sums: of ``bin_histogram_kernel``'s
-    masses (the row's) or listed masses (its pre-list's)."""
+def _row_sum(part_ptr, row, programs_per_row, POW2: tl.constexpr):
+    """A row's integer total from its programs' partials (POW2 >= programs): the fixed-point
+    masses (int64) of ``bin_histogram_kernel``, the row's or its pre-list's, or the valid tokens
+    it counted."""
     q = tl.arange(0, POW2)
-    v = tl.load(part_total_ptr + row * programs_per_row + q, mask=q < programs_per_row, other=0)
+    v = tl.load(part_ptr + row * programs_per_row + q, mask=q < programs_per_row, other=0)
     return tl.sum(v, axis=0)
 
 
@@ -973,11 +974,9 @@ def bin_count_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_list
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
     m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
-    total = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2).to(tl.float32) * (1.0 / FIXED_ONE)
-    listed = _row_total(part_listed_ptr, row, programs_per_row, PARTS_POW2).to(tl.float32) * (1.0 / FIXED_ONE)
-    q = tl.arange(0, PARTS_POW2)
-    n_valid = tl.sum(tl.load(part_valid_ptr + row * programs_per_row + q, mask=q < programs_per_row, other=0),
-                     axis=0)
+    total = _row_sum(part_total_ptr, row, programs_per_row, PARTS_POW2).to(tl.float32) * (1.0 / FIXED_ONE)
+    listed = _row_sum(part_listed_ptr, row, programs_per_row, PARTS_POW2).to(tl.float32) * (1.0 / FIXED_ONE)
+    n_valid = _row_sum(part_valid_ptr, row, programs_per_row, PARTS_POW2)
     pre_count = tl.load(prelist_count_ptr + row)
     from_list = _pre_list_holds_prefix(pre_count, prelist_stride, listed, total, n_valid, k, p, mp,
                                        PRELIST_BINS, BINS_PER_NAT)
@@ -1047,17 +1046,14 @@ def plan_kernel(part_max_ptr, part_total_ptr, hist_ptr, plan_ptr, n, programs_pe
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     k, p, mp, f_ok = _row_filters(row, n, top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW)
     m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
-    total_fixed = _row_total(part_total_ptr, row, programs_per_row, PARTS_POW2)
+    total_fixed = _row_sum(part_total_ptr, row, programs_per_row, PARTS_POW2)
     total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
     rest_count = tl.full([], 0, tl.int32)
     rest_mass = tl.full([], 0.0, tl.float32)
     if LIST_COUNTS:
         if tl.load(list_rows_ptr + row) != 0:
-            q = tl.arange(0, PARTS_POW2)
-            valid = tl.sum(tl.load(part_valid_ptr + row * programs_per_row + q, mask=q < programs_per_row,
-                                   other=0), axis=0)
-            rest_count = valid - tl.load(prelist_count_ptr + row)
-            listed_fixed = _row_total(part_listed_ptr, row, programs_per_row, PARTS_POW2)
+            rest_count = _row_sum(part_valid_ptr, row, programs_per_row, PARTS_POW2) - tl.load(prelist_count_ptr + row)
+            listed_fixed = _row_sum(part_listed_ptr, row, programs_per_row, PARTS_POW2)
             rest_mass = (total_fixed - listed_fixed).to(tl.float32) * (1.0 / FIXED_ONE)
     lo, hi, count_above, n_range, n_valid, topk_on, topp_on, minp_on = _plan(
         hist_ptr, row, total, k, p, mp, rest_count, rest_mass, MODE, NUM_BINS, BINS_PER_NAT)
