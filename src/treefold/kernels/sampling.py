@@ -474,6 +474,12 @@ def _merge_row_partials(m_a, total_a, mass_a, kept_a, score_a, index_a,
 
 
 @triton.jit
+def _add_three(a0, a1, a2, b0, b1, b2):
+    """``tl.reduce`` combine of three integer sums (exact in any order)."""
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
 def _row_partials(part_max_ptr, part_total_ptr, part_mass_ptr, part_kept_ptr, part_score_ptr,
                   part_index_ptr, parts, live, raced):
     """The resolve pass's view of a row's per-program partials (``parts``, ``live`` of them;
@@ -944,12 +950,19 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                     lane_bits = tl.zeros([WIDTH], tl.int32)
                     bit = tl.full([], -1, tl.int32)
             bit += 1
-    tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
     if PRELIST_BINS == 0:
+        tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
         tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
     else:
-        tl.store(part_listed_ptr + pid, tl.sum(lane_listed, axis=0))
-        tl.store(part_valid_ptr + pid, tl.sum(lane_valid, axis=0))
+        if FUSED_REDUCTIONS:
+            total, listed, valid = tl.reduce((lane_mass, lane_listed, lane_valid), 0, _add_three)
+        else:
+            total = tl.sum(lane_mass, axis=0)
+            listed = tl.sum(lane_listed, axis=0)
+            valid = tl.sum(lane_valid, axis=0)
+        tl.store(part_total_ptr + pid, total)
+        tl.store(part_listed_ptr + pid, listed)
+        tl.store(part_valid_ptr + pid, valid)
         # the last chunk, its `bit` segments, once the masses are out (fewer registers
         # live; asking for the places before the mass reduction, to overlap the atomic's round trip
         # with it, measured the same on the H200)
