@@ -1722,8 +1722,11 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
                             count_above, mass_above, kept_above, best_score, best_index, m, total,
                             inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream, o,
                             MODE, SEARCH_BLOCK, FINE_BINS, BINS_PER_NAT, ALL_VALUES)
-        if n_list <= PAIR_CHUNK:
-            # one chunk of pairs: the ranking's tiles cost their full size whatever the list's length
+        # Sampling and thresholds rank a list of at most one chunk on one chunk's tiles (the
+        # ranking costs its tiles' full size whatever the list's length; the min-p boundary list
+        # is often empty). top_k, whose lists are rarely that short, keeps one code path.
+        ONE_CHUNK: tl.constexpr = MODE != MODE_TOPK
+        if ONE_CHUNK and (n_list <= PAIR_CHUNK):
             _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
                            mass_above, kept_above, kept_low, best_score, best_index, m, total_fixed,
                            inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
