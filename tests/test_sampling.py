@@ -87,6 +87,37 @@ def test_kernel_noise_equals_reference_bits(device):
         assert out_tile.numpy().tobytes() == want_tile.tobytes()
 
 
+@triton.jit
+def weights_and_bins_kernel(y_ptr, m, mass_out, weight_out, bin_out, gap_bin_out, N: tl.constexpr):
+    y = tl.load(y_ptr + tl.arange(0, N))
+    finite = tl.abs(y) < float("inf")
+    w, w_fixed = kernels._fixed_mass(y, m, finite)
+    gap = kernels._gap(y, m, finite)
+    tl.store(mass_out + tl.arange(0, N), w_fixed)
+    tl.store(weight_out + tl.arange(0, N), kernels._fixed_weight(gap, finite))
+    tl.store(bin_out + tl.arange(0, N), kernels._bin_of(y, y, m, finite, 64, 4.0, True))
+    tl.store(gap_bin_out + tl.arange(0, N), kernels._bin_of_gap(y, gap, finite, 64, 4.0, True))
+
+
+@pytest.mark.skipif(not KERNEL, reason="needs TRITON_INTERPRET=1 or a GPU")
+def test_histogram_weights_and_bins_equal_the_other_passes(device):
+    # The histogram pass takes each token's bin and fixed-point weight from one difference y - m,
+    # with a flush-to-zero exp (compiled); every other pass with ``_fixed_mass`` and ``_bin_of``.
+    # Masses are compared across passes, so the two must agree bit for bit: gaps from 0 to -200
+    # nats cross both 2^-40 (weights that truncate to 0) and 2^-126 (where the exps differ).
+    n = 4096
+    gaps = torch.linspace(0.0, -200.0, n - 8, dtype=torch.float64)
+    m = 3.25
+    y = torch.cat([(m + gaps).float(), torch.tensor([m, 1e30, -1e30, float("inf"), float("-inf"),
+                                                    float("nan"), m - 87.336, m - 87.337])]).to(device)
+    outs = [torch.full((n,), -7, dtype=torch.int64, device=device) for _ in range(2)]
+    bins = [torch.full((n,), -7, dtype=torch.int32, device=device) for _ in range(2)]
+    weights_and_bins_kernel[(1,)](y, m, outs[0], outs[1], bins[0], bins[1], N=n)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(bins[0], bins[1])
+    assert int(outs[0][0]) > 0 and int(outs[0][-3]) == 0  # (not all zero; NaN weighs nothing)
+
+
 def test_philox_known_answer():
     # Random123's known-answer vectors for Philox4x32-10
     r = ref.philox4x32(0, 0, 0, 0, 0)

@@ -154,8 +154,21 @@ def _bin_of(x, y, m, finite, NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
     """floor((m - y) * BINS_PER_NAT), clamped to [0, NUM_BINS - 1]. Non-increasing in x, so a set
     of bins starting at 0 is a prefix of the composite order. With ALL_VALUES, NaN and +inf go
     to bin 0 and -inf to the last bin (top_k orders every value)."""
-    d = (m - tl.where(finite, y, m)) * BINS_PER_NAT  # (no overflow on the lanes masked out)
-    d = tl.minimum(tl.maximum(d, 0.0), NUM_BINS - 1.0)
+    # (no overflow on the lanes masked out)
+    return _bin_of_gap(x, _gap(y, m, finite), finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
+
+
+@triton.jit
+def _gap(y, m, finite):
+    """y - m where finite, 0 elsewhere: what a token's bin and weight are both taken from."""
+    return tl.where(finite, y, m) - m
+
+
+@triton.jit
+def _bin_of_gap(x, gap, finite, NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr):
+    """``_bin_of`` from the token's ``_gap``: m - y is -(y - m) exactly (rounding to nearest is
+    symmetric), so the bins are the same bits whichever difference is taken."""
+    d = tl.minimum(tl.maximum(-gap * BINS_PER_NAT, 0.0), NUM_BINS - 1.0)
     b = tl.where(finite, d, 0.0).to(tl.int32)
     if ALL_VALUES:
         b = tl.where(finite, b, tl.where(x == float("-inf"), NUM_BINS - 1, 0))
@@ -375,8 +388,22 @@ def _row_sum(part_ptr, row, programs_per_row, POW2: tl.constexpr):
 def _fixed_mass(y, m, finite):
     """w = exp(y - m) of each token and w * 2^40 truncated to int64 (0 where not finite): the
     weights every mass is summed from, exactly and in any order."""
-    w = tl.where(finite, tl.exp(tl.where(finite, y, m) - m), 0.0)
+    w = tl.where(finite, tl.exp(_gap(y, m, finite)), 0.0)
     return w, tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+
+
+@triton.jit
+def _fixed_weight(gap, finite):
+    """The fixed-point weight of ``_fixed_mass`` alone, from the token's ``_gap``, for passes that
+    need no float w. Compiled, its exp flushes results below 2^-126 to zero (libdevice's fast
+    exp: no range fix-up, three instructions fewer per token): those truncate to 0 times 2^40
+    either way, and above them both exps are the same MUFU.EX2 of the same argument, so the
+    fixed-point weights are the same bits as ``_fixed_mass``'s."""
+    if FAST_LOG:
+        w = libdevice.fast_expf(gap)
+    else:
+        w = tl.exp(gap)
+    return tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
 
 
 @triton.jit
@@ -444,6 +471,12 @@ def _merge_row_partials(m_a, total_a, mass_a, kept_a, score_a, index_a,
     the better race winner (``_race_pick``)."""
     score, index = _race_pick(score_a, index_a, score_b, index_b)
     return tl.maximum(m_a, m_b), total_a + total_b, mass_a + mass_b, kept_a + kept_b, score, index
+
+
+@triton.jit
+def _add_three(a0, a1, a2, b0, b1, b2):
+    """``tl.reduce`` combine of three integer sums (exact in any order)."""
+    return a0 + b0, a1 + b1, a2 + b2
 
 
 @triton.jit
@@ -892,8 +925,9 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
                                                           SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         valid = in_row if ALL_VALUES else finite
-        b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
-        w, w_fixed = _fixed_mass(y, m, finite)
+        gap = _gap(y, m, finite)
+        b = _bin_of_gap(x, gap, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
+        w_fixed = _fixed_weight(gap, finite)
         lane_mass += w_fixed
         if PRELIST_BINS == 0:
             counts += tl.histogram(b, NUM_BINS, mask=valid)
@@ -916,12 +950,19 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                     lane_bits = tl.zeros([WIDTH], tl.int32)
                     bit = tl.full([], -1, tl.int32)
             bit += 1
-    tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
     if PRELIST_BINS == 0:
+        tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
         tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
     else:
-        tl.store(part_listed_ptr + pid, tl.sum(lane_listed, axis=0))
-        tl.store(part_valid_ptr + pid, tl.sum(lane_valid, axis=0))
+        if FUSED_REDUCTIONS:
+            total, listed, valid = tl.reduce((lane_mass, lane_listed, lane_valid), 0, _add_three)
+        else:
+            total = tl.sum(lane_mass, axis=0)
+            listed = tl.sum(lane_listed, axis=0)
+            valid = tl.sum(lane_valid, axis=0)
+        tl.store(part_total_ptr + pid, total)
+        tl.store(part_listed_ptr + pid, listed)
+        tl.store(part_valid_ptr + pid, valid)
         # the last chunk, its `bit` segments, once the masses are out (fewer registers
         # live; asking for the places before the mass reduction, to overlap the atomic's round trip
         # with it, measured the same on the H200)
@@ -1623,7 +1664,9 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
         MODE, ALL_VALUES: as above.
         PARTS_POW2: next power of two of compact_programs.
         SORT_SMALL: lists up to this long are ranked by pairwise comparisons, PAIR_CHUNK tokens at
-            a time; longer ones take the bracket search.
+            a time, on tiles of [SORT_SMALL, PAIR_CHUNK] (lists of at most PAIR_CHUNK tokens, an
+            empty one included, on one tile of [PAIR_CHUNK, PAIR_CHUNK]); longer ones take the
+            bracket search.
         SORT_LARGE: MODE_TOPK sorts lists up to this long; a longer one (a huge tie group) is cut
             to its k tokens by the bracket search first (k_out <= SORT_LARGE).
         SORT_MID: sampling and thresholds: a list still longer than SORT_SMALL after the
@@ -1679,7 +1722,18 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
                             count_above, mass_above, kept_above, best_score, best_index, m, total,
                             inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream, o,
                             MODE, SEARCH_BLOCK, FINE_BINS, BINS_PER_NAT, ALL_VALUES)
-        if n_list <= SORT_SMALL:
+        # Sampling and thresholds rank a list of at most one chunk on one chunk's tiles (the
+        # ranking costs its tiles' full size whatever the list's length; the min-p boundary list
+        # is often empty). top_k, whose lists are rarely that short, keeps one code path.
+        ONE_CHUNK: tl.constexpr = MODE != MODE_TOPK
+        if ONE_CHUNK and (n_list <= PAIR_CHUNK):
+            _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
+                           mass_above, kept_above, kept_low, best_score, best_index, m, total_fixed,
+                           inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
+                           o, lo, hi, token_ptr, lo_ptr, hi_ptr, thr_ptr, max_ptr, mass_ptr,
+                           values_ptr, indices_ptr, k_out, MODE, PAIR_CHUNK, False, PAIR_CHUNK,
+                           ALL_VALUES)
+        elif n_list <= SORT_SMALL:
             _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_above,
                            mass_above, kept_above, kept_low, best_score, best_index, m, total_fixed,
                            inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream,
