@@ -55,6 +55,10 @@ FINE_BINS = 64
 #: to 83-115 tokens; one such row took 83 us on the H200 at 64). fp32 rows refine to 4-31 tokens
 #: (peaked) or to hundreds (flat). That was measured before SORT_MID_LISTS: lists past the limit
 #: are now sorted, not searched, so 64 for 16-bit logits may no longer lose; not yet measured.
+#: Sampling and thresholds rank a list of at most PAIR_CHUNK tokens (an empty one included) on
+#: one [PAIR_CHUNK, PAIR_CHUNK] tile (results/h200-ab-lean-histogram.txt, with the histogram's
+#: leaner loop: one row top-p 0.9 24.3 -> 22.5 us, min-p 0.05 17.7 -> 16.4; resolve at 64 rows
+#: 12.9 -> 11.7 us).
 PAIRWISE_MAX = 64
 PAIRWISE_MAX_TOP_K = 128
 PAIRWISE_MAX_16BIT = 128
@@ -72,7 +76,10 @@ TOP_K_KERNEL_MAX = SORT_MAX
 SEARCH_BLOCK = 1024
 SEARCH_SLOTS = 16
 #: Programs per SM aimed at by the row-parallel passes (4, 8, 16, 32 measured on the H200 at
-#: 1 and 64 rows of 151936): the race is best at 8, the filtered passes at 16.
+#: 1 and 64 rows of 151936): the race is best at 8, the filtered passes at 16. Re-measured with
+#: the pre-list and the count pass (results/h200-ab-programs-per-sm.txt, 64 rows fp32): 8 per SM
+#: about 1 us faster on peaked rows, 7-17 us slower on flat ones; 6 (one wave of the histogram
+#: pass) and 4 slower everywhere.
 RACE_PROGRAMS_PER_SM = 8
 FILTER_PROGRAMS_PER_SM = 16
 #: Segment width: next_pow2(n) clamped to [MIN_WIDTH, MAX_WIDTH]. At least one element per lane
