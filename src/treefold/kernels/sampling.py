@@ -1210,7 +1210,11 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
     lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
     lane_index = tl.full([WIDTH], n, tl.int32)
     fine = tl.zeros([FINE_BINS], tl.int32)
-    if live_row:
+    # A pre-listed row has a few segments of list for the row's many programs: a program whose
+    # first share lies past the list has nothing to count, and writes its zero sums without
+    # reducing its lanes (most of a peaked row's programs, at 64 rows of 151936).
+    idle = from_list & (prog * WIDTH >= pre_count)
+    if live_row & (idle == 0):
         if PRELIST_BINS > 0:
             # (a pre-listed row prefetches nothing of its logits: no column is below 0)
             raw = _first_segment(x_ptr, row, stride_x, prog, lanes, tl.where(from_list, 0, n),
@@ -1266,8 +1270,12 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                                              FINE_BINS, mask=listed)
         if n_range > FINE_ABOVE:
             tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0, sem="relaxed")
-    tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
-    tl.store(part_kept_ptr + pid, tl.sum(lane_kept, axis=0))
+    if idle:
+        tl.store(part_mass_ptr + pid, tl.zeros([], tl.int64))
+        tl.store(part_kept_ptr + pid, tl.zeros([], tl.int64))
+    else:
+        tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
+        tl.store(part_kept_ptr + pid, tl.sum(lane_kept, axis=0))
     if RACE_SURE:
         _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
 
