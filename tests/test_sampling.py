@@ -108,7 +108,8 @@ def test_histogram_weights_and_bins_equal_the_other_passes(device):
     n = 4096
     gaps = torch.linspace(0.0, -200.0, n - 8, dtype=torch.float64)
     m = 3.25
-    y = torch.cat([(m + gaps).float(), torch.tensor([m, 1e30, -1e30, float("inf"), float("-inf"),
+    # (m is the row maximum: no finite y lies above it)
+    y = torch.cat([(m + gaps).float(), torch.tensor([m, -1e30, -3e38, float("inf"), float("-inf"),
                                                     float("nan"), m - 87.336, m - 87.337])]).to(device)
     outs = [torch.full((n,), -7, dtype=torch.int64, device=device) for _ in range(2)]
     bins = [torch.full((n,), -7, dtype=torch.int32, device=device) for _ in range(2)]

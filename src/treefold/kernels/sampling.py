@@ -68,8 +68,10 @@ from .combine import round_to, start_dependent_launch
 #: Triton's interpreter truncates float32 -> bfloat16; probability outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
 SOFT_BF16 = tl.constexpr(INTERPRETED)
-#: The interpreter has no libdevice: there ``_fast_log`` is NumPy's log.
+#: The interpreter has no libdevice: there ``_fast_log`` is NumPy's log, and ``_fixed_weight``'s
+#: exp NumPy's exp.
 FAST_LOG = tl.constexpr(not INTERPRETED)
+FAST_EXP = tl.constexpr(not INTERPRETED)
 #: Compiled, reductions that meet at the same point are one ``tl.reduce`` over several operands
 #: (a race's best score and its lowest index; the resolve pass's partials): one set of shuffles
 #: and one shared-memory exchange instead of one per value (sm_90: 2 barriers instead of 6-8).
@@ -154,13 +156,13 @@ def _bin_of(x, y, m, finite, NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
     """floor((m - y) * BINS_PER_NAT), clamped to [0, NUM_BINS - 1]. Non-increasing in x, so a set
     of bins starting at 0 is a prefix of the composite order. With ALL_VALUES, NaN and +inf go
     to bin 0 and -inf to the last bin (top_k orders every value)."""
-    # (no overflow on the lanes masked out)
     return _bin_of_gap(x, _gap(y, m, finite), finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
 
 
 @triton.jit
 def _gap(y, m, finite):
-    """y - m where finite, 0 elsewhere: what a token's bin and weight are both taken from."""
+    """y - m where finite, 0 elsewhere (no overflow on the lanes masked out): what a token's bin
+    and weight are both taken from."""
     return tl.where(finite, y, m) - m
 
 
@@ -399,7 +401,7 @@ def _fixed_weight(gap, finite):
     exp: no range fix-up, three instructions fewer per token): those truncate to 0 times 2^40
     either way, and above them both exps are the same MUFU.EX2 of the same argument, so the
     fixed-point weights are the same bits as ``_fixed_mass``'s."""
-    if FAST_LOG:
+    if FAST_EXP:
         w = libdevice.fast_expf(gap)
     else:
         w = tl.exp(gap)
