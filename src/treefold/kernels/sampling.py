@@ -169,8 +169,9 @@ def _gap(y, m, finite):
 @triton.jit
 def _bin_of_gap(x, gap, finite, NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr):
     """``_bin_of`` from the token's ``_gap``: m - y is -(y - m) exactly (rounding to nearest is
-    symmetric), so the bins are the same bits whichever difference is taken."""
-    d = tl.minimum(tl.maximum(-gap * BINS_PER_NAT, 0.0), NUM_BINS - 1.0)
+    symmetric), so the bins are the same bits whichever difference is taken. (Multiplied by
+    -BINS_PER_NAT: Triton negates as 0 - x, one more instruction per token.)"""
+    d = tl.minimum(tl.maximum(gap * (-BINS_PER_NAT), 0.0), NUM_BINS - 1.0)
     b = tl.where(finite, d, 0.0).to(tl.int32)
     if ALL_VALUES:
         b = tl.where(finite, b, tl.where(x == float("-inf"), NUM_BINS - 1, 0))
@@ -1215,8 +1216,13 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
     # A pre-listed row has a few segments of list for the row's many programs: a program whose
     # first share lies past the list has nothing to count, and writes its zero sums without
     # reducing its lanes (most of a peaked row's programs, at 64 rows of 151936).
-    idle = from_list & (prog * WIDTH >= pre_count)
-    if live_row & (idle == 0):
+    if from_list & (prog * WIDTH >= pre_count):
+        tl.store(part_mass_ptr + pid, tl.zeros([], tl.int64))
+        tl.store(part_kept_ptr + pid, tl.zeros([], tl.int64))
+        if RACE_SURE:
+            _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
+        return
+    if live_row:
         if PRELIST_BINS > 0:
             # (a pre-listed row prefetches nothing of its logits: no column is below 0)
             raw = _first_segment(x_ptr, row, stride_x, prog, lanes, tl.where(from_list, 0, n),
@@ -1272,12 +1278,8 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                                              FINE_BINS, mask=listed)
         if n_range > FINE_ABOVE:
             tl.atomic_add(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS), fine, mask=fine > 0, sem="relaxed")
-    if idle:
-        tl.store(part_mass_ptr + pid, tl.zeros([], tl.int64))
-        tl.store(part_kept_ptr + pid, tl.zeros([], tl.int64))
-    else:
-        tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
-        tl.store(part_kept_ptr + pid, tl.sum(lane_kept, axis=0))
+    tl.store(part_mass_ptr + pid, tl.sum(lane_mass, axis=0))
+    tl.store(part_kept_ptr + pid, tl.sum(lane_kept, axis=0))
     if RACE_SURE:
         _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
 
