@@ -71,7 +71,7 @@ def measure(label, out_dir):
         table[key] = {f"{per_sm or 16} programs/SM": call(ops, x, seeds, config, per_sm) for per_sm in PER_SM}
         tokens[key] = [t.cpu() for t in call(ops, x, seeds, config, None)()]
     times = time_graphed_variants(table, "", 3)
-    top_p_kernel_times(ops)
+    top_p_kernel_times(ops, label)
     torch.save(tokens, os.path.join(out_dir, f"tokens-{label}.pt"))
     with open(os.path.join(out_dir, f"split-{label}.json"), "w") as f:
         json.dump({f"{k[0]} | {v}": t for (k, v), t in times.items()}, f, indent=1)
@@ -86,13 +86,15 @@ def warm(share, shares):
     torch.cuda.synchronize()
 
 
-def top_p_kernel_times(ops):
-    """Each launch's time in the top-p 0.9 call at 64 rows, fp32 (torch profiler)."""
+def top_p_kernel_times(ops, label=""):
+    """Each launch's time in the top-p 0.9 call at 64 rows, fp32 (torch profiler), printed with
+    the run's ``label`` (ab_trees.sh gathers the runs' logs in file-name order, not run order)."""
     from gpu_sampling import logits
     from probe_sampling import kernel_times
     seeds = torch.arange(64, device="cuda", dtype=torch.int64) * 7919 + 1
     per = kernel_times(call(ops, logits(64, torch.float32), seeds, "top-p 0.9", None))
-    print("kernels, top-p 0.9, 64 rows fp32 (us per launch): " + ", ".join(f"{k} {v}" for k, v in per.items()))
+    print(f"kernels{' of ' + label if label else ''}, top-p 0.9, 64 rows fp32 (us per launch): "
+          + ", ".join(f"{k} {v}" for k, v in per.items()))
 
 
 def compare(out_dir, labels):
