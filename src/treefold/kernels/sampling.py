@@ -68,10 +68,9 @@ from .combine import round_to, start_dependent_launch
 #: Triton's interpreter truncates float32 -> bfloat16; probability outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
 SOFT_BF16 = tl.constexpr(INTERPRETED)
-#: The interpreter has no libdevice: there ``_fast_log`` is NumPy's log, and ``_fixed_weight``'s
-#: exp NumPy's exp.
-FAST_LOG = tl.constexpr(not INTERPRETED)
-FAST_EXP = tl.constexpr(not INTERPRETED)
+#: Compiled, ``_fast_log`` and ``_fixed_weight``'s exp are libdevice's fast approximations; the
+#: interpreter has no libdevice: there they are NumPy's log and exp.
+LIBDEVICE = tl.constexpr(not INTERPRETED)
 #: Compiled, reductions that meet at the same point are one ``tl.reduce`` over several operands
 #: (a race's best score and its lowest index; the resolve pass's partials): one set of shuffles
 #: and one shared-memory exchange instead of one per value (sm_90: 2 barriers instead of 6-8).
@@ -197,7 +196,7 @@ def _fast_log(x):
     """Natural log. Compiled: lg2.approx times ln 2, one MUFU instruction (relative error about
     2^-22, absolute near 1); libdevice's logf is a polynomial of some twenty FMAs, which made the
     race noise, not the logits' bytes, the cost of a sampling pass. Interpreted: NumPy's log."""
-    if FAST_LOG:
+    if LIBDEVICE:
         return libdevice.fast_logf(x)
     else:
         return tl.log(x)
@@ -402,7 +401,7 @@ def _fixed_weight(gap, finite):
     exp: no range fix-up, three instructions fewer per token): those truncate to 0 times 2^40
     either way, and above them both exps are the same MUFU.EX2 of the same argument, so the
     fixed-point weights are the same bits as ``_fixed_mass``'s."""
-    if FAST_EXP:
+    if LIBDEVICE:
         w = libdevice.fast_expf(gap)
     else:
         w = tl.exp(gap)
