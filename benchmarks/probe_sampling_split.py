@@ -87,15 +87,17 @@ def warm(share, shares):
 
 
 def top_p_kernel_times(ops, label=""):
-    """Each launch's time in the top-p 0.9 call at 64 rows, fp32 (torch profiler), at each PER_SM,
-    printed with the run's ``label`` (ab_trees.sh gathers the runs' logs in file-name order, not run order)."""
+    """Each launch's time in the top-p 0.9 call, fp32 (torch profiler): at 64 rows at each PER_SM,
+    and at one row; printed with the run's ``label`` (ab_trees.sh gathers the runs' logs in
+    file-name order, not run order)."""
     from gpu_sampling import logits
     from probe_sampling import kernel_times
-    seeds = torch.arange(64, device="cuda", dtype=torch.int64) * 7919 + 1
-    for per_sm in PER_SM:
-        per = kernel_times(call(ops, logits(64, torch.float32), seeds, "top-p 0.9", per_sm))
-        print(f"kernels{' of ' + label if label else ''}, top-p 0.9, 64 rows fp32, {per_sm or 16} programs/SM "
-              "(us per launch): " + ", ".join(f"{k} {v}" for k, v in per.items()))
+    for rows, per_sms in ((64, PER_SM), (1, [None])):
+        seeds = torch.arange(rows, device="cuda", dtype=torch.int64) * 7919 + 1
+        for per_sm in per_sms:
+            per = kernel_times(call(ops, logits(rows, torch.float32), seeds, "top-p 0.9", per_sm))
+            print(f"kernels{' of ' + label if label else ''}, top-p 0.9, {rows} rows fp32, {per_sm or 16} programs/SM "
+                  "(us per launch): " + ", ".join(f"{k} {v}" for k, v in per.items()))
 
 
 def compare(out_dir, labels):

@@ -234,6 +234,16 @@ def _prelist_bins(top_k, top_p, min_p, programs: int, sms: int) -> int:
     return PRELIST_BINS if programs > PRELIST_MIN_PROGRAMS_PER_SM * sms else 0
 
 
+def _needs_masses(mode: int, top_p) -> bool:
+    """Whether a call's passes must sum probability masses: the mask functions (their kept mass
+    renormalises probabilities) and calls where top-p can be on in some row (a per-row tensor, or
+    a scalar below 1). Sampling under top-k and min-p alone, and ``top_k``, decide on counts and
+    on each token's own weight: their histogram and compaction take no fixed-point weights."""
+    if mode == kernels.MODE_THRESHOLD.value:
+        return True
+    return isinstance(top_p, torch.Tensor) or (top_p is not None and top_p < 1.0)
+
+
 def _chained(dev: torch.device) -> tuple:
     """Launch options of a call's passes by DEPENDENT_LAUNCH: (options of the first pass, of a
     pass between two others, of the last)."""
@@ -385,6 +395,8 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     part_valid = run.buffer("part_valid", grid[0] if prelist_bins else 1, torch.int32, dev)
     list_rows = run.buffer("list_rows", rows if prelist_bins else 1, torch.int32, dev)
     first, middle, last = _chained(dev)
+    # Masses are read only by top-p and by the mask functions' outputs (``_needs_masses``).
+    masses = _needs_masses(mode, top_p)
     pairwise_max = (PAIRWISE_MAX_TOP_K if mode == kernels.MODE_TOPK.value
                     else PAIRWISE_MAX if x.dtype == torch.float32 else PAIRWISE_MAX_16BIT)
     run(_SEGMENT_MAX,
@@ -396,7 +408,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         prelist_count, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins,
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins, MASSES=masses,
         PREFETCH=_prefetch(g, prefetch, middle, True), num_warps=g.num_warps, **middle)
     if prelist_bins:
         # the bins counted from the pre-list where it holds the kept prefix, from the row elsewhere
@@ -429,7 +441,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=pairwise_max, ALL_VALUES=all_values,
-        RACE_SURE=race_in_compaction, PRELIST_BINS=prelist_bins,
+        RACE_SURE=race_in_compaction, PRELIST_BINS=prelist_bins, MASSES=masses,
         PREFETCH=_prefetch(g, prefetch, middle, not prelist_bins),
         num_warps=_compact_warps(g, grid[0], _sm_count(dev)), **middle)
     if sure_race and not race_in_compaction:

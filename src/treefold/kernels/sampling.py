@@ -112,6 +112,10 @@ MODE_TOPK = tl.constexpr(2)
 #: A program lists tokens (``_list_lane_tokens``) once per LIST_CHUNK of its segments: each lane
 #: keeps one bit per segment of the chunk in an int32.
 LIST_CHUNK = tl.constexpr(32)
+#: A histogram program of at most this many segments sums the weights of the tokens it leaves
+#: off a pre-list of at least 10 nats in int32 lanes: each weighs less than exp(-10) * 2^40 <
+#: 5.0e7, and 42 of them stay below 2^31.
+UNLISTED_SEGMENTS = tl.constexpr(42)
 
 
 # ------------------------------------------------------------------------------------------
@@ -160,9 +164,11 @@ def _bin_of(x, y, m, finite, NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
 
 @triton.jit
 def _gap(y, m, finite):
-    """y - m where finite, 0 elsewhere (no overflow on the lanes masked out): what a token's bin
-    and weight are both taken from."""
-    return tl.where(finite, y, m) - m
+    """y - m where finite, -inf elsewhere: what a token's bin and weight are both taken from. A
+    masked-out token's weight is then exp(-inf) = 0 with no select of its own (its bin is
+    selected by ``finite`` in ``_bin_of_gap``); the subtraction comes first so that a row whose
+    maximum is -inf (no finite logit) never meets -inf - -inf."""
+    return tl.where(finite, y - m, float("-inf"))
 
 
 @triton.jit
@@ -175,6 +181,18 @@ def _bin_of_gap(x, gap, finite, NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constex
     if ALL_VALUES:
         b = tl.where(finite, b, tl.where(x == float("-inf"), NUM_BINS - 1, 0))
     return b
+
+
+@triton.jit
+def _in_first_bins(x, gap, finite, FIRST_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr):
+    """``_bin_of_gap(x, gap, finite, ...) < FIRST_BINS`` without the bin (FIRST_BINS < NUM_BINS),
+    for the histogram's pre-list: gap * -BINS_PER_NAT is the bin's clamped quantity, and its
+    integer part is below FIRST_BINS exactly when it is. One multiply and one compare per token
+    instead of the bin's two clamps, conversion and compare."""
+    near = gap * (-BINS_PER_NAT) < FIRST_BINS
+    if ALL_VALUES:
+        near = tl.where(finite, near, x != float("-inf"))  # NaN and +inf in bin 0, -inf in the last
+    return near
 
 
 # ------------------------------------------------------------------------------------------
@@ -388,24 +406,25 @@ def _row_sum(part_ptr, row, programs_per_row, POW2: tl.constexpr):
 
 @triton.jit
 def _fixed_mass(y, m, finite):
-    """w = exp(y - m) of each token and w * 2^40 truncated to int64 (0 where not finite): the
-    weights every mass is summed from, exactly and in any order."""
-    w = tl.where(finite, tl.exp(_gap(y, m, finite)), 0.0)
-    return w, tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+    """w = exp(y - m) of each token and w * 2^40 truncated to int64 (0 where not finite: the
+    ``_gap`` of such a token is -inf): the weights every mass is summed from, exactly and in any
+    order."""
+    w = tl.exp(_gap(y, m, finite))
+    return w, (w * FIXED_ONE).to(tl.int64)
 
 
 @triton.jit
-def _fixed_weight(gap, finite):
-    """The fixed-point weight of ``_fixed_mass`` alone, from the token's ``_gap``, for passes that
-    need no float w. Compiled, its exp flushes results below 2^-126 to zero (libdevice's fast
-    exp: no range fix-up, three instructions fewer per token): those truncate to 0 times 2^40
-    either way, and above them both exps are the same MUFU.EX2 of the same argument, so the
-    fixed-point weights are the same bits as ``_fixed_mass``'s."""
+def _fixed_weight(gap):
+    """The fixed-point weight of ``_fixed_mass`` alone, from the token's ``_gap`` (0 where that is
+    -inf), for passes that need no float w. Compiled, its exp flushes results below 2^-126 to
+    zero (libdevice's fast exp: no range fix-up, three instructions fewer per token): those
+    truncate to 0 times 2^40 either way, and above them both exps are the same MUFU.EX2 of the
+    same argument, so the fixed-point weights are the same bits as ``_fixed_mass``'s."""
     if LIBDEVICE:
         w = libdevice.fast_expf(gap)
     else:
         w = tl.exp(gap)
-    return tl.where(finite, (w * FIXED_ONE).to(tl.int64), 0)
+    return (w * FIXED_ONE).to(tl.int64)
 
 
 @triton.jit
@@ -418,8 +437,24 @@ def _popcount(bits):
 
 
 @triton.jit
+def _scatter_store(ptr, value, mask):
+    """``tl.store(ptr, value, mask=mask)`` of int32 values at scattered places, compiled as one
+    predicated st.global.b32 per element in the layout the values already have. Triton lays a
+    store whose places are not contiguous out one element per thread, and converted the lanes'
+    places and masks to that layout through shared memory at every store (sm_90, the
+    histogram's listing: 4 barriers and 131 instructions per segment of 1024 lanes)."""
+    if LIBDEVICE:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }",
+            "=r,l,r,r", [ptr.to(tl.int64, bitcast=True), value, mask.to(tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1)
+    else:
+        tl.store(ptr, value, mask=mask)
+
+
+@triton.jit
 def _list_lane_tokens(list_row, capacity, count_ptr, lane_bits, first_col, segments, programs_per_row, lanes,
-                      WIDTH: tl.constexpr):
+                      WIDTH: tl.constexpr, MAX_SEGMENTS: tl.constexpr):
     """Append the tokens a program marked in a chunk of its segments to a row's list: bit i of a
     lane's ``lane_bits`` marks column first_col + i * WIDTH + lane. One reduction, one scan and one
     atomic for the whole chunk (which hands out the places: the list's order is irrelevant), then
@@ -446,7 +481,7 @@ def _list_lane_tokens(list_row, capacity, count_ptr, lane_bits, first_col, segme
             i = tl.full([], 0, tl.int32)
             while i < segments:  # (a bound the interpreter cannot take as a range)
                 marked = ((lane_bits >> i) & 1) != 0
-                tl.store(list_row + place, first_col + i * WIDTH + lanes, mask=marked & (place < capacity))
+                _scatter_store(list_row + place, first_col + i * WIDTH + lanes, marked & (place < capacity))
                 place += marked.to(tl.int32)
                 i += 1
             room = base + total <= capacity
@@ -861,8 +896,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                          SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
                          NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
                          ALL_VALUES: tl.constexpr, PRELIST_BINS: tl.constexpr = 0,
-                         PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
-                         RELEASE_DEPENDENTS: tl.constexpr = False):
+                         MASSES: tl.constexpr = True, PREFETCH: tl.constexpr = False,
+                         WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
     """The fixed-point mass of each program's tokens (per-lane integer sums, one reduction per
     program) and either the bin histogram of the row (integer atomics) or the pre-list. Grid
     rows * programs_per_row.
@@ -897,6 +932,9 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         PARTS_POW2: next power of two of programs_per_row.
         NUM_BINS, BINS_PER_NAT: the bins (see ``_bin_of``).
         ALL_VALUES: count non-finite logits too (top_k orders every value).
+        MASSES: sum the masses. Without it (calls that no top-p can reach and that output no
+            probabilities: nothing reads a mass) the masses written are 0 and no token's weight
+            is taken: an exp, a conversion and 64-bit sums fewer per token.
         prelist_ptr: int32 [rows, prelist_stride] out: the pre-list (PRELIST_BINS > 0).
         prelist_count_ptr: int32 [rows] pre-list lengths (atomic), cleared by
             ``segment_max_kernel``; may exceed prelist_stride (then the list is incomplete).
@@ -919,7 +957,14 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     room = tl.full([], 1, tl.int1)  # (a tensor from the start: prelist_stride may be a constant 1)
     counts = tl.zeros([NUM_BINS], tl.int32)
     lane_mass = tl.zeros([WIDTH], tl.int64)
-    lane_listed = tl.zeros([WIDTH], tl.int64)
+    # The pre-list's mass is the row's less that of the tokens left off it, whose weights are
+    # below exp(-PRELIST_BINS / BINS_PER_NAT) * 2^40 (< 5.0e7 with the default 10 nats):
+    # UNLISTED_SEGMENTS of them fit a lane's int32 sum, one 32-bit select and add per token
+    # instead of two 64-bit ones. A shorter pre-list (a module setting) sums in int64.
+    UNLISTED_32: tl.constexpr = (PRELIST_BINS >= 10 * BINS_PER_NAT) and (SEGMENTS_PER_PROGRAM <= UNLISTED_SEGMENTS)
+    UNLISTED_TYPE: tl.constexpr = tl.int32 if UNLISTED_32 else tl.int64
+    tl.static_assert(PRELIST_BINS < NUM_BINS)
+    lane_unlisted = tl.zeros([WIDTH], UNLISTED_TYPE)
     lane_valid = tl.zeros([WIDTH], tl.int32)
     lane_bits = tl.zeros([WIDTH], tl.int32)
     bit = tl.full([], 0, tl.int32)  # segment j's place in its chunk
@@ -928,18 +973,20 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                                                           SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         valid = in_row if ALL_VALUES else finite
         gap = _gap(y, m, finite)
-        b = _bin_of_gap(x, gap, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
-        w_fixed = _fixed_weight(gap, finite)
-        lane_mass += w_fixed
+        if MASSES:
+            w_fixed = _fixed_weight(gap)
+            lane_mass += w_fixed
         if PRELIST_BINS == 0:
-            counts += tl.histogram(b, NUM_BINS, mask=valid)
+            counts += tl.histogram(_bin_of_gap(x, gap, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES), NUM_BINS,
+                                   mask=valid)
         else:
             # each lane marks its pre-list tokens, one bit per segment; the chunk's tokens are
             # listed together (a block sum, scan and atomic per segment cost this pass about 20 us
             # of 57 at 64 x 151936 on the H200)
-            marked = valid & (b < PRELIST_BINS)
+            marked = valid & _in_first_bins(x, gap, finite, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
             lane_bits |= marked.to(tl.int32) << bit
-            lane_listed += tl.where(marked, w_fixed, 0)
+            if MASSES:
+                lane_unlisted += tl.where(marked, 0, w_fixed.to(UNLISTED_TYPE))
             lane_valid += valid.to(tl.int32)
             if SEGMENTS_PER_PROGRAM > LIST_CHUNK:  # (else only the last chunk, after the loop)
                 if (bit == LIST_CHUNK - 1) & (j < SEGMENTS_PER_PROGRAM - 1):
@@ -948,7 +995,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                         # (the row's count has passed the capacity for good)
                         room = _list_lane_tokens(prelist_row, prelist_stride, prelist_count_ptr + row, lane_bits,
                                                  (prog * SEGMENTS_PER_PROGRAM + j - bit) * WIDTH, LIST_CHUNK,
-                                                 programs_per_row, lanes, WIDTH)
+                                                 programs_per_row, lanes, WIDTH, LIST_CHUNK)
                     lane_bits = tl.zeros([WIDTH], tl.int32)
                     bit = tl.full([], -1, tl.int32)
             bit += 1
@@ -956,22 +1003,24 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         tl.store(part_total_ptr + pid, tl.sum(lane_mass, axis=0))
         tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
     else:
+        lane_unlisted = lane_unlisted.to(tl.int64)
         if FUSED_REDUCTIONS:
-            total, listed, valid = tl.reduce((lane_mass, lane_listed, lane_valid), 0, _add_three)
+            total, unlisted, valid = tl.reduce((lane_mass, lane_unlisted, lane_valid), 0, _add_three)
         else:
             total = tl.sum(lane_mass, axis=0)
-            listed = tl.sum(lane_listed, axis=0)
+            unlisted = tl.sum(lane_unlisted, axis=0)
             valid = tl.sum(lane_valid, axis=0)
         tl.store(part_total_ptr + pid, total)
-        tl.store(part_listed_ptr + pid, listed)
+        tl.store(part_listed_ptr + pid, total - unlisted)
         tl.store(part_valid_ptr + pid, valid)
         # the last chunk, its `bit` segments, once the masses are out (fewer registers
         # live; asking for the places before the mass reduction, to overlap the atomic's round trip
         # with it, measured the same on the H200)
         if room:
+            LAST_CHUNK: tl.constexpr = SEGMENTS_PER_PROGRAM if SEGMENTS_PER_PROGRAM <= LIST_CHUNK else LIST_CHUNK
             _list_lane_tokens(prelist_row, prelist_stride, prelist_count_ptr + row, lane_bits,
                               (prog * SEGMENTS_PER_PROGRAM + SEGMENTS_PER_PROGRAM - bit) * WIDTH, bit,
-                              programs_per_row, lanes, WIDTH)
+                              programs_per_row, lanes, WIDTH, LAST_CHUNK)
 
 
 @triton.jit
@@ -1124,7 +1173,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                    NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
                    ALL_VALUES: tl.constexpr, RACE_SURE: tl.constexpr = False,
-                   PRELIST_BINS: tl.constexpr = 0, PREFETCH: tl.constexpr = False,
+                   PRELIST_BINS: tl.constexpr = 0, MASSES: tl.constexpr = True, PREFETCH: tl.constexpr = False,
                    WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
     """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling in a row whose
     plan does not race them in place (at most ``plan_kernel``'s SURE_LIST_MAX of them), their
@@ -1174,6 +1223,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
             will be longer than FINE_ABOVE tokens.
         prelist_ptr, prelist_stride, prelist_count_ptr, PRELIST_BINS: the pre-list, as
             ``bin_histogram_kernel`` wrote it (PRELIST_BINS = 0: every row reads its logits).
+        MASSES: sum the sure-kept masses (as in ``bin_histogram_kernel``; 0 without it).
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
     pid = tl.program_id(0).to(tl.int64)
@@ -1244,8 +1294,9 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                 listed = valid & (b >= lo) & (b <= hi)
                 w, w_fixed = _fixed_mass(y, m, finite)
                 survives = (minp_on == 0) | (w >= mp)
-                lane_mass += tl.where(above, w_fixed, 0)
-                lane_kept += tl.where(above & survives, w_fixed, 0)
+                if MASSES:
+                    lane_mass += tl.where(above, w_fixed, 0)
+                    lane_kept += tl.where(above & survives, w_fixed, 0)
                 # both counts (each <= WIDTH < 2^16) packed in one int32: one reduction, one scan
                 sure = lanes < 0
                 if MODE == MODE_SAMPLE:
@@ -1268,10 +1319,10 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                     ranks = tl.cumsum(packed, 0)
                     row_list = list_ptr + row * list_stride
                     pos = (bases & 0xFFFFFFFF) + (ranks % 65536) - 1
-                    tl.store(row_list + pos, cols.to(tl.int32), mask=listed)
+                    _scatter_store(row_list + pos, cols.to(tl.int32), listed)
                     if MODE == MODE_SAMPLE:
                         spos = n - (bases >> 32) - (ranks // 65536)
-                        tl.store(row_list + spos, cols.to(tl.int32), mask=sure)
+                        _scatter_store(row_list + spos, cols.to(tl.int32), sure)
                     if n_range > FINE_ABOVE:
                         fine += tl.histogram(_fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT),
                                              FINE_BINS, mask=listed)
