@@ -121,11 +121,6 @@ COMPACT_RACE_PROGRAMS_PER_SM = 3
 #: also list inside their loop, and spill under the cap (8 to 208 bytes of stack offline): they
 #: are not capped.
 HISTOGRAM_MAX_REGISTERS = 64
-#: The same for the compaction pass without its in-place race: 96 registers hold 5 of its 4-warp
-#: programs per SM instead of 4 (115 uncapped; offline sm_90: no stack, 1720 instructions instead
-#: of 1664). At 64 rows most of its programs only read their plan and leave (a peaked row's
-#: pre-list fills about 5 of its 30 programs): 2.9 waves of them instead of 3.6.
-COMPACT_MAX_REGISTERS = 96
 #: Warps of a compaction program with segments of 1024 tokens on a grid the device holds at 2
 #: programs per SM (sm_90: 80 registers, 102 with the race in place; the row passes take 4).
 #: H200, CUDA graph, L2 flushed, one process each (results/h200-probe-sampling-compact.txt): one
@@ -459,7 +454,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         RACE_SURE=race_in_compaction, PRELIST_BINS=prelist_bins, MASSES=masses,
         PREFETCH=_prefetch(g, prefetch, middle, not prelist_bins),
         num_warps=_compact_warps(g, grid[0], _sm_count(dev)),
-        **register_cap(None if race_in_compaction else COMPACT_MAX_REGISTERS), **middle)
+        **middle)
     if sure_race and not race_in_compaction:
         # (the other rows' programs read their plan and store no winner)
         run(_RACE,
