@@ -561,6 +561,40 @@ def test_tiny_top_p_keeps_the_top_token(device):
         assert torch.equal(probs, want), p
 
 
+def test_only_top_p_and_the_masks_sum_masses():
+    """Which calls take fixed-point weights (``_needs_masses``): every mask call, and sampling where
+    some row can have top-p on; not top-k or min-p sampling alone, nor ``top_k``."""
+    sample, topk, threshold = (kernels.MODE_SAMPLE.value, kernels.MODE_TOPK.value, kernels.MODE_THRESHOLD.value)
+    assert ops._needs_masses(sample, 0.9) and ops._needs_masses(sample, torch.tensor([1.0, 1.0]))
+    assert ops._needs_masses(threshold, None) and ops._needs_masses(threshold, 1.0)
+    assert not ops._needs_masses(sample, None) and not ops._needs_masses(sample, 1.0)
+    assert not ops._needs_masses(topk, None)
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_calls_without_top_p_give_the_same_results_without_masses(device, monkeypatch):
+    """Top-k and min-p sampling and ``top_k`` skip the fixed-point weights (``MASSES`` off in the
+    histogram and the compaction): nothing they decide reads a mass, so summing the masses anyway
+    changes no result. Whole rows and pre-lists (10 programs per row: a pre-list on this grid)."""
+    g = torch.Generator().manual_seed(21)
+    x = (torch.randn(3, 300, generator=g) * torch.tensor([[0.4], [2.0], [4.0]])).to(device)
+    seeds = torch.tensor([5, 6, 7], device=device)
+    configs = ((20, None, None), (None, None, 0.05), (20, None, 0.05), (1, None, None))
+    assert not any(ops._needs_masses(kernels.MODE_SAMPLE.value, c[1]) for c in configs)
+
+    def results():
+        out = []
+        for ppr in (None, 10):
+            out += [ops.sample_rows(x, 0.8, *c, seeds, 3, programs_per_row=ppr) for c in configs]
+            out += list(ops.top_k_rows(x, 40, programs_per_row=ppr))
+        return out
+
+    lean = results()
+    monkeypatch.setattr(ops, "_needs_masses", lambda mode, top_p: True)
+    for got, want in zip(results(), lean):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_every_output_and_buffer_is_written_before_it_is_read(device, poison_allocations):
     """Tokens, top_k's outputs, masks and every scratch buffer (histograms, list counters,

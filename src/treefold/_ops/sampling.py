@@ -20,7 +20,7 @@ import torch
 from .. import backend, order
 from ..kernels import sampling as kernels
 from ..reference import sampling as reference
-from .launch import Launcher, dependent_launch, int_key, launch_hooks_active
+from .launch import Launcher, dependent_launch, int_key, launch_hooks_active, register_cap
 
 #: Longest row the kernels take.
 MAX_ROW = 1 << 20
@@ -113,6 +113,14 @@ SURE_LIST_MAX_IN_COMPACTION = 0
 #: 151936 takes 149 programs). Larger grids keep the race apart: without it the compaction
 #: holds 4 programs per SM (128 registers) instead of 3.
 COMPACT_RACE_PROGRAMS_PER_SM = 3
+#: Registers per thread the histogram pass may take (Triton's ``maxnreg``): sm_90 holds 8 of its
+#: 4-warp programs per SM at 64, and its fp32 form with masses wants 66 uncapped (7 per SM: the
+#: 1920 programs of 64 rows of 151936 fill 2.08 waves; at 8 per SM, 1.82). At 64 it keeps every
+#: value in a register while a program lists its tokens once, after its last segment (offline
+#: sm_90, 64 rows: no stack, the same 832 instructions); programs of LIST_CHUNK segments and more
+#: also list inside their loop, and spill under the cap (8 to 208 bytes of stack offline): they
+#: are not capped.
+HISTOGRAM_MAX_REGISTERS = 64
 #: Warps of a compaction program with segments of 1024 tokens on a grid the device holds at 2
 #: programs per SM (sm_90: 80 registers, 102 with the race in place; the row passes take 4).
 #: H200, CUDA graph, L2 flushed, one process each (results/h200-probe-sampling-compact.txt): one
@@ -409,7 +417,9 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins, MASSES=masses,
-        PREFETCH=_prefetch(g, prefetch, middle, True), num_warps=g.num_warps, **middle)
+        PREFETCH=_prefetch(g, prefetch, middle, True), num_warps=g.num_warps,
+        **register_cap(HISTOGRAM_MAX_REGISTERS if g.segments_per_program < kernels.LIST_CHUNK.value else None),
+        **middle)
     if prelist_bins:
         # the bins counted from the pre-list where it holds the kept prefix, from the row elsewhere
         run(_COUNT,
@@ -443,7 +453,8 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=pairwise_max, ALL_VALUES=all_values,
         RACE_SURE=race_in_compaction, PRELIST_BINS=prelist_bins, MASSES=masses,
         PREFETCH=_prefetch(g, prefetch, middle, not prelist_bins),
-        num_warps=_compact_warps(g, grid[0], _sm_count(dev)), **middle)
+        num_warps=_compact_warps(g, grid[0], _sm_count(dev)),
+        **middle)
     if sure_race and not race_in_compaction:
         # (the other rows' programs read their plan and store no winner)
         run(_RACE,

@@ -429,7 +429,10 @@ def _fixed_weight(gap):
 
 @triton.jit
 def _popcount(bits):
-    """Set bits of each int32 (SWAR: no popcount instruction in every backend)."""
+    """Set bits of each int32: compiled, the POPC instruction; interpreted (Triton's interpreter
+    has no libdevice), SWAR arithmetic."""
+    if LIBDEVICE:
+        return libdevice.popc(bits)
     v = bits - ((bits >> 1) & 0x55555555)
     v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
     v = (v + (v >> 4)) & 0x0F0F0F0F
@@ -1560,7 +1563,7 @@ def _move_to_front(list_ptr, row, list_stride, written, idx, keep):
     keep_i = keep.to(tl.int32)
     pos = written + tl.cumsum(keep_i, 0) - 1
     tl.debug_barrier()
-    tl.store(list_ptr + row * list_stride + pos, idx.to(tl.int32), mask=keep)
+    _scatter_store(list_ptr + row * list_stride + pos, idx.to(tl.int32), keep)
     return written + tl.sum(keep_i, axis=0)
 
 
@@ -1665,9 +1668,16 @@ def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_ptr, lo, h
         sure = live & (f < flo)
         inside = live & (f >= flo) & (f <= fhi)
         survives = sure & ((minp_on == 0) | (w >= mp))
-        count_above += tl.sum(sure.to(tl.int32), axis=0)
-        mass_above += tl.sum(tl.where(sure, w_fixed, 0), axis=0)
-        kept_above += tl.sum(tl.where(survives, w_fixed, 0), axis=0)
+        if FUSED_REDUCTIONS:
+            sure_count, sure_mass, sure_kept = tl.reduce(
+                (sure.to(tl.int32), tl.where(sure, w_fixed, 0), tl.where(survives, w_fixed, 0)), 0, _add_three)
+        else:
+            sure_count = tl.sum(sure.to(tl.int32), axis=0)
+            sure_mass = tl.sum(tl.where(sure, w_fixed, 0), axis=0)
+            sure_kept = tl.sum(tl.where(survives, w_fixed, 0), axis=0)
+        count_above += sure_count
+        mass_above += sure_mass
+        kept_above += sure_kept
         if MODE == MODE_SAMPLE:
             best_score, best_index = _race_listed(survives, y, idx, seed, stream, offset, noise_scale,
                                                   best_score, best_index)
