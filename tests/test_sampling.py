@@ -88,7 +88,7 @@ def test_kernel_noise_equals_reference_bits(device):
 
 
 @triton.jit
-def weights_and_bins_kernel(y_ptr, m, mass_out, weight_out, bin_out, gap_bin_out, N: tl.constexpr):
+def weights_and_bins_kernel(y_ptr, m, mass_out, weight_out, bin_out, gap_bin_out, near_out, N: tl.constexpr):
     y = tl.load(y_ptr + tl.arange(0, N))
     finite = tl.abs(y) < float("inf")
     w, w_fixed = kernels._fixed_mass(y, m, finite)
@@ -97,6 +97,7 @@ def weights_and_bins_kernel(y_ptr, m, mass_out, weight_out, bin_out, gap_bin_out
     tl.store(weight_out + tl.arange(0, N), kernels._fixed_weight(gap))
     tl.store(bin_out + tl.arange(0, N), kernels._bin_of(y, y, m, finite, 64, 4.0, True))
     tl.store(gap_bin_out + tl.arange(0, N), kernels._bin_of_gap(y, gap, finite, 64, 4.0, True))
+    tl.store(near_out + tl.arange(0, N), kernels._in_first_bins(y, gap, finite, 40, 4.0, True).to(tl.int32))
 
 
 @pytest.mark.skipif(not KERNEL, reason="needs TRITON_INTERPRET=1 or a GPU")
@@ -110,12 +111,18 @@ def test_histogram_weights_and_bins_equal_the_other_passes(device):
     m = 3.25
     # (m is the row maximum: no finite y lies above it)
     y = torch.cat([(m + gaps).float(), torch.tensor([m, -1e30, -3e38, float("inf"), float("-inf"),
-                                                    float("nan"), m - 87.336, m - 87.337])]).to(device)
+                                                    float("nan"), m - 87.336, m - 87.337])])
+    y[1], y[2] = m - 10.0, m - 9.75  # exactly on the edges of bins 40 and 39
+    y = y.to(device)
     outs = [torch.full((n,), -7, dtype=torch.int64, device=device) for _ in range(2)]
     bins = [torch.full((n,), -7, dtype=torch.int32, device=device) for _ in range(2)]
-    weights_and_bins_kernel[(1,)](y, m, outs[0], outs[1], bins[0], bins[1], N=n)
+    near = torch.full((n,), -7, dtype=torch.int32, device=device)
+    weights_and_bins_kernel[(1,)](y, m, outs[0], outs[1], bins[0], bins[1], near, N=n)
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(bins[0], bins[1])
+    # the histogram's pre-list marks (the first 40 bins, 10 nats) without the bin
+    assert torch.equal(near, (bins[0] < 40).to(torch.int32))
+    assert 0 < int(near.sum()) < n and near[1:3].tolist() == [0, 1]
     assert int(outs[0][0]) > 0  # (not all zero)
     assert outs[0][-5:-2].tolist() == [0, 0, 0]  # +inf, -inf and NaN weigh nothing
 

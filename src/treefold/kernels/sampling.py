@@ -457,7 +457,7 @@ def _scatter_store(ptr, value, mask):
 
 @triton.jit
 def _list_lane_tokens(list_row, capacity, count_ptr, lane_bits, first_col, segments, programs_per_row, lanes,
-                      WIDTH: tl.constexpr, MAX_SEGMENTS: tl.constexpr):
+                      WIDTH: tl.constexpr):
     """Append the tokens a program marked in a chunk of its segments to a row's list: bit i of a
     lane's ``lane_bits`` marks column first_col + i * WIDTH + lane. One reduction, one scan and one
     atomic for the whole chunk (which hands out the places: the list's order is irrelevant), then
@@ -998,7 +998,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                         # (the row's count has passed the capacity for good)
                         room = _list_lane_tokens(prelist_row, prelist_stride, prelist_count_ptr + row, lane_bits,
                                                  (prog * SEGMENTS_PER_PROGRAM + j - bit) * WIDTH, LIST_CHUNK,
-                                                 programs_per_row, lanes, WIDTH, LIST_CHUNK)
+                                                 programs_per_row, lanes, WIDTH)
                     lane_bits = tl.zeros([WIDTH], tl.int32)
                     bit = tl.full([], -1, tl.int32)
             bit += 1
@@ -1020,10 +1020,9 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         # live; asking for the places before the mass reduction, to overlap the atomic's round trip
         # with it, measured the same on the H200)
         if room:
-            LAST_CHUNK: tl.constexpr = SEGMENTS_PER_PROGRAM if SEGMENTS_PER_PROGRAM <= LIST_CHUNK else LIST_CHUNK
             _list_lane_tokens(prelist_row, prelist_stride, prelist_count_ptr + row, lane_bits,
                               (prog * SEGMENTS_PER_PROGRAM + SEGMENTS_PER_PROGRAM - bit) * WIDTH, bit,
-                              programs_per_row, lanes, WIDTH, LAST_CHUNK)
+                              programs_per_row, lanes, WIDTH)
 
 
 @triton.jit
