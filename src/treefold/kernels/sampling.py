@@ -53,7 +53,8 @@ Greedy decoding and sampling without filters take ``race_kernel`` + ``race_combi
 
 Masses are summed in fixed point (w * 2^40 truncated to int64, w = exp(y - m) <= 1), so sums
 taken in any order, by any number of programs, give the same integers: results never depend on
-the batch size or the launch configuration (programs per row, segment width, warps). The row
+the batch size or the launch configuration (programs per row, segment width, warps). Only top-p
+and the mask functions' probabilities read a mass: other calls sum none (MASSES). The row
 passes keep per-lane maxima, races and integer sums across their segments and reduce them once
 per program: on the H200 these passes are bound by instructions, not by the logits' bytes.
 """
