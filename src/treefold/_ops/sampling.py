@@ -89,8 +89,9 @@ MAX_WIDTH = 1024
 #: Sampling: a row whose sure-kept bins hold at most this many tokens (the histogram tells, and
 #: the plan pass decides, before the compaction pass) lists them all for the one program per row
 #: of the resolve pass, which draws noise for those tokens alone; a row with more has every
-#: segment race its own sure-kept tokens in a pass after the compaction (``race_kernel`` with
-#: SURE_ONLY: noise for the whole segment, in parallel). Measured when that race lived in the
+#: segment race its own sure-kept tokens in place (noise for the whole segment, in parallel; by
+#: the compaction launch's race programs, ``compact_kernel``'s RACE_PROGRAMS). Measured when that
+#: race lived in the
 #: compaction pass (H200, 64 rows of 151936 fp32, CUDA graph, L2 flushed, one run): top-p 0.9
 #: 202.6 us (all raced in place: 216.4), min-p 0.05 134.1 (128.8), and rows kept whole (flat
 #: logits, p = 1 as a tensor) 150.9 us where listing them all took 494: the resolve pass races
@@ -109,9 +110,12 @@ SURE_LIST_MAX_IN_COMPACTION = 0
 #: Sampling: the compaction pass races sure-kept tokens in place itself (``compact_kernel``'s
 #: RACE_SURE) when its grid has at most this many programs per SM, the most its registers allow
 #: with that race in it (154 on sm_90): all programs are then resident at once either way, and
-#: the separate ``race_kernel`` launch would only add its own time (3 us on the H200; one row of
-#: 151936 takes 149 programs). Larger grids keep the race apart: without it the compaction
-#: holds 4 programs per SM (128 registers) instead of 3.
+#: race programs would only add their own (one row of 151936 takes 149 programs). Larger grids
+#: keep the race in race programs of their own in the same launch (RACE_PROGRAMS): without it
+#: in their loops the compaction's programs hold 4 per SM (128 registers) instead of 3. Those
+#: took a launch of their own (``race_kernel``) until the chain probe showed it adding 2.9 us
+#: to 64 rows of peaked logits, where no row races in place
+#: (results/h200-sampling-chain.txt).
 COMPACT_RACE_PROGRAMS_PER_SM = 3
 #: Registers per thread the histogram pass may take (Triton's ``maxnreg``): sm_90 holds 8 of its
 #: 4-warp programs per SM at 64, and its fp32 form with masses wants 66 uncapped (7 per SM: the
@@ -444,25 +448,22 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         T_ROW=flags["T_ROW"], K_ROW=flags["K_ROW"], P_ROW=flags["P_ROW"], MINP_ROW=flags["MINP_ROW"], MODE=mode,
         SURE_LIST_MAX=sure_list_max, PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT,
         LIST_COUNTS=bool(prelist_bins), num_warps=1, **middle)
+    # the in-place race of sure-kept tokens: inside the compaction's programs on grids the device
+    # holds at once, else by race programs after them in the same launch (rows not raced in
+    # place: their race programs read the plan and store no winner)
+    race_programs = sure_race and not race_in_compaction
     run(_COMPACT,
-        grid, x, n, x.stride(0), fine, counter, plan_rows, boundary, n,
+        (grid[0] * (2 if race_programs else 1),), x, n, x.stride(0), fine, counter, plan_rows, boundary, n,
         part_mass, part_kept, part_score, part_index, prelist, prelist_stride, prelist_count,
         g.programs_per_row, t, k, p, mp, filters,
-        s, s_stride, o, o_stride, **flags, MODE=mode, WIDTH=g.width,
+        s, s_stride, o, o_stride, grid[0], **flags, MODE=mode, WIDTH=g.width,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=pairwise_max, ALL_VALUES=all_values,
-        RACE_SURE=race_in_compaction, PRELIST_BINS=prelist_bins, MASSES=masses,
+        RACE_SURE=race_in_compaction, RACE_PROGRAMS=race_programs, RACE_PREFETCH=g.prefetch,
+        PRELIST_BINS=prelist_bins, MASSES=masses,
         PREFETCH=_prefetch(g, prefetch, middle, not prelist_bins),
         num_warps=_compact_warps(g, grid[0], _sm_count(dev)),
         **middle)
-    if sure_race and not race_in_compaction:
-        # (the other rows' programs read their plan and store no winner)
-        run(_RACE,
-            grid, x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-            o_stride, plan_rows, T_ROW=flags["T_ROW"], SEED_TENSOR=flags["SEED_TENSOR"],
-            OFFSET_TENSOR=flags["OFFSET_TENSOR"], NOISE=True, WIDTH=g.width,
-            SEGMENTS_PER_PROGRAM=g.segments_per_program, SURE_ONLY=True, NUM_BINS=NUM_BINS,
-            BINS_PER_NAT=BINS_PER_NAT, PREFETCH=g.prefetch, num_warps=g.num_warps, **middle)
     spare = counter  # pointer arguments a mode does not use
     run(_RESOLVE,
         (rows,), x, n, x.stride(0), part_max, part_total, fine, counter, plan_rows, boundary, n,
@@ -514,8 +515,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         first, _, last = _chained(x.device)
         run(_RACE,
             (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-            o_stride, part_score,
-            T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
+            o_stride, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
             WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch, num_warps=g.num_warps,
             **first)
         run(_RACE_COMBINE,

@@ -16,9 +16,8 @@ the highest score wins (lowest index on a tie). The winner is distributed exactl
 renormalised filtered distribution, no prefix sum or sort of the vocabulary is needed, and a row
 draws the same numbers whatever batch it sits in.
 
-Finding the prefix boundary without a sort (the filtered path: five launches; one more when
-sampling on a large grid, one more on a grid large enough for the pre-list, one more for the
-masks):
+Finding the prefix boundary without a sort (the filtered path: five launches; one more on a
+grid large enough for the pre-list, one more for the masks):
 
 1. ``segment_max_kernel``: the maximum of y over each program's share of the row. One read of
    the logits, the only one that reaches HBM.
@@ -39,7 +38,7 @@ masks):
    its complete pre-list reads the pre-list instead of the row.
    When sampling, a row with more sure-kept tokens than the resolve pass races cheaply races
    them in place, drawing noise for whole segments: in the compaction itself on grids the device
-   holds at once (RACE_SURE), else in ``race_kernel`` (SURE_ONLY) after it.
+   holds at once (RACE_SURE), else in race programs of the same launch (RACE_PROGRAMS).
 5. ``resolve_kernel``: one program per row. When sampling, it first runs the race among the
    sure-kept tokens (their noise is drawn for them alone). A long boundary list is cut down with
    the sub-bins (``_refine``: the same bounds, much narrower bins). The remaining tokens are
@@ -732,50 +731,13 @@ def _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr
 
 
 @triton.jit
-def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
-                temperature, seed, seed_stride, offset, offset_stride, plan_ptr,
-                T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
-                NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                SURE_ONLY: tl.constexpr = False, NUM_BINS: tl.constexpr = 1,
-                BINS_PER_NAT: tl.constexpr = 1.0, PREFETCH: tl.constexpr = False,
-                WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
-    """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
-
-    With SURE_ONLY (the filtered path's sampling, after ``compact_kernel``) only the sure-kept
-    tokens race (bins before the plan's lo that min-p keeps), and only in the rows whose plan says
-    they are raced in place (too many to list); the other rows' programs read their plan and
-    store no winner. This race runs apart from the compaction on grids larger than the device
-    holds at once, because its noise raises that pass's registers (sm_90: 128 -> 154, 4 programs
-    per SM -> 3); smaller grids race in the compaction itself (``compact_kernel``'s RACE_SURE).
-
-    Bytes: reads the row's logits once (SURE_ONLY: only in the rows raced in place, from L2, and
-    the plan's 16 bytes); writes 12 bytes per program.
-
-    Args:
-        x_ptr: logits [rows, n] (float32, bfloat16 or float16), last dimension contiguous.
-        n: tokens per row.
-        stride_x: elements between rows.
-        part_score_ptr, part_index_ptr: float32 / int64 partial winners [rows, programs_per_row].
-        programs_per_row: programs sharing a row.
-        temperature: float, or float32 pointer [rows] with T_ROW.
-        seed, offset: int64 values, or int64 pointers with SEED_TENSOR / OFFSET_TENSOR.
-        seed_stride, offset_stride: 1 for per-row tensors, 0 for a tensor of one element.
-        T_ROW: temperature is a float32 tensor [rows].
-        SEED_TENSOR, OFFSET_TENSOR: seed / offset are tensors.
-        NOISE: add the race noise (False: greedy argmax).
-        WIDTH: tokens per segment (a power of two >= 32; a launch choice).
-        SEGMENTS_PER_PROGRAM: consecutive segments one program reads.
-        PREFETCH: load each segment before working on the previous one (``_segment_logits``; a
-            launch choice, as in every row pass).
-        plan_ptr: SURE_ONLY: int32 [rows, PLAN_SLOTS], the plan ``plan_kernel`` wrote (lo,
-            whether the row races in place, min_p's and the maximum's bits); otherwise unused.
-        SURE_ONLY, NUM_BINS, BINS_PER_NAT: race the sure-kept tokens only (see above), binned
-            as in ``bin_histogram_kernel``.
-        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: a programmatic dependent launch of the call's previous
-            pass, letting the next one start early (``start_dependent_launch``).
-    """
-    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
-    pid = tl.program_id(0).to(tl.int64)
+def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
+                  seed_stride, offset, offset_stride, plan_ptr, pid, T_ROW: tl.constexpr,
+                  SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, NOISE: tl.constexpr,
+                  WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, SURE_ONLY: tl.constexpr,
+                  NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, PREFETCH: tl.constexpr):
+    """Race program ``pid`` of ``race_kernel`` (its arguments), and of ``compact_kernel``'s race
+    programs (SURE_ONLY)."""
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
@@ -809,6 +771,45 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
                 y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
             lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
     _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
+
+
+@triton.jit
+def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
+                temperature, seed, seed_stride, offset, offset_stride,
+                T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
+                NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                PREFETCH: tl.constexpr = False,
+                WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
+    """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
+    (The filtered path's race of sure-kept tokens in place is the same program, run by
+    ``compact_kernel``'s race programs.)
+
+    Bytes: reads the row's logits once; writes 12 bytes per program.
+
+    Args:
+        x_ptr: logits [rows, n] (float32, bfloat16 or float16), last dimension contiguous.
+        n: tokens per row.
+        stride_x: elements between rows.
+        part_score_ptr, part_index_ptr: float32 / int64 partial winners [rows, programs_per_row].
+        programs_per_row: programs sharing a row.
+        temperature: float, or float32 pointer [rows] with T_ROW.
+        seed, offset: int64 values, or int64 pointers with SEED_TENSOR / OFFSET_TENSOR.
+        seed_stride, offset_stride: 1 for per-row tensors, 0 for a tensor of one element.
+        T_ROW: temperature is a float32 tensor [rows].
+        SEED_TENSOR, OFFSET_TENSOR: seed / offset are tensors.
+        NOISE: add the race noise (False: greedy argmax).
+        WIDTH: tokens per segment (a power of two >= 32; a launch choice).
+        SEGMENTS_PER_PROGRAM: consecutive segments one program reads.
+        PREFETCH: load each segment before working on the previous one (``_segment_logits``; a
+            launch choice, as in every row pass).
+        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: a programmatic dependent launch of the call's previous
+            pass, letting the next one start early (``start_dependent_launch``).
+    """
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
+    pid = tl.program_id(0).to(tl.int64)
+    _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
+                  seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR, OFFSET_TENSOR,
+                  NOISE, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH)
 
 
 @triton.jit
@@ -1170,22 +1171,25 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                    plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr,
                    part_index_ptr, prelist_ptr, prelist_stride, prelist_count_ptr, programs_per_row,
                    temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
+                   race_from,
                    T_ROW: tl.constexpr, K_ROW: tl.constexpr, P_ROW: tl.constexpr,
                    MINP_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
                    MODE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                    NUM_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, FINE_BINS: tl.constexpr, FINE_ABOVE: tl.constexpr,
                    ALL_VALUES: tl.constexpr, RACE_SURE: tl.constexpr = False,
+                   RACE_PROGRAMS: tl.constexpr = False, RACE_PREFETCH: tl.constexpr = False,
                    PRELIST_BINS: tl.constexpr = 0, MASSES: tl.constexpr = True, PREFETCH: tl.constexpr = False,
                    WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
     """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling in a row whose
     plan does not race them in place (at most ``plan_kernel``'s SURE_LIST_MAX of them), their
     indices, written from the end of the row's list (``resolve_kernel`` races them, drawing noise
     for those tokens alone); a row with more has them raced in place (noise for whole segments,
-    in parallel): here with RACE_SURE, else by ``race_kernel`` (SURE_ONLY) after this pass, as
-    the row's plan tells it.
+    in parallel), as the row's plan tells it: inside these programs' own loops with RACE_SURE,
+    else, with RACE_PROGRAMS, by race programs of this launch (``_race_program`` with SURE_ONLY).
     Boundary tokens (bins lo..hi): their indices appended to the row's list and, when there are
-    more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row.
+    more than FINE_ABOVE of them, a histogram of their sub-bins. Grid rows * programs_per_row,
+    and with RACE_PROGRAMS as many race programs after those.
 
     A row whose bins before lo and bins lo..hi all lie below PRELIST_BINS, whose pre-list
     (``bin_histogram_kernel``) is complete and whose sure-kept tokens are not raced in place
@@ -1195,7 +1199,8 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
 
     Bytes: reads the logits once (from L2; a pre-listed row reads its pre-list and the logits it
     names) and the row's plan; writes 4 bytes per listed token (boundary or sure-kept) and 28
-    bytes per program.
+    bytes per program. A race program reads its row's plan and, in a row raced in place, its
+    share of the logits (from L2); it writes 12 bytes.
 
     Args:
         x_ptr, n, stride_x, programs_per_row: as above.
@@ -1209,17 +1214,24 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
         part_mass_ptr: int64 [rows, programs_per_row] fixed-point mass of the sure-kept bins.
         part_kept_ptr: int64 [rows, programs_per_row] the same, counting min-p survivors only.
         part_score_ptr, part_index_ptr: float32 / int64 [rows, programs_per_row] out with
-            RACE_SURE: the winner of the in-place race ((-inf, n): none); unused otherwise.
+            RACE_SURE or RACE_PROGRAMS: the winner of the in-place race ((-inf, n): none);
+            unused otherwise.
+        race_from: with RACE_PROGRAMS, the first race program (rows * programs_per_row): race
+            program race_from + i races the segments of compaction program i.
         temperature, top_k, top_p, min_p: scalars, or per-row pointers [rows] (flags *_ROW).
         seed, seed_stride, offset, offset_stride, SEED_TENSOR, OFFSET_TENSOR: as in
             ``race_kernel``.
         filters: which filters the call uses: 1 top-k, 2 top-p, 4 min-p (a runtime value: one
             compiled kernel serves every combination).
         MODE: MODE_SAMPLE, MODE_THRESHOLD or MODE_TOPK.
-        RACE_SURE: sampling: race in place here, not in ``race_kernel``. The noise costs this
+        RACE_SURE: sampling: race in place here, not in race programs. The noise costs this
             pass registers (sm_90, 64 x 151936 fp32: 128 -> 154, 4 programs of 4 warps per SM
             -> 3), so it is a launch choice for grids that fit on the device at 3 programs per
             SM, where the separate launch would only add its own time.
+        RACE_PROGRAMS: sampling on larger grids: the in-place race by programs of this launch
+            apart from the compaction's, which keep their registers (the race's 56 on sm_90 are
+            fewer than the compaction's): the race costs no launch of its own (3 us on the H200
+            at 64 rows of 151936, idle in peaked rows). RACE_PREFETCH: their PREFETCH.
         WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as above.
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
         FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
@@ -1230,6 +1242,14 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
     """
     pid = tl.program_id(0).to(tl.int64)
+    if RACE_PROGRAMS:
+        if pid >= race_from:
+            start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
+            _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature,
+                          seed, seed_stride, offset, offset_stride, plan_ptr, pid - race_from, T_ROW,
+                          SEED_TENSOR, OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, True, NUM_BINS,
+                          BINS_PER_NAT, RACE_PREFETCH)
+            return
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     lanes = tl.arange(0, WIDTH)
@@ -1720,8 +1740,8 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
         list_stride, part_mass_ptr, part_kept_ptr: as in ``plan_kernel`` and ``compact_kernel``
             (fine_ptr and the lists as the compaction left them).
         part_score_ptr, part_index_ptr: float32 / int64 [rows, compact_programs]: the partial
-            winners of the in-place race of sure-kept tokens (``race_kernel`` with SURE_ONLY, or
-            ``compact_kernel`` with RACE_SURE); read only in MODE_SAMPLE with SURE_PARTIALS.
+            winners of the in-place race of sure-kept tokens (``compact_kernel`` with RACE_SURE or
+            RACE_PROGRAMS); read only in MODE_SAMPLE with SURE_PARTIALS.
         SURE_PARTIALS: those partial winners were written (False when no row can race in place:
             a scalar top_k <= SURE_LIST_MAX bounds every row's sure-kept tokens).
         compact_programs: programs per row of ``compact_kernel`` (partials per row).
