@@ -631,8 +631,8 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
     """Segment width, programs per row and where the sure-kept tokens race are launch choices:
     every partial result is exact (maxima, races, integer counts, fixed-point masses) and the
     lists are never read in arrival order. 32-token segments against the default (512 here), on
-    1, 3 and all programs per row; every sure-kept token raced in place (by ``race_kernel`` after
-    the compaction, or inside it), listed, or each row deciding by its own count."""
+    1, 3 and all programs per row; every sure-kept token raced in place (by the compaction launch's
+    race programs, or inside its compaction programs), listed, or each row deciding by its own count."""
     g = torch.Generator().manual_seed(8)
     x = (torch.randn(3, 300, generator=g) * torch.tensor([[0.4], [2.0], [4.0]])).to(device)
     seeds = torch.tensor([5, 6, 7], device=device)
@@ -654,7 +654,7 @@ def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
     want = outputs()
     # sure-kept tokens all raced in place, listed by the rows that have few of them
     # (20: the flat row races, the peaked rows list), or all listed for the resolve pass; the
-    # in-place race in a launch of its own after the compaction, or inside the compaction
+    # in-place race by race programs of the compaction launch, or inside its compaction programs
     for sure_list_max in (0, 20, 1 << 20):
         for race_per_sm in (0, 1 << 20):
             monkeypatch.setattr(ops, "SURE_LIST_MAX", sure_list_max)
@@ -810,7 +810,7 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
     """Compiled, a race's (score, index) winner and the resolve pass's partials are each one
     multi-operand ``tl.reduce``; interpreted, separate reductions (``FUSED_REDUCTIONS``). The
     compiled form, run here through the interpreter, gives every output the separate form gives:
-    sampling (greedy, plain, every filter; sure-kept tokens listed, raced after the compaction or
+    sampling (greedy, plain, every filter; sure-kept tokens listed, raced by race programs or
     inside it), the masks (thresholds) and top_k."""
     g = torch.Generator().manual_seed(21)
     x = torch.randn(3, 300, generator=g) * torch.tensor([[0.4], [2.0], [4.0]])
@@ -861,7 +861,7 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
             out.append(ops.filter_rows(x, *args, probs=True, **launch))
         out.extend(ops.top_k_rows(x, 40, **launch))
         defaults = ops.SURE_LIST_MAX, ops.COMPACT_RACE_PROGRAMS_PER_SM, ops.SURE_LIST_MAX_IN_COMPACTION
-        for race_per_sm in (0, 1 << 20):  # every sure-kept token raced: after the compaction, inside it
+        for race_per_sm in (0, 1 << 20):  # every sure-kept token raced: by race programs, inside the compaction's
             monkeypatch.setattr(ops, "SURE_LIST_MAX", 0)
             monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", 0)
             monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", race_per_sm)
@@ -1251,7 +1251,7 @@ def test_gpu_top_k_equals_stable_sort(k):
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gpu_sure_kept_race_inside_or_after_the_compaction_gives_the_same_tokens(rows, monkeypatch):
     # flat rows keep tens of thousands of tokens for sure: they race them in place, in the
-    # compaction pass (a grid that fits at COMPACT_RACE_PROGRAMS_PER_SM) or in race_kernel
+    # compaction's programs (a grid that fits at COMPACT_RACE_PROGRAMS_PER_SM) or in its race programs
     x = qwen_like_logits(rows, 6, scale=1.0)
     seeds = torch.arange(rows, device="cuda") * 31 + 7
     configs = (dict(top_p=0.9), dict(min_p=0.01), dict(top_k=torch.full((rows,), 40000, device="cuda"), top_p=0.95))
@@ -1402,7 +1402,7 @@ def test_each_pass_gets_its_place_in_the_chain(monkeypatch):
     seeds = torch.tensor([1, 2])
     chained = {"launch_pdl", "WAIT_FOR_PRIOR", "RELEASE_DEPENDENTS"}
     for config in (dict(top_p=0.9), dict(top_k=5), dict(min_p=0.1, top_p=0.8), dict(), dict(temperature=0.0)):
-        for race_per_sm in (0, 1 << 20):  # the sure-kept race after the compaction, or inside it
+        for race_per_sm in (0, 1 << 20):  # the sure-kept race by race programs, or inside the compaction's
             monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", race_per_sm)
             ops.sample_rows(x, config.get("temperature", 1.0), config.get("top_k"), config.get("top_p"),
                             config.get("min_p"), seeds, 0)
