@@ -811,7 +811,7 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
     multi-operand ``tl.reduce``; interpreted, separate reductions (``FUSED_REDUCTIONS``). The
     compiled form, run here through the interpreter, gives every output the separate form gives:
     sampling (greedy, plain, every filter; sure-kept tokens listed, raced by race programs or
-    inside it), the masks (thresholds) and top_k."""
+    inside the compaction's), the masks (thresholds) and top_k."""
     g = torch.Generator().manual_seed(21)
     x = torch.randn(3, 300, generator=g) * torch.tensor([[0.4], [2.0], [4.0]])
     # greedy rows with tied maxima: inside one program with the higher index in a lower lane
