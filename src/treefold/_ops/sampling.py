@@ -90,12 +90,11 @@ MAX_WIDTH = 1024
 #: the plan pass decides, before the compaction pass) lists them all for the one program per row
 #: of the resolve pass, which draws noise for those tokens alone; a row with more has every
 #: segment race its own sure-kept tokens in place (noise for the whole segment, in parallel; by
-#: the compaction launch's race programs, ``compact_kernel``'s RACE_PROGRAMS). Measured when that
-#: race lived in the
-#: compaction pass (H200, 64 rows of 151936 fp32, CUDA graph, L2 flushed, one run): top-p 0.9
-#: 202.6 us (all raced in place: 216.4), min-p 0.05 134.1 (128.8), and rows kept whole (flat
-#: logits, p = 1 as a tensor) 150.9 us where listing them all took 494: the resolve pass races
-#: about 0.5 tokens per ns per row.
+#: the compaction launch's race programs, ``compact_kernel``'s RACE_PROGRAMS). Measured when
+#: that race lived in the compaction pass (H200, 64 rows of 151936 fp32, CUDA graph, L2
+#: flushed, one run): top-p 0.9 202.6 us (all raced in place: 216.4), min-p 0.05 134.1
+#: (128.8), and rows kept whole (flat logits, p = 1 as a tensor) 150.9 us where listing them all
+#: took 494: the resolve pass races about 0.5 tokens per ns per row.
 SURE_LIST_MAX = 8192
 #: The same limit on grids where the compaction races in place itself (``race_in_compaction``:
 #: at most COMPACT_RACE_PROGRAMS_PER_SM programs per SM, e.g. one row of 151936) and reads no

@@ -736,8 +736,18 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                   SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, NOISE: tl.constexpr,
                   WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, SURE_ONLY: tl.constexpr,
                   NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, PREFETCH: tl.constexpr):
-    """Race program ``pid`` of ``race_kernel`` (its arguments), and of ``compact_kernel``'s race
-    programs (SURE_ONLY)."""
+    """Race program ``pid``: of ``race_kernel`` (whose arguments these are), and with SURE_ONLY of
+    ``compact_kernel``'s race programs, where only the sure-kept tokens race (bins before the
+    plan's lo that min-p keeps), and only in the rows whose plan says they are raced in place
+    (too many to list); the other rows' programs read their plan and store no winner.
+
+    Args (beyond ``race_kernel``'s):
+        plan_ptr: SURE_ONLY: int32 [rows, PLAN_SLOTS], the plan ``plan_kernel`` wrote (lo,
+            whether the row races in place, min_p's and the maximum's bits); otherwise unused.
+        pid: the program's index among the race programs (rows * programs_per_row of them).
+        SURE_ONLY, NUM_BINS, BINS_PER_NAT: race the sure-kept tokens only, binned as in
+            ``compact_kernel``.
+    """
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
@@ -807,6 +817,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     """
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
+    # (no plan without SURE_ONLY: part_score_ptr stands in for the unused plan_ptr)
     _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
                   seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR, OFFSET_TENSOR,
                   NOISE, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH)
@@ -1227,11 +1238,11 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
         RACE_SURE: sampling: race in place here, not in race programs. The noise costs this
             pass registers (sm_90, 64 x 151936 fp32: 128 -> 154, 4 programs of 4 warps per SM
             -> 3), so it is a launch choice for grids that fit on the device at 3 programs per
-            SM, where the separate launch would only add its own time.
+            SM, where race programs would only add their own time.
         RACE_PROGRAMS: sampling on larger grids: the in-place race by programs of this launch
             apart from the compaction's, which keep their registers (the race's 56 on sm_90 are
-            fewer than the compaction's): the race costs no launch of its own (3 us on the H200
-            at 64 rows of 151936, idle in peaked rows). RACE_PREFETCH: their PREFETCH.
+            fewer than the compaction's): the race costs no launch of its own (2.9 us on the
+            H200 at 64 rows of 151936, idle in peaked rows). RACE_PREFETCH: their PREFETCH.
         WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as above.
         NUM_BINS, BINS_PER_NAT, ALL_VALUES: as in ``bin_histogram_kernel``.
         FINE_BINS, FINE_ABOVE: sub-bins of bins lo..hi (``_fine_bin``), counted when the list
