@@ -57,31 +57,37 @@ def cases():
     return [(rows, dtype, name) for rows, dtype, names in SHAPES for name in names]
 
 
+def launches_of(fn):
+    """The names of the launches one call of ``fn`` makes (all of them made)."""
+    _Prefix.limit = 1 << 30
+    probe = _Prefix()
+    original = ops._Run
+    ops._Run = lambda *a, **k: probe
+    try:
+        fn()
+    finally:
+        ops._Run = original
+    return probe.asked
+
+
 def main(out_path="", case=None):
     ops._Run = _Prefix  # every call below builds its launches through this run
     replays, launch_names = {}, {}
     for i, (rows, dtype, name) in enumerate(cases()):
         if case is not None and i != int(case):
             continue
-        if True:
-            x = logits(rows, dtype)
-            seeds = torch.arange(rows, device="cuda", dtype=torch.int64) * 7919 + 1
-            key = f"{rows} {str(dtype)[6:]} {name}"
-            fn = call(x, seeds, name)
-            _Prefix.limit = 1 << 30
-            probe = _Prefix()
-            original = ops._Run
-            ops._Run = lambda *a, **k: probe
-            fn()
-            ops._Run = original
-            launch_names[key] = probe.asked
-            for limit in range(1, len(probe.asked) + 1):
-                _Prefix.limit = limit
-                replays[(key, limit)] = graphed(fn)
-                replays[(key, limit)]()
-                torch.cuda.synchronize()  # a prefix that faults is named by the last line printed
-                print(f"{key}: the first {limit} launches replayed", flush=True)
-            _Prefix.limit = 1 << 30
+        x = logits(rows, dtype)
+        seeds = torch.arange(rows, device="cuda", dtype=torch.int64) * 7919 + 1
+        key = f"{rows} {str(dtype)[6:]} {name}"
+        fn = call(x, seeds, name)
+        launch_names[key] = launches_of(fn)
+        for limit in range(1, len(launch_names[key]) + 1):
+            _Prefix.limit = limit
+            replays[(key, limit)] = graphed(fn)
+            replays[(key, limit)]()
+            torch.cuda.synchronize()  # a prefix that faults is named by the last line printed
+            print(f"{key}: the first {limit} launches replayed", flush=True)
+        _Prefix.limit = 1 << 30
     torch.cuda.synchronize()
     times = interleaved_us(replays, CudaTimer(warmup_ms=10, rep_ms=40), 3)
     print(f"device {torch.cuda.get_device_name()}; graph replay of the first L launches, L2 flushed, "
