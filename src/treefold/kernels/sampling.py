@@ -175,9 +175,10 @@ def _gap(y, m, finite):
 def _bin_of_gap(x, gap, finite, NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr):
     """``_bin_of`` from the token's ``_gap``: m - y is -(y - m) exactly (rounding to nearest is
     symmetric), so the bins are the same bits whichever difference is taken. (Multiplied by
-    -BINS_PER_NAT: Triton negates as 0 - x, one more instruction per token.)"""
-    d = tl.minimum(tl.maximum(gap * (-BINS_PER_NAT), 0.0), NUM_BINS - 1.0)
-    b = tl.where(finite, d, 0.0).to(tl.int32)
+    -BINS_PER_NAT: Triton negates as 0 - x, one more instruction per token.) A non-finite token's
+    gap is -inf: it lands in the last bin, and every caller masks it out by ``finite`` (or, with
+    ALL_VALUES, places it below)."""
+    b = tl.minimum(tl.maximum(gap * (-BINS_PER_NAT), 0.0), NUM_BINS - 1.0).to(tl.int32)
     if ALL_VALUES:
         b = tl.where(finite, b, tl.where(x == float("-inf"), NUM_BINS - 1, 0))
     return b
