@@ -935,6 +935,9 @@ def test_compaction_from_the_pre_list_gives_what_the_row_gives(device, monkeypat
             assert (count[:2] <= stride).all() and count[2] > stride, (mode, config, count, stride)
             # the peaked rows' bins are counted from their lists, the flat row's from its logits
             assert listed.buffers["list_rows"].tolist() == [1, 1, 0], (mode, config)
+            # the histogram programs' valid tokens: every token for top_k, the finite ones else
+            valid = torch.full((3,), n) if mode == "top_k" else torch.isfinite(x).sum(dim=1)
+            assert torch.equal(listed.buffers["part_valid"].cpu().view(3, -1).sum(dim=1).long(), valid), (mode, ppr)
             poisoned = data.clone()
             assert all(map(_same_bits, _filtered_pipeline(poisoned, mode, config, _PoisonOffTheListRun(poisoned, [0, 1]),
                                                           ppr), got)), (mode, config, ppr)

@@ -192,7 +192,13 @@ def _in_first_bins(x, gap, finite, FIRST_BINS: tl.constexpr, BINS_PER_NAT: tl.co
     instead of the bin's two clamps, conversion and compare."""
     near = gap * (-BINS_PER_NAT) < FIRST_BINS
     if ALL_VALUES:
-        near = tl.where(finite, near, x != float("-inf"))  # NaN and +inf in bin 0, -inf in the last
+        # NaN and +inf are in bin 0, -inf in the last: the non-finite tokens that are not at most
+        # FLT_MAX (NaN compares false). A non-finite token's gap is -inf, so ``near`` is false
+        # for it, and a token masked off (loaded as 0) stays unmarked: no select on ``finite``,
+        # whose predicates per token had spilled into bit masks (sm_90, 64 x 151936 top_k: the
+        # histogram's segment loop 241 instructions per 8 tokens per thread against 137 without
+        # ALL_VALUES).
+        near = near | ((x <= FLT_MAX) == 0)
     return near
 
 
@@ -983,6 +989,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     tl.static_assert(PRELIST_BINS < NUM_BINS)
     lane_unlisted = tl.zeros([WIDTH], UNLISTED_TYPE)
     lane_valid = tl.zeros([WIDTH], tl.int32)
+    row_valid = tl.full([], 0, tl.int32)  # (ALL_VALUES: counted per segment, not per token)
     lane_bits = tl.zeros([WIDTH], tl.int32)
     bit = tl.full([], 0, tl.int32)  # segment j's place in its chunk
     for j in range(SEGMENTS_PER_PROGRAM):
@@ -1000,11 +1007,17 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
             # each lane marks its pre-list tokens, one bit per segment; the chunk's tokens are
             # listed together (a block sum, scan and atomic per segment cost this pass about 20 us
             # of 57 at 64 x 151936 on the H200)
-            marked = valid & _in_first_bins(x, gap, finite, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
+            if ALL_VALUES:
+                # every token in the row is valid: the segment's count is its columns in the row,
+                # and ``_in_first_bins`` marks no token masked off (no test of the column per token)
+                marked = _in_first_bins(x, gap, finite, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
+                row_valid += tl.minimum(tl.maximum(n - (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH, 0), WIDTH)
+            else:
+                marked = finite & _in_first_bins(x, gap, finite, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
+                lane_valid += finite.to(tl.int32)
             lane_bits |= marked.to(tl.int32) << bit
             if MASSES:
                 lane_unlisted += tl.where(marked, 0, w_fixed.to(UNLISTED_TYPE))
-            lane_valid += valid.to(tl.int32)
             if SEGMENTS_PER_PROGRAM > LIST_CHUNK:  # (else only the last chunk, after the loop)
                 if (bit == LIST_CHUNK - 1) & (j < SEGMENTS_PER_PROGRAM - 1):
                     if room:
@@ -1029,7 +1042,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
             valid = tl.sum(lane_valid, axis=0)
         tl.store(part_total_ptr + pid, total)
         tl.store(part_listed_ptr + pid, total - unlisted)
-        tl.store(part_valid_ptr + pid, valid)
+        tl.store(part_valid_ptr + pid, valid + row_valid)
         # the last chunk, its `bit` segments, once the masses are out (fewer registers
         # live; asking for the places before the mass reduction, to overlap the atomic's round trip
         # with it, measured the same on the H200)
