@@ -97,7 +97,7 @@ def weights_and_bins_kernel(y_ptr, m, mass_out, weight_out, bin_out, gap_bin_out
     tl.store(weight_out + tl.arange(0, N), kernels._fixed_weight(gap))
     tl.store(bin_out + tl.arange(0, N), kernels._bin_of(y, y, m, finite, 64, 4.0, True))
     tl.store(gap_bin_out + tl.arange(0, N), kernels._bin_of_gap(y, gap, finite, 64, 4.0, True))
-    tl.store(near_out + tl.arange(0, N), kernels._in_first_bins(y, gap, finite, 40, 4.0, True).to(tl.int32))
+    tl.store(near_out + tl.arange(0, N), kernels._in_first_bins(y, gap, 40, 4.0, True).to(tl.int32))
 
 
 @pytest.mark.skipif(not KERNEL, reason="needs TRITON_INTERPRET=1 or a GPU")

@@ -185,11 +185,12 @@ def _bin_of_gap(x, gap, finite, NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constex
 
 
 @triton.jit
-def _in_first_bins(x, gap, finite, FIRST_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr):
-    """``_bin_of_gap(x, gap, finite, ...) < FIRST_BINS`` without the bin (FIRST_BINS < NUM_BINS),
-    for the histogram's pre-list: gap * -BINS_PER_NAT is the bin's clamped quantity, and its
-    integer part is below FIRST_BINS exactly when it is. One multiply and one compare per token
-    instead of the bin's two clamps, conversion and compare."""
+def _in_first_bins(x, gap, FIRST_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr):
+    """``_bin_of_gap(x, gap, finite, ...) < FIRST_BINS`` (FIRST_BINS < NUM_BINS) without the bin
+    or ``finite``, for the histogram's pre-list, for every token in the row (a masked-off token
+    is never marked): gap * -BINS_PER_NAT is the bin's clamped quantity, and its integer part is
+    below FIRST_BINS exactly when it is. One multiply and one compare per token instead of the
+    bin's two clamps, conversion and compare."""
     near = gap * (-BINS_PER_NAT) < FIRST_BINS
     if ALL_VALUES:
         # NaN and +inf are in bin 0, -inf in the last: the non-finite tokens that are not at most
@@ -1010,10 +1011,10 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
             if ALL_VALUES:
                 # every token in the row is valid: the segment's count is its columns in the row,
                 # and ``_in_first_bins`` marks no token masked off (no test of the column per token)
-                marked = _in_first_bins(x, gap, finite, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
+                marked = _in_first_bins(x, gap, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
                 row_valid += tl.minimum(tl.maximum(n - (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH, 0), WIDTH)
             else:
-                marked = finite & _in_first_bins(x, gap, finite, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
+                marked = finite & _in_first_bins(x, gap, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
                 lane_valid += finite.to(tl.int32)
             lane_bits |= marked.to(tl.int32) << bit
             if MASSES:
