@@ -990,7 +990,6 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     tl.static_assert(PRELIST_BINS < NUM_BINS)
     lane_unlisted = tl.zeros([WIDTH], UNLISTED_TYPE)
     lane_valid = tl.zeros([WIDTH], tl.int32)
-    row_valid = tl.full([], 0, tl.int32)  # (ALL_VALUES: counted per segment, not per token)
     lane_bits = tl.zeros([WIDTH], tl.int32)
     bit = tl.full([], 0, tl.int32)  # segment j's place in its chunk
     for j in range(SEGMENTS_PER_PROGRAM):
@@ -1008,13 +1007,11 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
             # each lane marks its pre-list tokens, one bit per segment; the chunk's tokens are
             # listed together (a block sum, scan and atomic per segment cost this pass about 20 us
             # of 57 at 64 x 151936 on the H200)
-            if ALL_VALUES:
-                # every token in the row is valid: the segment's count is its columns in the row,
-                # and ``_in_first_bins`` marks no token masked off (no test of the column per token)
-                marked = _in_first_bins(x, gap, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
-                row_valid += tl.minimum(tl.maximum(n - (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH, 0), WIDTH)
-            else:
-                marked = finite & _in_first_bins(x, gap, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
+            # ``_in_first_bins`` marks no token masked off, nor a non-finite one without
+            # ALL_VALUES (its gap is -inf): no test of ``valid`` per token
+            marked = _in_first_bins(x, gap, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
+            if not ALL_VALUES:
+                # (with ALL_VALUES every column in the row is valid: counted once, below)
                 lane_valid += finite.to(tl.int32)
             lane_bits |= marked.to(tl.int32) << bit
             if MASSES:
@@ -1043,7 +1040,9 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
             valid = tl.sum(lane_valid, axis=0)
         tl.store(part_total_ptr + pid, total)
         tl.store(part_listed_ptr + pid, total - unlisted)
-        tl.store(part_valid_ptr + pid, valid + row_valid)
+        if ALL_VALUES:
+            valid = tl.minimum(tl.maximum(n - prog * (SEGMENTS_PER_PROGRAM * WIDTH), 0), SEGMENTS_PER_PROGRAM * WIDTH)
+        tl.store(part_valid_ptr + pid, valid)
         # the last chunk, its `bit` segments, once the masses are out (fewer registers
         # live; asking for the places before the mass reduction, to overlap the atomic's round trip
         # with it, measured the same on the H200)
