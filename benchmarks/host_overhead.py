@@ -1,7 +1,8 @@
 """Host time per eager call at decode sizes: 2000 calls with no synchronisation inside, wall time / 2000.
 
 python benchmarks/host_overhead.py  (CUDA). Prints one line per call; what a decode step pays per
-call outside a CUDA graph. With OUT=dir it also writes dir/host_profile.txt: where the time of
+call outside a CUDA graph. HOST_CASES="argmax,sum" in the environment keeps the calls whose name
+holds one of these. With OUT=dir it also writes dir/host_profile.txt: where the time of
 each treefold call goes (cProfile, by own time), and the cost of the launch path's pieces.
 """
 import cProfile
@@ -55,7 +56,16 @@ def main():
         ("F.layer_norm 1x4096 bf16", lambda: F.layer_norm(x, (4096,), w, b)),
         ("treefold.argmax 1x151936 fp32", lambda: treefold.argmax(logits, dim=-1)),
         ("torch.argmax 1x151936 fp32", lambda: torch.argmax(logits, -1)),
-        ("treefold.sum 2^20 fp32", lambda: treefold.sum(logits)),
+        ("treefold.argmax 64x151936 bf16", lambda: treefold.argmax(vocab64, dim=-1)),
+        ("torch.argmax 64x151936 bf16", lambda: torch.argmax(vocab64, -1)),
+        ("treefold.amax 1x151936 fp32, whole", lambda: treefold.amax(logits)),
+        ("torch.amax 1x151936 fp32, whole", lambda: torch.amax(logits)),
+        ("treefold.sum 1x151936 fp32, whole", lambda: treefold.sum(logits)),
+        ("torch.sum 1x151936 fp32, whole", lambda: torch.sum(logits)),
+        ("treefold.sum 1x4096 bf16, rows", lambda: treefold.sum(x, dim=-1)),
+        ("torch.sum 1x4096 bf16, rows", lambda: torch.sum(x, -1)),
+        ("treefold.norm 1x4096 bf16, rows", lambda: treefold.norm(x, dim=-1)),
+        ("torch.linalg.vector_norm 1x4096 bf16", lambda: torch.linalg.vector_norm(x, dim=-1)),
         ("treefold.sample greedy 1x151936", lambda: treefold.sample(logits, temperature=0.0)),
         ("treefold.sample top_p 0.9 1x151936", lambda: treefold.sample(logits, top_p=0.9, seed=1)),
         # the same call without validation and prepared launches: the ordinary launch path
@@ -65,6 +75,8 @@ def main():
         ("sampling.sample_rows top_k 50 64x151936 bf16", lambda: sampling_ops.sample_rows(vocab64, 1.0, 50, None, None, seeds, 0)),
         ("torch.multinomial(softmax) 1x151936", lambda: torch.multinomial(torch.softmax(logits, -1), 1)),
     ]
+    wanted = [c for c in os.environ.get("HOST_CASES", "").split(",") if c]
+    cases = [(name, fn) for name, fn in cases if not wanted or any(w in name for w in wanted)]
     for name, fn in cases:
         try:
             print(f"host us/call  {name:40s} {per_call_us(fn):8.1f}", flush=True)

@@ -603,3 +603,78 @@ def test_extreme_plans_fill_the_grid_and_keep_rows_of_4096_in_one_launch():
     assert first.tiles == 8 and merge.finish and merge.n == first.segments
     whole = ops.plan_extreme(1 << 28, 1)[0]
     assert whole.tiles == ops.EXTREME_TILES and whole.grid == (1 << 28) // (ops.EXTREME_LANES * ops.EXTREME_TILES)
+
+
+#: (function, keyword arguments, the direct launcher call that gives its result for rows x2)
+PREPARED_CALLS = [
+    ("sum", {}, lambda x2: tree_sum_rows(x2, out_dtype=x2.dtype)),
+    ("sum", {"dtype": torch.float32}, lambda x2: tree_sum_rows(x2)),
+    ("sum", {"accurate": True}, lambda x2: tree_sum_rows(x2, accurate=True, out_dtype=x2.dtype)),
+    ("mean", {}, lambda x2: tree_sum_rows(x2, final="mean", out_dtype=x2.dtype)),
+    ("norm", {}, lambda x2: tree_sum_rows(x2, square=True, final="sqrt", out_dtype=x2.dtype)),
+    ("norm", {"ord": 1}, lambda x2: tree_sum_rows(x2, absolute=True, out_dtype=x2.dtype)),
+    ("norm", {"ord": math.inf}, lambda x2: extreme_rows(x2, True, absolute=True)[0]),
+    ("amax", {}, lambda x2: extreme_rows(x2, True)[0]),
+    ("amin", {}, lambda x2: extreme_rows(x2, False)[0]),
+    ("argmax", {}, lambda x2: extreme_rows(x2, True)[1]),
+    ("argmin", {}, lambda x2: extreme_rows(x2, False)[1]),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dim,keepdim", [((1, 151936), -1, False), ((64, 151936), -1, True),
+                                               ((1 << 20,), None, False), ((3, 5, 33), None, True),
+                                               ((7, 4096), 1, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_prepared_reductions_give_the_same_results_with_new_tensors(shape, dim, keepdim, dtype):
+    # the first eager call of a kind prepares its launches, later ones take them with new
+    # tensors: the same results as the launchers called directly, in the public shape and dtype
+    reduce_ops._PREPARED.clear()
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for step in range(3):
+        x = torch.randn(shape, device="cuda", generator=g).to(dtype) * (step + 1)
+        if step == 2:
+            x.view(-1)[10] = math.nan
+        x2 = x.reshape(1, -1) if dim is None else x.reshape(-1, shape[-1])
+        out_shape = ((1,) * x.ndim if keepdim else ()) if dim is None else (
+            tuple(shape[:-1]) + ((1,) if keepdim else ()))
+        for name, kwargs, direct in PREPARED_CALLS:
+            got = getattr(tf, name)(x, dim=dim, keepdim=keepdim, **kwargs)
+            want = direct(x2).reshape(out_shape)
+            assert got.dtype == want.dtype and got.shape == want.shape, (name, kwargs)
+            if got.is_floating_point():
+                assert_same_bits(got.cpu(), want.cpu())
+            else:
+                assert torch.equal(got, want), (name, kwargs)
+    assert len(reduce_ops._PREPARED) == len(PREPARED_CALLS)
+    # each prepared call itself launches (the checks above pass through the ordinary path too)
+    key = next(k for k in reduce_ops._PREPARED if k[0] == "argmax")
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    x.view(-1)[-1] = 1e4
+    got = reduce_ops._PREPARED[key](x)
+    assert got.shape == out_shape and int(got.view(-1)[-1]) == (math.prod(shape) if dim is None else shape[-1]) - 1
+    # an input off the 16-byte grid: the prepared launches decline, the ordinary path answers
+    base = torch.randn(math.prod(shape) + 1, device="cuda", dtype=dtype)
+    odd = base[1:].view(shape)
+    assert reduce_ops._PREPARED[key](odd) is None
+    odd2 = odd.reshape(1, -1) if dim is None else odd.reshape(-1, shape[-1])
+    assert torch.equal(tf.argmax(odd, dim=dim, keepdim=keepdim), extreme_rows(odd2, True)[1].reshape(out_shape))
+    assert_same_bits(tf.sum(odd, dim=dim, keepdim=keepdim).cpu(),
+                     tree_sum_rows(odd2, out_dtype=dtype).reshape(out_shape).cpu())
+
+
+@pytest.mark.gpu
+def test_gpu_reductions_not_prepared_still_answer():
+    # a result that needs a conversion (int32 indices), a non-contiguous tensor reduced whole
+    # (a copy), a gradient: these calls keep no prepared launches and stay right
+    reduce_ops._PREPARED.clear()
+    x = torch.randn(96, 64, device="cuda")
+    for _ in range(2):
+        assert torch.equal(tf.argmax(x, dtype=torch.int32), torch.argmax(x).to(torch.int32))
+        t = x.t()
+        assert int(tf.argmax(t)) == int(torch.argmax(t.contiguous()))
+        assert_same_bits(tf.sum(t).cpu(), tree_sum_rows(t.contiguous().view(1, -1), out_dtype=t.dtype)[0].cpu())
+    assert not any(k[0] == "argmax" and k[7] == torch.int32 for k in reduce_ops._PREPARED)
+    assert not any(k[1] == (64, 96) for k in reduce_ops._PREPARED)
+    xg = x.clone().requires_grad_()
+    assert tf.sum(xg).grad_fn is not None and tf.amax(xg, dim=-1).grad_fn is not None

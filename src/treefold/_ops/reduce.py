@@ -22,7 +22,7 @@ import torch
 from .. import backend, order
 from ..kernels import reduce as kernels
 from ..reference import reductions as reference
-from .launch import Launcher, dependent_launch as _dependent_launch
+from .launch import Launcher, dependent_launch as _dependent_launch, launch_hooks_active
 
 _segment_sum = Launcher(kernels.segment_sum_kernel)
 _segment_extreme = Launcher(kernels.segment_extreme_kernel)
@@ -294,7 +294,7 @@ def _check_rows(fn: str, x: torch.Tensor) -> None:
 def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = False,
                   accurate: bool = False, exact_groups: Optional[bool] = None, final: str = "none",
                   out_dtype: Optional[torch.dtype] = None,
-                  tuning: SumTuning = _DEFAULT_SUM) -> torch.Tensor:
+                  tuning: SumTuning = _DEFAULT_SUM, prepare: Optional["Preparation"] = None) -> torch.Tensor:
     """Sum of each row of ``x`` ([rows, n], last dim contiguous) in the treefold order.
 
     Runs the Triton kernel (compiled or interpreted); the caller decides that it should.
@@ -308,6 +308,7 @@ def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = Fal
         final: "none", "mean" (divide by n in float64, round once) or "sqrt".
         out_dtype: result dtype (default float32 for floats, int64 for integers).
         tuning: launch choices (never the bits).
+        prepare: keep this call's launches as a prepared eager call (``Preparation``).
 
     Returns a ``[rows]`` tensor.
     """
@@ -333,9 +334,11 @@ def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = Fal
     final_code = {"none": kernels.FINAL_NONE, "mean": kernels.FINAL_MEAN,
                   "sqrt": kernels.FINAL_SQRT}[final].value
     exact = ACCURATE_EXACT_GROUPS if exact_groups is None else bool(exact_groups)
+    levels = plan_sum(n, rows, x.dtype, partial_bytes, tuning, not x.is_cuda,
+                      _dependent_launch(x.device.type, x.device.index))
+    launches, buffers = [], []
     cur, cur_lo, stride = x, x, x.stride(0)
-    for i, lv in enumerate(plan_sum(n, rows, x.dtype, partial_bytes, tuning, not x.is_cuda,
-                                    _dependent_launch(x.device.type, x.device.index))):
+    for i, lv in enumerate(levels):
         if lv.finish:
             out = torch.empty(rows, dtype=out_dtype, device=x.device)
             out_lo, out_stride = out, 1
@@ -344,9 +347,9 @@ def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = Fal
             out = torch.empty((rows, width), dtype=partial_dtype, device=x.device)
             out_lo = torch.empty_like(out) if double_double else out
             out_stride = width
-        _segment_sum(
-            (lv.grid,), cur, cur_lo, out, out_lo, lv.n, rows, stride, out_stride, lv.segments,
-            lv.programs_per_row, n,
+        buffers += [out] + ([out_lo] if out_lo is not out else [])
+        launches.append(((lv.grid,), (cur, cur_lo, out, out_lo, lv.n, rows, stride, out_stride, lv.segments,
+                                      lv.programs_per_row, n), dict(
             LANES=lv.lanes, LOG2_LANES=order.log2(lv.lanes), GROUP=lv.group,
             LOG2_GROUP=order.log2(lv.group), SEGMENTS_PER_PROGRAM=lv.segments_per_program,
             LOG2_SEGMENTS_PER_PROGRAM=order.log2(lv.segments_per_program),
@@ -359,9 +362,10 @@ def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = Fal
             EVICT_FIRST=lv.evict_first, NODE_SEGMENTS=lv.node_segments,
             LOG2_NODE_SEGMENTS=order.log2(lv.node_segments), NODE_STRIDE=lv.node_stride,
             WAIT_FOR_PRIOR=lv.wait_for_prior, RELEASE_DEPENDENTS=lv.release_dependents,
-            num_warps=lv.num_warps, enable_fp_fusion=False, **_DEPENDENT if lv.wait_for_prior else {},
-        )
+            num_warps=lv.num_warps, enable_fp_fusion=False, **_DEPENDENT if lv.wait_for_prior else {})))
         cur, cur_lo, stride = out, out_lo, out_stride
+    # the finishing level's output (the result) is the last buffer allocated
+    _launch(_segment_sum, launches, x, [cur] + buffers[:-1], prepare)
     return cur
 
 
@@ -429,11 +433,14 @@ def _worst(dtype: torch.dtype, is_max: bool):
 
 
 def extreme_rows(x: torch.Tensor, is_max: bool, *, absolute: bool = False,
-                 tuning: ExtremeTuning = _DEFAULT_EXTREME) -> tuple[torch.Tensor, torch.Tensor]:
+                 tuning: ExtremeTuning = _DEFAULT_EXTREME,
+                 prepare: Optional["Preparation"] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(value, index) of the max (``is_max``) or min of each row of ``x`` ([rows, n], n >= 1).
 
     NaN wins (the first NaN), ties go to the lowest index. Values keep x's dtype, indices are
     int64. With ``absolute`` |x| is compared (and returned). Runs the Triton kernel.
+    ``prepare``: keep this call's launches as a prepared eager call (``Preparation``; its
+    ``result`` 0 keeps the values, 1 the indices).
     """
     _check_rows("extreme_rows", x)
     rows, n = x.shape
@@ -444,6 +451,7 @@ def extreme_rows(x: torch.Tensor, is_max: bool, *, absolute: bool = False,
     if rows == 0:
         return values, indices
     partial_dtype = torch.float32 if x.dtype.is_floating_point else x.dtype
+    launches, partials = [], []
     cur, cur_index, stride = x, x, x.stride(0)
     for i, lv in enumerate(plan_extreme(n, rows, tuning, not x.is_cuda)):
         if lv.finish:
@@ -452,32 +460,138 @@ def extreme_rows(x: torch.Tensor, is_max: bool, *, absolute: bool = False,
             out_v = torch.empty((rows, lv.segments), dtype=partial_dtype, device=x.device)
             out_i = torch.empty((rows, lv.segments), dtype=torch.int64, device=x.device)
             out_stride = lv.segments
-        _segment_extreme(
-            (lv.grid,), cur, cur_index, x, out_v, out_i, lv.n, rows, stride, x.stride(0), out_stride, lv.segments,
+            partials += [out_v, out_i]
+        launches.append(((lv.grid,), (cur, cur_index, x, out_v, out_i, lv.n, rows, stride, x.stride(0), out_stride,
+                                      lv.segments), dict(
             LANES=lv.lanes, LOG2_LANES=order.log2(lv.lanes), TILES=lv.tiles,
             ROWS_PER_PROGRAM=lv.rows_per_program,
             IS_MAX=is_max, ABSOLUTE=absolute,
             WORST=0.0 if absolute and is_max else _worst(cur.dtype, is_max),
             INDEXED_INPUT=i > 0, FINISH=lv.finish, LOADS_IN_FLIGHT=lv.loads_in_flight,
-            INTERPRETED=backend.INTERPRETED, num_warps=lv.num_warps,
-        )
+            INTERPRETED=backend.INTERPRETED, num_warps=lv.num_warps)))
         cur, cur_index, stride = out_v, out_i, out_stride
+    outputs = [values, indices]
+    if prepare is not None:
+        outputs.insert(0, outputs.pop(prepare.result))  # the call's result first
+    _launch(_segment_extreme, launches, x, outputs + partials, prepare)
     return values, indices
+
+
+# ---- prepared eager calls ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Preparation:
+    """What an eager call that is to be prepared passes down: the key its prepared launches are
+    kept under (``prepared_key``), the shape and dtype of the public function's result, and for
+    a max / min which of (values, indices) that result is."""
+    key: tuple
+    shape: tuple
+    dtype: torch.dtype
+    result: int = 0
+
+
+def _launch(launcher: Launcher, launches: list, x: torch.Tensor, buffers: list,
+            prepare: Optional[Preparation]) -> None:
+    """Run a call's launches in order (``(grid, args, kwargs)`` each; ``buffers`` every tensor
+    they write, the call's result first). With ``prepare`` (contiguous CUDA ``x``, the result of
+    the dtype the public function returns) also keep them as a ``PreparedReduction``."""
+    if prepare is None:
+        for grid, args, kwargs in launches:
+            launcher(grid, *args, **kwargs)
+        return
+    slots = [x] + buffers
+    prepared = [launcher.prepare(grid, args, kwargs, slots) for grid, args, kwargs in launches]
+    if prepared and all(p is not None for p in prepared):
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[prepare.key] = PreparedReduction(tuple(prepared), prepare.shape, prepare.dtype,
+                                                   [b.numel() * b.element_size() for b in buffers[1:]])
+
+
+class PreparedReduction:
+    """The prepared launches of one kind of eager reduction call, in order. ``call(x)``
+    allocates the result (in the public function's shape and dtype) and one scratch buffer for
+    everything else the launches write (partials; the values of an argmax, the indices of a
+    max), each part on a 16-byte boundary, launches, and returns the result; it returns None,
+    having launched nothing, when ``x`` is not 16-byte aligned as the kernels were compiled for,
+    or a profiler's launch hooks are installed (the ordinary path then answers)."""
+
+    __slots__ = ("launches", "shape", "dtype", "offsets", "scratch_bytes")
+
+    def __init__(self, launches: tuple, shape: tuple, dtype: torch.dtype, part_bytes: list):
+        self.launches, self.shape, self.dtype = launches, shape, dtype
+        self.offsets, end = [], 0
+        for size in part_bytes:
+            self.offsets.append(end)
+            end += -(-size // 16) * 16
+        self.scratch_bytes = end
+
+    def __call__(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        if launch_hooks_active() or x.data_ptr() % 16:
+            return None
+        out = torch.empty(self.shape, dtype=self.dtype, device=x.device)
+        slots = [x, out]
+        scratch = None
+        if self.scratch_bytes:
+            scratch = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=x.device)
+            base = scratch.data_ptr()
+            slots += [base + offset for offset in self.offsets]
+        for launch in self.launches:
+            launch(*slots)
+        del scratch  # (freed after the launches are queued: the stream orders its reuse after them)
+        return out
+
+
+#: Prepared eager calls (``PreparedReduction``) by ``prepared_key``: a repeated call allocates
+#: its result and one scratch buffer, and launches (host time of argmax over 1 x 151936 had been
+#: 75 us a call against torch's 12, of which the launches themselves are 6 us each).
+_PREPARED: dict = {}
+_MAX_PREPARED = 1024
+#: Types of the option in a key (``accurate``, ``ord``): a call of another type never validated.
+_OPTION_TYPES = (type(None), bool, int, float)
+
+
+def prepared_key(fn: str, x, dim, keepdim, dtype, option=None) -> Optional[tuple]:
+    """The key of an eager call of the public reduction ``fn`` whose prepared launches may
+    answer it, or None where they may not: traced or compiled code, a tensor subclass or a
+    non-CUDA tensor, a call that needs a gradient, or arguments of types the public function
+    does not take (such calls are validated and fail on the ordinary path). Every value in the
+    key is of exactly the type a validated call has (``dim`` None or int, ``keepdim`` bool,
+    ``dtype`` None or a dtype, the option's type is in the key), so a key equal to that of an
+    earlier call is of a call that validates alike."""
+    if torch.compiler.is_compiling():
+        return None
+    if (x.__class__ is not torch.Tensor or not x.is_cuda or keepdim.__class__ is not bool
+            or not (dim is None or dim.__class__ is int) or not (dtype is None or dtype.__class__ is torch.dtype)
+            or option.__class__ not in _OPTION_TYPES or (x.requires_grad and torch.is_grad_enabled())):
+        return None
+    return (fn, x.shape, x.stride(), x.dtype, x.get_device(), dim, keepdim, dtype, option.__class__, option)
+
+
+def prepared_call(key: Optional[tuple], x: torch.Tensor) -> tuple[bool, Optional[torch.Tensor]]:
+    """(whether this kind of call was prepared, its result or None): the result through the
+    prepared launches kept under ``key``; None when there are none or they declined."""
+    entry = _PREPARED.get(key) if key is not None else None
+    if entry is None:
+        return False, None
+    return True, entry(x)
 
 
 # ---- the registered ops: kernel or reference, by device ------------------------------------
 
-def _sum_rows_impl(x: torch.Tensor, kind: str, out_dtype: torch.dtype) -> torch.Tensor:
+def _sum_rows_impl(x: torch.Tensor, kind: str, out_dtype: torch.dtype,
+                   prepare: Optional[Preparation] = None) -> torch.Tensor:
     if not backend.use_kernel(x):
         return reference.sum_rows(x, kind, out_dtype, exact_groups=ACCURATE_EXACT_GROUPS)
     if kind in ("sum", "sum_accurate"):
-        return tree_sum_rows(x, accurate=kind == "sum_accurate", out_dtype=out_dtype)
+        return tree_sum_rows(x, accurate=kind == "sum_accurate", out_dtype=out_dtype, prepare=prepare)
     if kind in ("mean", "mean_accurate"):
-        return tree_sum_rows(x, accurate=kind == "mean_accurate", final="mean", out_dtype=out_dtype)
+        return tree_sum_rows(x, accurate=kind == "mean_accurate", final="mean", out_dtype=out_dtype,
+                             prepare=prepare)
     if kind == "norm2":
-        return tree_sum_rows(x, square=True, final="sqrt", out_dtype=out_dtype)
+        return tree_sum_rows(x, square=True, final="sqrt", out_dtype=out_dtype, prepare=prepare)
     if kind == "norm1":
-        return tree_sum_rows(x, absolute=True, out_dtype=out_dtype)
+        return tree_sum_rows(x, absolute=True, out_dtype=out_dtype, prepare=prepare)
     raise ValueError(f"sum_rows: unknown kind {kind!r}, expected one of {SUM_KINDS}")
 
 
@@ -560,16 +674,30 @@ def _direct(x: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling())
 
 
-def sum_rows(x: torch.Tensor, kind: str, out_dtype: torch.dtype) -> torch.Tensor:
+def _preparable(x: torch.Tensor, prepare: Optional[Preparation]) -> Optional[Preparation]:
+    """``prepare`` where this eager call's launches can be kept (CUDA rows that are the caller's
+    contiguous tensor, whose address a prepared call passes), else None."""
+    return prepare if prepare is not None and x.is_cuda and x.is_contiguous() else None
+
+
+def sum_rows(x: torch.Tensor, kind: str, out_dtype: torch.dtype,
+             prepare: Optional[Preparation] = None) -> torch.Tensor:
     """``kind`` ("sum", "sum_accurate", "mean", "mean_accurate", "norm1", "norm2") of each row
-    of ``x`` ([rows, n], validated by the caller), as ``out_dtype``."""
+    of ``x`` ([rows, n], validated by the caller), as ``out_dtype``. ``prepare``: an eager
+    call of a contiguous CUDA tensor (``x`` a view of it) keeps its launches for the next call
+    of its kind (``Preparation``)."""
     if _direct(x):
-        return _sum_rows_impl(x, kind, out_dtype)
+        return _sum_rows_impl(x, kind, out_dtype, _preparable(x, prepare))
     return _sum_rows_op(x, kind, out_dtype)
 
 
-def extremes(x: torch.Tensor, is_max: bool, absolute: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, indices) of the max or min of each row of ``x`` ([rows, n >= 1], validated)."""
+def extremes(x: torch.Tensor, is_max: bool, absolute: bool = False,
+             prepare: Optional[Preparation] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the max or min of each row of ``x`` ([rows, n >= 1], validated).
+    ``prepare``: as in ``sum_rows``."""
     if _direct(x):
+        prepare = _preparable(x, prepare)
+        if prepare is not None:
+            return extreme_rows(x, is_max, absolute=absolute, prepare=prepare)
         return _extreme_rows_impl(x, is_max, absolute)
     return _extreme_rows_op(x, is_max, absolute)

@@ -73,6 +73,16 @@ def _rows(fn: str, x: torch.Tensor, dim, keepdim) -> tuple[torch.Tensor, tuple]:
     return _checks.as_rows(x), shape
 
 
+def _preparation(key, x: torch.Tensor, x2: torch.Tensor, shape: tuple, dtype: torch.dtype,
+                 result: int = 0):
+    """What an eager call passes down to keep its launches under ``key`` (``ops.Preparation``),
+    or None: no key, or rows that are not the caller's contiguous tensor itself (a copy, or a
+    strided view: a prepared call passes the caller's tensor)."""
+    if key is None or not x.is_contiguous() or x2.data_ptr() != x.data_ptr():
+        return None
+    return ops.Preparation(key, shape, dtype, result)
+
+
 def _not_empty(fn: str, x: torch.Tensor, x2: torch.Tensor, dim) -> None:
     if x2.shape[1] == 0:
         what = "an empty tensor" if dim is None else f"an empty dimension (dim={dim})"
@@ -119,13 +129,18 @@ def sum(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
     A bfloat16 or float16 ``dtype`` rounds that float32 again. Empty: 0.
     """
     fn = "sum"
+    key = ops.prepared_key(fn, x, dim, keepdim, dtype, accurate)
+    prepared, result = ops.prepared_call(key, x)
+    if result is not None:
+        return result
     _checks.tensor(fn, "x", x, _FLOATS + _INTS)
     _flag(fn, "accurate", accurate)
     integer = x.dtype in _INTS
     out = _out_dtype(fn, dtype, torch.int64 if integer else x.dtype, _INTS if integer else _FLOATS)
     x2, shape = _rows(fn, x, dim, keepdim)
     kind = "sum_accurate" if accurate and not integer else "sum"
-    return ops.sum_rows(x2, kind, out).reshape(shape)
+    prepare = None if prepared else _preparation(key, x, x2, shape, out)
+    return ops.sum_rows(x2, kind, out, prepare).reshape(shape)
 
 
 def mean(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
@@ -143,14 +158,23 @@ def mean(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
         accurate: divide the accurate sum (see ``sum``).
     """
     fn = "mean"
+    key = ops.prepared_key(fn, x, dim, keepdim, dtype, accurate)
+    prepared, result = ops.prepared_call(key, x)
+    if result is not None:
+        return result
     _checks.tensor(fn, "x", x, _FLOATS)
     _flag(fn, "accurate", accurate)
     out = _out_dtype(fn, dtype, x.dtype, _FLOATS)
     x2, shape = _rows(fn, x, dim, keepdim)
-    return ops.sum_rows(x2, "mean_accurate" if accurate else "mean", out).reshape(shape)
+    prepare = None if prepared else _preparation(key, x, x2, shape, out)
+    return ops.sum_rows(x2, "mean_accurate" if accurate else "mean", out, prepare).reshape(shape)
 
 
 def _extreme(fn: str, x, dim, keepdim, dtype, is_max: bool, want_index: bool):
+    key = ops.prepared_key(fn, x, dim, keepdim, dtype)
+    prepared, result = ops.prepared_call(key, x)
+    if result is not None:
+        return result
     _checks.tensor(fn, "x", x, _FLOATS + _INTS)
     if want_index:
         out = _out_dtype(fn, dtype, torch.int64, _INDEX_DTYPES)
@@ -160,7 +184,10 @@ def _extreme(fn: str, x, dim, keepdim, dtype, is_max: bool, want_index: bool):
     _not_empty(fn, x, x2, dim)
     if want_index and out == torch.int32 and x2.shape[1] > 2**31 - 1:
         raise ValueError(f"{fn}: dtype=int32 cannot hold indices of {x2.shape[1]} elements; use int64")
-    values, indices = ops.extremes(x2, is_max)
+    # (a prepared call returns the kernel's output itself: only where no conversion follows)
+    natural = torch.int64 if want_index else x.dtype
+    prepare = None if prepared or out != natural else _preparation(key, x, x2, shape, out, int(want_index))
+    values, indices = ops.extremes(x2, is_max, prepare=prepare)
     result = indices if want_index else values
     return result.to(out).reshape(shape)
 
@@ -218,6 +245,10 @@ def norm(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None, ord=2)
     raises, like torch.
     """
     fn = "norm"
+    key = ops.prepared_key(fn, x, dim, keepdim, dtype, ord)
+    prepared, result = ops.prepared_call(key, x)
+    if result is not None:
+        return result
     _checks.tensor(fn, "x", x, _FLOATS)
     if isinstance(ord, bool) or not isinstance(ord, (int, float)) or ord not in (1, 2, math.inf):
         raise ValueError(f"norm: ord must be 1, 2 or math.inf, got {ord!r}")
@@ -225,6 +256,8 @@ def norm(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None, ord=2)
     x2, shape = _rows(fn, x, dim, keepdim)
     if ord == math.inf:
         _not_empty(fn, x, x2, dim)
-        values, _ = ops.extremes(x2, True, absolute=True)
+        prepare = None if prepared or out != x.dtype else _preparation(key, x, x2, shape, out)
+        values, _ = ops.extremes(x2, True, absolute=True, prepare=prepare)
         return values.to(out).reshape(shape)
-    return ops.sum_rows(x2, "norm2" if ord == 2 else "norm1", out).reshape(shape)
+    prepare = None if prepared else _preparation(key, x, x2, shape, out)
+    return ops.sum_rows(x2, "norm2" if ord == 2 else "norm1", out, prepare).reshape(shape)
