@@ -1060,6 +1060,13 @@ def test_pre_list_decision_at_its_margins(device, monkeypatch):
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_bins_per_nat_is_a_power_of_two():
+    # the pre-list's mark compares a token's gap to the maximum with -PRELIST_BINS / BINS_PER_NAT
+    # instead of binning it (``_in_first_bins``): the same decision only when gap * BINS_PER_NAT is
+    # exact
+    assert math.frexp(ops.BINS_PER_NAT)[0] == 0.5
+
+
 def test_pre_list_holds_every_token_of_its_bins_once(device, monkeypatch):
     """The histogram pass lists each program's pre-list tokens once per chunk of LIST_CHUNK
     segments (one bit per lane and segment, bit 31 included). Segments of 8 tokens: one program
@@ -1082,10 +1089,16 @@ def test_pre_list_holds_every_token_of_its_bins_once(device, monkeypatch):
         x = torch.randn(2, n, generator=g) * torch.tensor([[8.0], [6.0]])
         x[0, 17] = float("-inf")
         x[:, 31 * 8 + 3] = x.max(dim=1).values - 1.0  # a mark in segment 31: bit 31 of its lane
+        # the pre-list's edge: an integer maximum, a token exactly PRELIST_BINS bins below it (not
+        # listed), one 2^-10 above (listed) and one 2^-10 below (all exact in float32)
+        x[:, 40] = x.max(dim=1).values.ceil()
+        edge = x[:, 40] - ops.PRELIST_BINS / ops.BINS_PER_NAT
+        x[:, 5], x[:, 6], x[:, 7] = edge, edge + 2.0 ** -10, edge - 2.0 ** -10
         m = x.max(dim=1, keepdim=True).values
         bins = ((m - x) * ops.BINS_PER_NAT).clamp(0.0, ops.NUM_BINS - 1.0).floor()
         near = torch.isfinite(x) & (bins < ops.PRELIST_BINS)
         want = [sorted(torch.nonzero(near[r]).flatten().tolist()) for r in range(2)]
+        assert near[:, 6].all() and not near[:, 5].any() and not near[:, 7].any()
         assert 8 < min(map(len, want)) and max(map(len, want)) < n // 4
         monkeypatch.setattr(ops, "PRELIST_BINS", 0)
         plain = _filtered_pipeline(x.to(device), "sample", config, _RecordingRun(), ppr)[0]

@@ -35,6 +35,8 @@ MAX_ROW = 1 << 20
 #: hold many tokens. Rows keeping tokens more than 16 nats below their maximum (top-p near 1, tiny
 #: min-p) put them in the last bin: still exact, their speed not measured.
 NUM_BINS = 64
+#: A power of two: the histogram's pre-list marks a token by comparing its gap to the maximum
+#: with -PRELIST_BINS / BINS_PER_NAT, the same decision as its bin only when scaling is exact.
 BINS_PER_NAT = 4.0
 FINE_BINS = 64
 #: ``resolve_kernel`` ranks boundary lists up to this long by pairwise comparisons (PAIR_CHUNK
