@@ -393,6 +393,23 @@ def test_bad_rows_sample_minus_one(device):
     assert treefold.sample(x[:1], temperature=bad_t, seed=0).tolist() == [-1]
 
 
+def test_unit_temperature_reads_the_logits_unscaled_with_the_same_tokens(device):
+    # a scalar temperature of 1 (or 0) has the row passes take the logits as they are (UNIT_T:
+    # no multiply, no clamp); a per-row tensor of ones (or zeros) scales and clamps them: the
+    # same tokens under every filter, with NaN, +-inf and logits near the float32 limit in the rows
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 300, generator=g) * 4
+    x[0, 3], x[0, 9], x[1, 5] = float("nan"), float("inf"), float("-inf")
+    x[1, 7], x[2, 11], x[2, 12] = 3.0e38, -3.0e38, float("inf")
+    x = x.to(device)
+    for config in ({}, dict(top_p=0.9), dict(min_p=0.05), dict(top_k=20), dict(top_k=20, top_p=0.8)):
+        for t in (1.0, 0.0):
+            scalar = treefold.sample(x, temperature=t, seed=4, **config)
+            per_row = treefold.sample(x, temperature=torch.full((3,), t, device=device), seed=4, **config)
+            assert torch.equal(scalar, per_row), (config, t)
+            assert scalar[1] == 7 or t == 1.0  # greedy: the largest finite logit
+
+
 def test_non_finite_logits_are_never_drawn(device):
     x = torch.zeros(40, 6)
     x[:, 0] = float("nan")

@@ -307,9 +307,15 @@ def _common(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> 
     s, s_stride, s_tensor = _random(seed)
     o, o_stride, o_tensor = _random(offset)
     filters = (top_k is not None) * 1 + (top_p is not None) * 2 + (min_p is not None) * 4
-    return dict(args=(t, k, p, mp, filters, s, s_stride, o, o_stride),
+    return dict(args=(t, k, p, mp, filters, s, s_stride, o, o_stride), unit_t=_unit_temperature(temperature),
                 flags=dict(T_ROW=t_row, K_ROW=k_row, P_ROW=p_row, MINP_ROW=mp_row,
                            SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor))
+
+
+def _unit_temperature(temperature) -> bool:
+    """Whether the logits are used unscaled: a scalar temperature of 1, or 0 (greedy). The row
+    passes then skip the scaling and its clamp (the kernels' UNIT_T)."""
+    return not isinstance(temperature, torch.Tensor) and temperature in (0.0, 1.0)
 
 
 class _Run:
@@ -415,14 +421,15 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     run(_SEGMENT_MAX,
         grid, x, n, x.stride(0), part_max, hist, fine, counter, prelist_count, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
-        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, num_warps=g.num_warps, **first)
+        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=c["unit_t"], num_warps=g.num_warps,
+        **first)
     run(_HISTOGRAM,
         grid, x, n, x.stride(0), part_max, part_total, hist, part_listed, part_valid, prelist, prelist_stride,
         prelist_count, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins, MASSES=masses,
-        PREFETCH=_prefetch(g, prefetch, middle, True), num_warps=g.num_warps,
+        PREFETCH=_prefetch(g, prefetch, middle, True), UNIT_T=c["unit_t"], num_warps=g.num_warps,
         **register_cap(HISTOGRAM_MAX_REGISTERS if g.segments_per_program < kernels.LIST_CHUNK.value else None),
         **middle)
     if prelist_bins:
@@ -433,7 +440,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
             T_ROW=flags["T_ROW"], K_ROW=flags["K_ROW"], P_ROW=flags["P_ROW"], MINP_ROW=flags["MINP_ROW"],
             WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2,
             NUM_BINS=NUM_BINS, BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins,
-            PREFETCH=g.prefetch, num_warps=g.num_warps, **middle)
+            PREFETCH=g.prefetch, UNIT_T=c["unit_t"], num_warps=g.num_warps, **middle)
     # Sampling: rows with more sure-kept tokens than the resolve pass races cheaply race them in
     # place, in the compaction pass or in a race launch after it. A scalar top_k <= SURE_LIST_MAX
     # leaves at most k tokens before the boundary bins in every row: nothing to race there.
@@ -462,7 +469,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         BINS_PER_NAT=BINS_PER_NAT, FINE_BINS=FINE_BINS, FINE_ABOVE=pairwise_max, ALL_VALUES=all_values,
         RACE_SURE=race_in_compaction, RACE_PROGRAMS=race_programs, RACE_PREFETCH=g.prefetch,
         PRELIST_BINS=prelist_bins, MASSES=masses,
-        PREFETCH=_prefetch(g, prefetch, middle, not prelist_bins),
+        PREFETCH=_prefetch(g, prefetch, middle, not prelist_bins), UNIT_T=c["unit_t"],
         num_warps=_compact_warps(g, grid[0], _sm_count(dev)),
         **middle)
     spare = counter  # pointer arguments a mode does not use
@@ -517,7 +524,8 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         run(_RACE,
             (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
             o_stride, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
-            WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch, num_warps=g.num_warps,
+            WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch,
+            UNIT_T=_unit_temperature(temperature), num_warps=g.num_warps,
             **first)
         run(_RACE_COMBINE,
             (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,

@@ -346,22 +346,32 @@ def _scaled(x, inv_t):
 
 
 @triton.jit
-def _logits_from(raw, mask, inv_t):
+def _logits_from(raw, mask, inv_t, UNIT_T: tl.constexpr = False):
     """Loaded logits (0 where masked off) as float32, whether each is finite, and their scaled
-    values y (``_scaled``)."""
+    values y (``_scaled``).
+
+    UNIT_T: the call's temperature is the scalar 1 (or 0, greedy: no scaling either), so y is x
+    itself: for a finite x that is ``_scaled``'s value bit for bit, and a non-finite x, where the
+    clamp would differ, takes part in no pass (every use of y is masked by ``finite``, or by lists
+    of finite tokens). A multiply and two clamps fewer per token in the row passes."""
     x = raw.to(tl.float32)
-    return x, mask & (tl.abs(x) < float("inf")), _scaled(x, inv_t)
+    if UNIT_T:
+        y = x
+    else:
+        y = _scaled(x, inv_t)
+    return x, mask & (tl.abs(x) < float("inf")), y
 
 
 @triton.jit
-def _logits_at(x_ptr, row, stride_x, offsets, mask, inv_t):
+def _logits_at(x_ptr, row, stride_x, offsets, mask, inv_t, UNIT_T: tl.constexpr = False):
     """A row's logits at ``offsets``: ``_logits_from`` of their load. How every pass reads them."""
-    return _logits_from(tl.load(x_ptr + row * stride_x + offsets, mask=mask, other=0.0), mask, inv_t)
+    return _logits_from(tl.load(x_ptr + row * stride_x + offsets, mask=mask, other=0.0), mask, inv_t, UNIT_T)
 
 
 @triton.jit
 def _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, next_raw,
-                    SEGMENTS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr, PREFETCH: tl.constexpr):
+                    SEGMENTS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr, PREFETCH: tl.constexpr,
+                    UNIT_T: tl.constexpr = False):
     """Segment j of a program's consecutive segments: its columns, which of them lie in the row,
     (x, finite, y) as ``_logits_at`` gives them, and the loaded logits of segment j + 1 (in their
     own dtype).
@@ -380,7 +390,7 @@ def _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, next_raw,
                            other=0.0)
     else:
         raw = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0)
-    x, finite, y = _logits_from(raw, in_row, inv_t)
+    x, finite, y = _logits_from(raw, in_row, inv_t, UNIT_T)
     return cols, in_row, x, finite, y, next_raw
 
 
@@ -705,7 +715,7 @@ def _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, min
 def _race_pick(score_a, index_a, score_b, index_b):
     """The better of two race entries: the higher score, then the lower index. ``combine.pick``
     without its NaN terms: race scores and row maxima are never NaN (non-finite logits take no
-    part, y is clamped to +-FLT_MAX, the noise is finite). Entries that tie on both are the same
+    part, a finite logit's y is finite: clamped to +-FLT_MAX when scaled, the noise is finite). Entries that tie on both are the same
     pair (the fillers of empty lanes and masked slots), so the result never depends on the order
     the pairs meet in."""
     take_b = (score_b > score_a) | ((score_b == score_a) & (index_b < index_a))
@@ -746,7 +756,8 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                   seed_stride, offset, offset_stride, plan_ptr, pid, T_ROW: tl.constexpr,
                   SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, NOISE: tl.constexpr,
                   WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, SURE_ONLY: tl.constexpr,
-                  NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, PREFETCH: tl.constexpr):
+                  NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, PREFETCH: tl.constexpr,
+                  UNIT_T: tl.constexpr):
     """Race program ``pid``: of ``race_kernel`` (whose arguments these are), and with SURE_ONLY of
     ``compact_kernel``'s race programs, where only the sure-kept tokens race (bins before the
     plan's lo that min-p keeps), and only in the rows whose plan says they are raced in place
@@ -783,7 +794,7 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
         for j in range(SEGMENTS_PER_PROGRAM):
             start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
             cols, in_row, x, valid, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                             SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+                                                             SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T)
             if SURE_ONLY:
                 # the compaction's own test of a sure-kept token, on the same values
                 w, w_fixed = _fixed_mass(y, m, valid)
@@ -800,7 +811,8 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
                 NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                 PREFETCH: tl.constexpr = False,
-                WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
+                WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
+                UNIT_T: tl.constexpr = False):
     """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
     (The filtered path's race of sure-kept tokens in place is the same program, run by
     ``compact_kernel``'s race programs.)
@@ -825,13 +837,14 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
             launch choice, as in every row pass).
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: a programmatic dependent launch of the call's previous
             pass, letting the next one start early (``start_dependent_launch``).
+        UNIT_T: temperature is the scalar 1 or 0: y is the logit itself (``_logits_from``).
     """
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     # (no plan without SURE_ONLY: part_score_ptr stands in for the unused plan_ptr)
     _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
                   seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR, OFFSET_TENSOR,
-                  NOISE, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH)
+                  NOISE, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T)
 
 
 @triton.jit
@@ -870,7 +883,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
                        prelist_count_ptr, programs_per_row, temperature,
                        T_ROW: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                        NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr, PREFETCH: tl.constexpr = False,
-                       RELEASE_DEPENDENTS: tl.constexpr = False):
+                       RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Maximum of y = x / t over the finite tokens of each program's segments; the first program
     of a row also clears the row's histograms and list counter. Grid rows * programs_per_row.
 
@@ -893,6 +906,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         NUM_BINS, FINE_BINS: bins of the histogram and sub-bins of the boundary bins.
         RELEASE_DEPENDENTS: the histogram pass, a programmatic dependent launch, may start early
             (``start_dependent_launch``).
+        UNIT_T: as in ``race_kernel``.
     """
     start_dependent_launch(False, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
@@ -910,7 +924,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
     raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
     for j in range(SEGMENTS_PER_PROGRAM):
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T)
         lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
     tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
 
@@ -924,7 +938,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                          NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
                          ALL_VALUES: tl.constexpr, PRELIST_BINS: tl.constexpr = 0,
                          MASSES: tl.constexpr = True, PREFETCH: tl.constexpr = False,
-                         WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
+                         WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
+                         UNIT_T: tl.constexpr = False):
     """The fixed-point mass of each program's tokens (per-lane integer sums, one reduction per
     program) and either the bin histogram of the row (integer atomics) or the pre-list. Grid
     rows * programs_per_row.
@@ -968,7 +983,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         PRELIST_BINS: list the tokens of the bins below this (0: no pre-list). A program stops
             listing once it sees the row's count pass the capacity, or once a chunk of its
             segments marks more than twice its share of it (it then gives the row's list up).
-        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
+        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS, UNIT_T: as in ``race_kernel``.
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
@@ -997,7 +1012,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     bit = tl.full([], 0, tl.int32)  # segment j's place in its chunk
     for j in range(SEGMENTS_PER_PROGRAM):
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T)
         valid = in_row if ALL_VALUES else finite
         gap = _gap(y, m, finite)
         if MASSES:
@@ -1063,7 +1078,8 @@ def bin_count_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_list
                      WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
                      NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr,
                      PRELIST_BINS: tl.constexpr, PREFETCH: tl.constexpr = False,
-                     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
+                     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
+                     UNIT_T: tl.constexpr = False):
     """The bin histogram of each row after a histogram pass that made the pre-list
     (``bin_histogram_kernel`` with PRELIST_BINS > 0): of its pre-list's tokens where the list
     holds the row's kept prefix (``_pre_list_holds_prefix``; the plan adds the rest of the row as
@@ -1088,7 +1104,7 @@ def bin_count_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_list
         hist_ptr: int32 [rows, NUM_BINS], accumulated (cleared by ``segment_max_kernel``).
         list_rows_ptr: int32 [rows] out: 1 where the row's counts are its pre-list's.
         top_k, top_p, min_p, filters, K_ROW, P_ROW, MINP_ROW: as in ``compact_kernel``.
-        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
+        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS, UNIT_T: as in ``race_kernel``.
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
@@ -1117,7 +1133,7 @@ def bin_count_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_list
                 places = g * WIDTH + lanes
                 listed_here = places < pre_count
                 cols = tl.load(prelist_row + places, mask=listed_here, other=0)
-                x, finite, y = _logits_at(x_ptr, row, stride_x, cols, listed_here, inv_t)
+                x, finite, y = _logits_at(x_ptr, row, stride_x, cols, listed_here, inv_t, UNIT_T)
                 valid = listed_here if ALL_VALUES else finite
                 counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES), NUM_BINS,
                                        mask=valid)
@@ -1125,7 +1141,7 @@ def bin_count_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_list
         raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
         for j in range(SEGMENTS_PER_PROGRAM):
             cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                              SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+                                                              SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T)
             valid = in_row if ALL_VALUES else finite
             counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES), NUM_BINS,
                                    mask=valid)
@@ -1208,7 +1224,8 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                    ALL_VALUES: tl.constexpr, RACE_SURE: tl.constexpr = False,
                    RACE_PROGRAMS: tl.constexpr = False, RACE_PREFETCH: tl.constexpr = False,
                    PRELIST_BINS: tl.constexpr = 0, MASSES: tl.constexpr = True, PREFETCH: tl.constexpr = False,
-                   WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
+                   WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
+                   UNIT_T: tl.constexpr = False):
     """Sure-kept tokens (bins < lo): fixed-point mass sums and, when sampling in a row whose
     plan does not race them in place (at most ``plan_kernel``'s SURE_LIST_MAX of them), their
     indices, written from the end of the row's list (``resolve_kernel`` races them, drawing noise
@@ -1267,7 +1284,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
         prelist_ptr, prelist_stride, prelist_count_ptr, PRELIST_BINS: the pre-list, as
             ``bin_histogram_kernel`` wrote it (PRELIST_BINS = 0: every row reads its logits).
         MASSES: sum the sure-kept masses (as in ``bin_histogram_kernel``; 0 without it).
-        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: as in ``race_kernel``.
+        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS, UNIT_T: as in ``race_kernel``.
     """
     pid = tl.program_id(0).to(tl.int64)
     if RACE_PROGRAMS:
@@ -1276,7 +1293,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature,
                           seed, seed_stride, offset, offset_stride, plan_ptr, pid - race_from, T_ROW,
                           SEED_TENSOR, OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, True, NUM_BINS,
-                          BINS_PER_NAT, RACE_PREFETCH)
+                          BINS_PER_NAT, RACE_PREFETCH, UNIT_T)
             return
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -1334,11 +1351,11 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                     places = g * WIDTH + lanes
                     in_row = places < pre_count
                     cols = tl.load(prelist_row + places, mask=in_row, other=0)
-                    x, finite, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t)
+                    x, finite, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t, UNIT_T)
                 else:
                     cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n,
                                                                       inv_t, raw, SEGMENTS_PER_PROGRAM, WIDTH,
-                                                                      PREFETCH)
+                                                                      PREFETCH, UNIT_T)
                 valid = in_row if ALL_VALUES else finite
                 b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
                 above = valid & (b < lo)
