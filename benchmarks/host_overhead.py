@@ -74,6 +74,11 @@ def main():
         ("treefold.sample top_k 50 64x151936 bf16", lambda: treefold.sample(vocab64, top_k=50, seed=seeds)),
         ("sampling.sample_rows top_k 50 64x151936 bf16", lambda: sampling_ops.sample_rows(vocab64, 1.0, 50, None, None, seeds, 0)),
         ("torch.multinomial(softmax) 1x151936", lambda: torch.multinomial(torch.softmax(logits, -1), 1)),
+        ("treefold.top_k 50 1x151936 fp32", lambda: treefold.top_k(logits, 50)),
+        ("sampling.top_k_rows 50 1x151936 fp32", lambda: sampling_ops.top_k_rows(logits, 50)),
+        ("torch.topk 50 1x151936 fp32", lambda: torch.topk(logits, 50)),
+        ("treefold.top_k 50 64x151936 bf16", lambda: treefold.top_k(vocab64, 50)),
+        ("torch.topk 50 64x151936 bf16", lambda: torch.topk(vocab64, 50)),
     ]
     wanted = [c for c in os.environ.get("HOST_CASES", "").split(",") if c]
     cases = [(name, fn) for name, fn in cases if not wanted or any(w in name for w in wanted)]

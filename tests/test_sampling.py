@@ -1509,7 +1509,7 @@ def test_prepared_sample_places_buffers_in_one_workspace_and_fills_every_slot():
     buffers = {"part_max": torch.empty(7), "hist": torch.empty((3, 64), dtype=torch.int32),
                "boundary": torch.empty((3, 1000), dtype=torch.int32)}
     first, second = _RecordingLaunch(), _RecordingLaunch()
-    call = ops._PreparedSample(((first, ("x", "part_max", "hist"), ()),
+    call = ops._PreparedPipeline(((first, ("x", "part_max", "hist"), ()),
                                 (second, ("boundary", "seed", "token"), ("offset",))), buffers, 3)
     x, seed = torch.empty(3, 1000), torch.empty(3, dtype=torch.int64)
     out = call(x, {"seed": seed}, {"seed": seed, "offset": 17})
@@ -1524,11 +1524,27 @@ def test_prepared_sample_places_buffers_in_one_workspace_and_fills_every_slot():
     assert hist - part_max == 256 and boundary - hist == 768
     assert all(a % 16 == 0 for a in (part_max, hist, boundary))
     # a launch that would decline: nothing launches, the caller takes the ordinary path
-    refusing = ops._PreparedSample(((first, ("x",), ()), (_RecordingLaunch(accept=False), ("x",), ("seed",))),
+    refusing = ops._PreparedPipeline(((first, ("x",), ()), (_RecordingLaunch(accept=False), ("x",), ("seed",))),
                                    {}, 3)
     assert refusing(x, {}, {"seed": 1, "offset": 0}) is None and len(first.calls) == 1
     base = torch.empty(3 * 1000 + 1)
     assert call(base[1:].view(3, 1000), {"seed": seed}, {"seed": seed, "offset": 17}) is None
+
+
+def test_prepared_pipeline_allocates_each_output_in_its_slot():
+    # top_k's prepared calls return values and indices: each output allocated anew per call, in
+    # its slot, the plan's buffers in the workspace
+    launch = _RecordingLaunch()
+    call = ops._PreparedPipeline(((launch, ("x", "hist", "values", "indices"), ()),),
+                                 {"hist": torch.empty((3, 64), dtype=torch.int32)}, 3,
+                                 (("values", (3, 5), torch.bfloat16), ("indices", (3, 5), torch.int64)))
+    x = torch.empty(3, 100, dtype=torch.bfloat16)
+    values, indices = call(x, {}, {})
+    assert values.shape == (3, 5) and values.dtype == torch.bfloat16
+    assert indices.shape == (3, 5) and indices.dtype == torch.int64
+    (addresses, _), = launch.calls
+    assert addresses[0] == x.data_ptr() and addresses[2:] == [values.data_ptr(), indices.data_ptr()]
+    assert addresses[1] % 16 == 0 and addresses[1] not in (values.data_ptr(), indices.data_ptr())
 
 
 def test_prepared_sample_keys():
@@ -1580,6 +1596,16 @@ def test_gpu_prepared_sample_calls_give_the_same_tokens():
     assert len(kinds) == 3 and sum(out is not None for out in outs) == 1
     out = next(out for out in outs if out is not None)
     assert torch.equal(out, ops.sample_rows(x, 0.7, 50, None, None, seeds, 3))
+    # top_k keeps its own, per (shape, strides, dtype, device, k)
+    for step in range(3):
+        xs = x * (step + 1)
+        for k in (1, 50):
+            values, indices = treefold.top_k(xs, k)
+            want_values, want_indices = ops.top_k_rows(xs, k)
+            assert torch.equal(values, want_values) and torch.equal(indices, want_indices), (step, k)
+    key = ("top_k", x.shape, x.stride(), x.dtype, x.get_device(), 50)
+    values, indices = ops._PREPARED[key](x * 5, {}, {})
+    assert torch.equal(indices, ops.top_k_rows(x * 5, 50)[1])
 
 
 class _InterpretedPrepared:
@@ -1622,10 +1648,8 @@ class _InterpretedPrepared:
     launched = 0
 
 
-@pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
-def test_prepared_sample_calls_through_the_interpreter(monkeypatch):
-    # the whole prepared path (keys, slots, the workspace, integer seeds and offsets) on the
-    # CPU, with Launcher.prepare standing in: a prepared call gives the ordinary path's tokens
+def _prepare_through_the_interpreter(monkeypatch):
+    """Launcher.prepare launches and returns an ``_InterpretedPrepared``; no call is prepared yet."""
     from treefold._ops import launch as launch_mod
 
     def prepare(self, grid, args, kwargs, slots, scalars=()):
@@ -1635,6 +1659,34 @@ def test_prepared_sample_calls_through_the_interpreter(monkeypatch):
     monkeypatch.setattr(launch_mod.Launcher, "prepare", prepare)
     monkeypatch.setattr(ops, "_PREPARED", {})
     monkeypatch.setattr(_InterpretedPrepared, "launched", 0)
+
+
+@pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
+def test_prepared_top_k_calls_through_the_interpreter(monkeypatch):
+    # top_k's prepared launches with new logits give the ordinary path's values and indices, in
+    # newly allocated outputs
+    _prepare_through_the_interpreter(monkeypatch)
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(3, 700, generator=g) * 3
+    key = ("top_k", x.shape, x.stride(), x.dtype, x.get_device(), 20)
+    first = ops.top_k_rows(x, 20, prepare_key=key)
+    assert torch.equal(first[1], ops.top_k_rows(x, 20)[1])
+    launched = _InterpretedPrepared.launched
+    for step in range(2):
+        xs = torch.randn(3, 700, generator=g) * (step + 2)
+        xs[1, 3] = float("nan")
+        values, indices = ops._PREPARED[key](xs, {}, {})
+        want_values, want_indices = ops.top_k_rows(xs, 20)
+        assert torch.equal(indices, want_indices) and torch.equal(values.isnan(), want_values.isnan())
+        assert torch.equal(values.nan_to_num(), want_values.nan_to_num())
+    assert _InterpretedPrepared.launched > launched
+
+
+@pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
+def test_prepared_sample_calls_through_the_interpreter(monkeypatch):
+    # the whole prepared path (keys, slots, the workspace, integer seeds and offsets) on the
+    # CPU, with Launcher.prepare standing in: a prepared call gives the ordinary path's tokens
+    _prepare_through_the_interpreter(monkeypatch)
     g = torch.Generator().manual_seed(12)
     x = torch.randn(3, 700, generator=g) * 3
     seeds = torch.tensor([4, 5, 6])

@@ -347,39 +347,43 @@ class _Run:
         return t
 
 
-class _PreparedSample:
-    """The prepared launches of one kind of eager ``sample`` call. A call allocates the token
-    output and one workspace that holds every buffer of the plan (each at a 256-byte offset),
-    then launches each with the addresses of the call's tensors. Returns None, having launched
-    nothing, when a launch would decline (an unaligned tensor, an integer seed or offset that
-    the kernels were compiled for differently, profiler hooks): the ordinary path then answers."""
+class _PreparedPipeline:
+    """The prepared launches of one kind of eager ``sample`` or ``top_k`` call. A call allocates
+    its outputs (``outputs``: (slot name, shape, dtype) each; by default the sampled tokens of
+    ``rows`` rows) and one workspace that holds every buffer of the plan (each at a 256-byte
+    offset), then launches each with the addresses of the call's tensors, and returns the output
+    (a tuple of them when there are several). Returns None, having launched nothing, when a launch
+    would decline (an unaligned tensor, an integer seed or offset that the kernels were compiled
+    for differently, profiler hooks): the ordinary path then answers."""
 
-    __slots__ = ("launches", "offsets", "workspace_bytes", "rows")
+    __slots__ = ("launches", "offsets", "workspace_bytes", "outputs")
 
-    def __init__(self, launches, buffers: dict, rows: int):
+    def __init__(self, launches, buffers: dict, rows: int, outputs: Optional[tuple] = None):
         self.launches = launches
         self.offsets, end = {}, 0
         for name, t in buffers.items():
             self.offsets[name] = end
             end += -(-t.numel() * t.element_size() // 256) * 256
         self.workspace_bytes = max(end, 256)
-        self.rows = rows
+        self.outputs = outputs or (("token", (rows,), torch.int64),)
 
-    def __call__(self, x: torch.Tensor, tensors: dict, ints: dict) -> Optional[torch.Tensor]:
+    def __call__(self, x: torch.Tensor, tensors: dict, ints: dict):
         if launch_hooks_active() or any(t.data_ptr() % 16 for t in tensors.values()) or x.data_ptr() % 16:
             return None
         if not all(prepared.accepts(tuple(ints[name] for name in scalars))
                    for prepared, _, scalars in self.launches):
             return None
-        out = torch.empty(self.rows, dtype=torch.int64, device=x.device)
+        outs = tuple(torch.empty(shape, dtype=dtype, device=x.device) for _, shape, dtype in self.outputs)
         workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=x.device)
         base = workspace.data_ptr()
-        values = dict(tensors, x=x, token=out)
+        values = dict(tensors, x=x)
+        for (name, _, _), out in zip(self.outputs, outs):
+            values[name] = out
         for name, offset in self.offsets.items():
             values[name] = base + offset
         for prepared, names, scalars in self.launches:
             prepared(*(values[name] for name in names), scalars=tuple(ints[name] for name in scalars))
-        return out
+        return outs[0] if len(outs) == 1 else outs
 
 
 def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, offset, *,
@@ -493,7 +497,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
                 prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits [rows, n] with the Triton kernels (``programs_per_row``
     and ``prefetch``: launch choices, see ``plan``). ``prepare_key``: keep this call's launches
-    as a ``_PreparedSample`` under this key (``_sample_prepared``)."""
+    as a ``_PreparedPipeline`` under this key (``_sample_prepared``)."""
     rows, n = x.shape
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
@@ -530,12 +534,18 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         run(_RACE_COMBINE,
             (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
             PROGRAMS_POW2=g.parts_pow2, num_warps=1, **last)
+    _keep_prepared(prepare_key, run, rows)
+    return out
+
+
+def _keep_prepared(prepare_key, run: _Run, rows: int, outputs: Optional[tuple] = None) -> None:
+    """Keep a first eager call's launches as a ``_PreparedPipeline`` under ``prepare_key`` when
+    every one was prepared (the plan's buffers go to the workspace, the call's tensors stay slots)."""
     if run.prepare and run.launches and all(prepared is not None for prepared, _, _ in run.launches):
         buffers = {name: t for name, t in run.slots.items() if name not in _CALL_TENSORS}
         if len(_PREPARED) >= _MAX_PREPARED:
             _PREPARED.clear()
-        _PREPARED[prepare_key] = _PreparedSample(tuple(run.launches), buffers, rows)
-    return out
+        _PREPARED[prepare_key] = _PreparedPipeline(tuple(run.launches), buffers, rows, outputs)
 
 
 # ---- prepared eager sample() calls ----------------------------------------------------------
@@ -548,7 +558,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
 _PREPARED: dict = {}
 _MAX_PREPARED = 256
 #: Slots that are the call's own tensors (the rest are the plan's buffers, in the workspace).
-_CALL_TENSORS = ("x", "token", "temperature", "top_k", "top_p", "min_p", "seed", "offset")
+_CALL_TENSORS = ("x", "token", "values", "indices", "temperature", "top_k", "top_p", "min_p", "seed", "offset")
 
 
 def _tensor_params(temperature, top_k, top_p, min_p, seed, offset) -> dict:
@@ -585,15 +595,18 @@ def _sample_key(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset)
 
 
 def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None,
-               prefetch: Optional[bool] = None):
-    """(values, indices) of the k largest of each row of x [rows, n], k <= TOP_K_KERNEL_MAX."""
+               prefetch: Optional[bool] = None, prepare_key=None):
+    """(values, indices) of the k largest of each row of x [rows, n], k <= TOP_K_KERNEL_MAX.
+    ``prepare_key``: keep this call's launches as a ``_PreparedPipeline`` under this key."""
     rows, n = x.shape
     values = torch.empty((rows, k), dtype=x.dtype, device=x.device)
     indices = torch.empty((rows, k), dtype=torch.int64, device=x.device)
     if rows:
+        run = _Run(True, dict(x=x, values=values, indices=indices)) if prepare_key is not None else _Run()
         _pipeline(x, kernels.MODE_TOPK.value, 1.0, k, None, None, 0, 0, all_values=True,
                   outputs={"values": values, "indices": indices}, k_out=k,
-                  programs_per_row=programs_per_row, prefetch=prefetch)
+                  programs_per_row=programs_per_row, prefetch=prefetch, run=run)
+        _keep_prepared(prepare_key, run, rows, (("values", (rows, k), x.dtype), ("indices", (rows, k), torch.int64)))
     return values, indices
 
 
@@ -730,8 +743,19 @@ def sample(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> t
 
 
 def top_k(x: torch.Tensor, k: int):
-    """(values, indices) of x [rows, n] (validated by the caller)."""
+    """(values, indices) of x [rows, n] (validated by the caller). An eager CUDA call goes
+    through the prepared launches of its kind (shape, strides, dtype, device, k) when there are,
+    else launches as usual, preparing them the first time."""
     if _direct():
+        if x.is_cuda and k <= TOP_K_KERNEL_MAX:
+            key = ("top_k", x.shape, x.stride(), x.dtype, x.get_device(), k)
+            prepared = _PREPARED.get(key)
+            if prepared is not None:
+                out = prepared(x, {}, {})
+                if out is not None:
+                    return out
+                key = None
+            return top_k_rows(x, k, prepare_key=key)
         if backend.use_kernel(x) and k <= TOP_K_KERNEL_MAX:
             return top_k_rows(x, k)
         return reference.top_k(x, k)
