@@ -1606,6 +1606,17 @@ def test_gpu_prepared_sample_calls_give_the_same_tokens():
     key = ("top_k", x.shape, x.stride(), x.dtype, x.get_device(), 50)
     values, indices = ops._PREPARED[key](x * 5, {}, {})
     assert torch.equal(indices, ops.top_k_rows(x * 5, 50)[1])
+    # and so do the masks, per kind of call
+    ks = torch.full((5,), 20, device="cuda")
+    for step in range(3):
+        xs = x * (step + 1)
+        for masked, want in ((treefold.top_p_mask(xs, 0.9, probs=True), ops.filter_rows(xs, None, 0.9, None, True)),
+                             (treefold.min_p_mask(xs, 0.05), ops.filter_rows(xs, None, None, 0.05)),
+                             (treefold.top_k_mask(xs, ks), ops.filter_rows(xs, ks, None, None))):
+            assert masked.dtype == want.dtype and torch.equal(masked.isnan(), want.isnan()), step
+            assert torch.equal(masked.nan_to_num(), want.nan_to_num()), step
+    key = ops._filter_key(x, None, 0.9, None, True)
+    assert torch.equal(ops._PREPARED[key](x * 5, {}, {}), ops.filter_rows(x * 5, None, 0.9, None, True))
 
 
 class _InterpretedPrepared:
@@ -1680,6 +1691,30 @@ def test_prepared_top_k_calls_through_the_interpreter(monkeypatch):
         assert torch.equal(indices, want_indices) and torch.equal(values.isnan(), want_values.isnan())
         assert torch.equal(values.nan_to_num(), want_values.nan_to_num())
     assert _InterpretedPrepared.launched > launched
+
+
+@pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
+def test_prepared_mask_calls_through_the_interpreter(monkeypatch):
+    # the masks' prepared launches (five passes and the masking one, per-row filter tensors in
+    # their slots) with new logits give the ordinary path's outputs, bit for bit
+    _prepare_through_the_interpreter(monkeypatch)
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(3, 500, generator=g) * 3
+    configs = [(None, 0.9, None, True), (20, None, 0.05, False), (torch.tensor([5, 50, 400]), 0.8, None, True),
+               (None, None, torch.tensor([0.01, 0.1, 0.5]), False)]
+    for k, p, mp, probs in configs:
+        key = ops._filter_key(x, k, p, mp, probs)
+        ops.filter_rows(x, k, p, mp, probs=probs, prepare_key=key)
+        launched = _InterpretedPrepared.launched
+        for step in range(2):
+            xs = torch.randn(3, 500, generator=g) * (step + 2)
+            xs[2, 7] = float("nan")
+            got = ops._PREPARED[key](xs, ops._tensor_params(1.0, k, p, mp, 0, 0), {})
+            want = ops.filter_rows(xs, k, p, mp, probs=probs)
+            assert got.dtype == want.dtype and got.numpy().tobytes() == want.numpy().tobytes(), (k, p, mp, probs)
+        assert _InterpretedPrepared.launched >= launched + 2 * 2  # (the prepared calls launched)
+    t = torch.tensor([0.5, 0.5, 0.5])
+    assert ops._filter_key(x, None, t, t, False) is None  # one tensor, two slots
 
 
 @pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")

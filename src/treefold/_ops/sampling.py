@@ -548,17 +548,18 @@ def _keep_prepared(prepare_key, run: _Run, rows: int, outputs: Optional[tuple] =
         _PREPARED[prepare_key] = _PreparedPipeline(tuple(run.launches), buffers, rows, outputs)
 
 
-# ---- prepared eager sample() calls ----------------------------------------------------------
-# An eager sample() call on CUDA keeps its launches, prepared (``launch.PreparedLaunch``), per kind
-# of call: the logits' shape, strides, dtype and device, the values of the scalar parameters, and
-# which parameters are tensors (with their shapes and dtypes). The same kind of call again
-# allocates its output and one workspace and launches them, with the integers seed and offset
-# (which change from call to call) in their slots.
+# ---- prepared eager calls ---------------------------------------------------------------------
+# An eager sample(), top_k() or mask call on CUDA keeps its launches, prepared
+# (``launch.PreparedLaunch``), per kind of call: the logits' shape, strides, dtype and device, the
+# values of the scalar parameters, and which parameters are tensors (with their shapes and
+# dtypes). The same kind of call again allocates its outputs and one workspace and launches them,
+# with sample's integers seed and offset (which change from call to call) in their slots.
 
 _PREPARED: dict = {}
 _MAX_PREPARED = 256
 #: Slots that are the call's own tensors (the rest are the plan's buffers, in the workspace).
-_CALL_TENSORS = ("x", "token", "values", "indices", "temperature", "top_k", "top_p", "min_p", "seed", "offset")
+_CALL_TENSORS = ("x", "token", "values", "indices", "out", "temperature", "top_k", "top_p", "min_p", "seed",
+                 "offset")
 
 
 def _tensor_params(temperature, top_k, top_p, min_p, seed, offset) -> dict:
@@ -611,29 +612,34 @@ def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = Non
 
 
 def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool = False, *,
-                programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None) -> torch.Tensor:
-    """Masked logits or renormalised probabilities of x [rows, n] (filters as in sample)."""
+                programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None,
+                prepare_key=None) -> torch.Tensor:
+    """Masked logits or renormalised probabilities of x [rows, n] (filters as in sample).
+    ``prepare_key``: keep this call's launches as a ``_PreparedPipeline`` under this key."""
     rows, n = x.shape
     out = torch.empty((rows, n), dtype=torch.float32 if probs else x.dtype, device=x.device)
     if rows == 0:
         return out
     dev = x.device
-    outputs = {"lo": torch.empty(rows, dtype=torch.int32, device=dev),
-               "hi": torch.empty(rows, dtype=torch.int32, device=dev),
-               "thr": torch.empty(rows, dtype=torch.int64, device=dev),
-               "max": torch.empty(rows, dtype=torch.float32, device=dev),
-               "mass": torch.empty(rows, dtype=torch.float32, device=dev)}
+    run = _Run()
+    if prepare_key is not None:
+        run = _Run(True, dict(x=x, out=out, **_tensor_params(1.0, top_k, top_p, min_p, 0, 0)))
+    # each row's thresholds, from the resolve pass to the masking one
+    outputs = {name: run.buffer(name, rows, dtype, dev) for name, dtype in (
+        ("lo", torch.int32), ("hi", torch.int32), ("thr", torch.int64), ("max", torch.float32),
+        ("mass", torch.float32))}
     g = _pipeline(x, kernels.MODE_THRESHOLD.value, 1.0, top_k, top_p, min_p, 0, 0,
                   all_values=False, outputs=outputs, k_out=0, programs_per_row=programs_per_row,
-                  prefetch=prefetch)
+                  prefetch=prefetch, run=run)
     mp, mp_row = _param(min_p)
-    _APPLY(
+    run(_APPLY,
         (rows * g.programs_per_row,), x, n, x.stride(0), out, out.stride(0), outputs["lo"],
         outputs["hi"], outputs["thr"], outputs["max"], outputs["mass"], mp, g.programs_per_row,
         MINP_ROW=mp_row,
         HAS_MINP=min_p is not None, PROBS=probs, WIDTH=g.width,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, num_warps=g.num_warps)
+    _keep_prepared(prepare_key, run, rows, (("out", (rows, n), out.dtype),))
     return out
 
 
@@ -762,9 +768,36 @@ def top_k(x: torch.Tensor, k: int):
     return _top_k_op(x, k)
 
 
+def _filter_key(x: torch.Tensor, top_k, top_p, min_p, probs: bool):
+    """The kind of a mask call, as ``_sample_key`` keys a sample call (``probs`` too); None when
+    two filters are one tensor."""
+    key = ["mask", x.shape, x.stride(), x.dtype, x.get_device(), probs]
+    tensors = []
+    for v in (top_k, top_p, min_p):
+        if isinstance(v, torch.Tensor):
+            if any(v is u for u in tensors):
+                return None
+            tensors.append(v)
+            key.append((v.shape, v.dtype))
+        else:
+            key.append((v.__class__, v))
+    return tuple(key)
+
+
 def sampling_filter(x: torch.Tensor, top_k, top_p, min_p, probs: bool) -> torch.Tensor:
-    """Masked logits or probabilities of x [rows, n] (validated by the caller)."""
+    """Masked logits or probabilities of x [rows, n] (validated by the caller). An eager CUDA
+    call goes through the prepared launches of its kind (``_filter_key``) when there are, else
+    launches as usual, preparing them the first time."""
     if _direct():
+        if x.is_cuda:
+            key = _filter_key(x, top_k, top_p, min_p, probs)
+            prepared = _PREPARED.get(key) if key is not None else None
+            if prepared is not None:
+                out = prepared(x, _tensor_params(1.0, top_k, top_p, min_p, 0, 0), {})
+                if out is not None:
+                    return out
+                key = None
+            return filter_rows(x, top_k, top_p, min_p, probs=probs, prepare_key=key)
         if backend.use_kernel(x):
             return filter_rows(x, top_k, top_p, min_p, probs=probs)
         return reference.filter_mask(x, top_k, top_p, min_p, probs=probs)
