@@ -79,6 +79,8 @@ def main():
         ("torch.topk 50 1x151936 fp32", lambda: torch.topk(logits, 50)),
         ("treefold.top_k 50 64x151936 bf16", lambda: treefold.top_k(vocab64, 50)),
         ("torch.topk 50 64x151936 bf16", lambda: torch.topk(vocab64, 50)),
+        ("treefold.top_p_mask 0.9 1x151936 fp32", lambda: treefold.top_p_mask(logits, 0.9)),
+        ("treefold.min_p_mask 0.05 probs 1x151936 fp32", lambda: treefold.min_p_mask(logits, 0.05, probs=True)),
     ]
     wanted = [c for c in os.environ.get("HOST_CASES", "").split(",") if c]
     cases = [(name, fn) for name, fn in cases if not wanted or any(w in name for w in wanted)]
