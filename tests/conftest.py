@@ -44,3 +44,57 @@ def poison_allocations(monkeypatch):
         monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_like(*a, **k)))
         monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: fill(real_new(self, *a, **k)))
     return start
+
+
+class InterpretedPrepared:
+    """Stands for ``Launcher.prepare``'s PreparedLaunch under Triton's interpreter: it keeps the
+    launch's arguments and, when called, launches again with the slots' new tensors (an int slot
+    is an address in the caller's workspace: a view of that memory with the prepared tensor's
+    dtype and shape) and the new integers in the scalar slots."""
+
+    def __init__(self, launcher, grid, args, kwargs, slots, scalars):
+        from treefold._ops.launch import int_key
+        self.launcher, self.grid, self.args, self.kwargs = launcher, grid, list(args), kwargs
+        # as Launcher.prepare requires: every tensor argument is a slot (none is relaunched from
+        # the prepared call's own memory)
+        assert all(not isinstance(a, torch.Tensor) or any(a is t for t in slots) for a in args)
+        self.positions = [[i for i, a in enumerate(args) if a is t] for t in slots]
+        self.like = list(slots)
+        self.scalars = [(launcher._runtime_names.index(name), int_key(args[launcher._runtime_names.index(name)]))
+                        for name in scalars]
+
+    def accepts(self, values):
+        from treefold._ops.launch import int_key
+        return all(int_key(v) == key for (_, key), v in zip(self.scalars, values))
+
+    def __call__(self, *values, scalars=()):
+        import ctypes
+        args = list(self.args)
+        for positions, like, value in zip(self.positions, self.like, values):
+            if isinstance(value, int):
+                raw = (ctypes.c_char * (like.numel() * like.element_size())).from_address(value)
+                value = torch.frombuffer(raw, dtype=like.dtype).view(like.shape)
+            for i in positions:
+                args[i] = value
+        assert self.accepts(scalars)
+        for (i, _), v in zip(self.scalars, scalars):
+            args[i] = v
+        self.launcher(self.grid, *args, **self.kwargs)
+        InterpretedPrepared.launched += 1
+        return True
+
+    launched = 0
+
+
+def prepare_through_the_interpreter(monkeypatch, ops):
+    """Launcher.prepare launches and returns an ``InterpretedPrepared``; ``ops`` (a launcher
+    module) keeps no prepared call yet."""
+    from treefold._ops import launch as launch_mod
+
+    def prepare(self, grid, args, kwargs, slots, scalars=()):
+        self(grid, *args, **kwargs)
+        return InterpretedPrepared(self, grid, args, kwargs, slots, scalars)
+
+    monkeypatch.setattr(launch_mod.Launcher, "prepare", prepare)
+    monkeypatch.setattr(ops, "_PREPARED", {})
+    monkeypatch.setattr(InterpretedPrepared, "launched", 0)

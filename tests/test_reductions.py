@@ -23,7 +23,7 @@ from treefold._ops.reduce import ExtremeTuning, SumTuning, extreme_rows, tree_su
 from treefold.backend import use_kernel
 from treefold.reference import reductions as ref
 
-from conftest import DEVICE, INTERPRETED
+from conftest import DEVICE, INTERPRETED, InterpretedPrepared, prepare_through_the_interpreter
 
 KERNEL = use_kernel(torch.empty(0, device=DEVICE))
 needs_kernel = pytest.mark.skipif(not KERNEL, reason="needs TRITON_INTERPRET=1 (or a GPU)")
@@ -483,6 +483,27 @@ def test_gradients_match_torch(rng):
     assert torch.equal(z.grad, torch.zeros(2, 8))  # 0 at the origin, as torch
 
 
+@pytest.mark.skipif(not INTERPRETED or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
+@pytest.mark.parametrize("n", [700, (1 << 19) + 33])
+def test_prepared_reductions_through_the_interpreter(monkeypatch, rng, n):
+    # the prepared path of a repeated eager reduction (its result in the public shape, partials
+    # and the other output of a max in the workspace), with Launcher.prepare standing in: new
+    # inputs give the launchers' own results; rows of 700 take one launch, 2^19 + 33 two
+    prepare_through_the_interpreter(monkeypatch, reduce_ops)
+    x = data(rng, (3, n))
+    cases = [("sum", torch.float32, 0, lambda t, p: tree_sum_rows(t, prepare=p)),
+             ("accurate", torch.float32, 0, lambda t, p: tree_sum_rows(t, accurate=True, prepare=p)),
+             ("argmax", torch.int64, 1, lambda t, p: extreme_rows(t, True, prepare=p)[1]),
+             ("amin", torch.float32, 0, lambda t, p: extreme_rows(t, False, prepare=p)[0])]
+    for name, dtype, result, run in cases:
+        run(x, reduce_ops.Preparation((name, n), (3, 1), dtype, result))
+        launched = InterpretedPrepared.launched
+        new = data(rng, (3, n), scale=3.0)
+        got = reduce_ops._PREPARED[(name, n)](new, {}, {})
+        assert_same_bits(got, run(new, None).reshape(3, 1))
+        assert InterpretedPrepared.launched > launched, name
+
+
 # ---- GPU tier -------------------------------------------------------------------------------
 
 GPU_LENGTHS = [1, 2, 31, (1 << 24) + 1, 1 << 26]
@@ -651,12 +672,12 @@ def test_gpu_prepared_reductions_give_the_same_results_with_new_tensors(shape, d
     key = next(k for k in reduce_ops._PREPARED if k[0] == "argmax")
     x = torch.randn(shape, device="cuda", dtype=dtype)
     x.view(-1)[-1] = 1e4
-    got = reduce_ops._PREPARED[key](x)
+    got = reduce_ops._PREPARED[key](x, {}, {})
     assert got.shape == out_shape and int(got.view(-1)[-1]) == (math.prod(shape) if dim is None else shape[-1]) - 1
     # an input off the 16-byte grid: the prepared launches decline, the ordinary path answers
     base = torch.randn(math.prod(shape) + 1, device="cuda", dtype=dtype)
     odd = base[1:].view(shape)
-    assert reduce_ops._PREPARED[key](odd) is None
+    assert reduce_ops._PREPARED[key](odd, {}, {}) is None
     odd2 = odd.reshape(1, -1) if dim is None else odd.reshape(-1, shape[-1])
     assert torch.equal(tf.argmax(odd, dim=dim, keepdim=keepdim), extreme_rows(odd2, True)[1].reshape(out_shape))
     assert_same_bits(tf.sum(odd, dim=dim, keepdim=keepdim).cpu(),

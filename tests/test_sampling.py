@@ -18,11 +18,11 @@ import triton.language as tl
 import treefold
 from treefold import backend
 from treefold._ops import sampling as ops
-from treefold._ops.launch import dependent_launch
+from treefold._ops.launch import PreparedPipeline, dependent_launch
 from treefold.kernels import sampling as kernels
 from treefold.reference import sampling as ref
 
-from conftest import CUDA
+from conftest import CUDA, InterpretedPrepared, prepare_through_the_interpreter
 
 KERNEL = CUDA or backend.INTERPRETED
 #: Upper tail of the standard normal for the chi-square critical values (alpha ~ 1e-6): the
@@ -1508,8 +1508,8 @@ def test_prepared_sample_places_buffers_in_one_workspace_and_fills_every_slot():
     buffers = {"part_max": torch.empty(7), "hist": torch.empty((3, 64), dtype=torch.int32),
                "boundary": torch.empty((3, 1000), dtype=torch.int32)}
     first, second = _RecordingLaunch(), _RecordingLaunch()
-    call = ops._PreparedPipeline(((first, ("x", "part_max", "hist"), ()),
-                                (second, ("boundary", "seed", "token"), ("offset",))), buffers, 3)
+    call = PreparedPipeline(((first, ("x", "part_max", "hist"), ()),
+                             (second, ("boundary", "seed", "token"), ("offset",))), buffers, (("token", (3,), torch.int64),))
     x, seed = torch.empty(3, 1000), torch.empty(3, dtype=torch.int64)
     out = call(x, {"seed": seed}, {"seed": seed, "offset": 17})
     assert out.shape == (3,) and out.dtype == torch.int64
@@ -1523,8 +1523,8 @@ def test_prepared_sample_places_buffers_in_one_workspace_and_fills_every_slot():
     assert hist - part_max == 256 and boundary - hist == 768
     assert all(a % 16 == 0 for a in (part_max, hist, boundary))
     # a launch that would decline: nothing launches, the caller takes the ordinary path
-    refusing = ops._PreparedPipeline(((first, ("x",), ()), (_RecordingLaunch(accept=False), ("x",), ("seed",))),
-                                   {}, 3)
+    refusing = PreparedPipeline(((first, ("x",), ()), (_RecordingLaunch(accept=False), ("x",), ("seed",))),
+                                {}, (("token", (3,), torch.int64),))
     assert refusing(x, {}, {"seed": 1, "offset": 0}) is None and len(first.calls) == 1
     base = torch.empty(3 * 1000 + 1)
     assert call(base[1:].view(3, 1000), {"seed": seed}, {"seed": seed, "offset": 17}) is None
@@ -1534,9 +1534,9 @@ def test_prepared_pipeline_allocates_each_output_in_its_slot():
     # top_k's prepared calls return values and indices: each output allocated anew per call, in
     # its slot, the plan's buffers in the workspace
     launch = _RecordingLaunch()
-    call = ops._PreparedPipeline(((launch, ("x", "hist", "values", "indices"), ()),),
-                                 {"hist": torch.empty((3, 64), dtype=torch.int32)}, 3,
-                                 (("values", (3, 5), torch.bfloat16), ("indices", (3, 5), torch.int64)))
+    call = PreparedPipeline(((launch, ("x", "hist", "values", "indices"), ()),),
+                            {"hist": torch.empty((3, 64), dtype=torch.int32)},
+                            (("values", (3, 5), torch.bfloat16), ("indices", (3, 5), torch.int64)))
     x = torch.empty(3, 100, dtype=torch.bfloat16)
     values, indices = call(x, {}, {})
     assert values.shape == (3, 5) and values.dtype == torch.bfloat16
@@ -1618,70 +1618,17 @@ def test_gpu_prepared_sample_calls_give_the_same_tokens():
     assert torch.equal(ops._PREPARED[key](x * 5, {}, {}), ops.filter_rows(x * 5, None, 0.9, None, True))
 
 
-class _InterpretedPrepared:
-    """Stands for ``Launcher.prepare``'s PreparedLaunch under Triton's interpreter: it keeps the
-    launch's arguments and, when called, launches again with the slots' new tensors (an int slot
-    is an address in the caller's workspace: a view of that memory with the prepared tensor's
-    dtype and shape) and the new integers in the scalar slots."""
-
-    def __init__(self, launcher, grid, args, kwargs, slots, scalars):
-        from treefold._ops.launch import int_key
-        self.launcher, self.grid, self.args, self.kwargs = launcher, grid, list(args), kwargs
-        # as Launcher.prepare requires: every tensor argument is a slot (none is relaunched from
-        # the prepared call's own memory)
-        assert all(not isinstance(a, torch.Tensor) or any(a is t for t in slots) for a in args)
-        self.positions = [[i for i, a in enumerate(args) if a is t] for t in slots]
-        self.like = list(slots)
-        self.scalars = [(launcher._runtime_names.index(name), int_key(args[launcher._runtime_names.index(name)]))
-                        for name in scalars]
-
-    def accepts(self, values):
-        from treefold._ops.launch import int_key
-        return all(int_key(v) == key for (_, key), v in zip(self.scalars, values))
-
-    def __call__(self, *values, scalars=()):
-        import ctypes
-        args = list(self.args)
-        for positions, like, value in zip(self.positions, self.like, values):
-            if isinstance(value, int):
-                raw = (ctypes.c_char * (like.numel() * like.element_size())).from_address(value)
-                value = torch.frombuffer(raw, dtype=like.dtype).view(like.shape)
-            for i in positions:
-                args[i] = value
-        assert self.accepts(scalars)
-        for (i, _), v in zip(self.scalars, scalars):
-            args[i] = v
-        self.launcher(self.grid, *args, **self.kwargs)
-        _InterpretedPrepared.launched += 1
-        return True
-
-    launched = 0
-
-
-def _prepare_through_the_interpreter(monkeypatch):
-    """Launcher.prepare launches and returns an ``_InterpretedPrepared``; no call is prepared yet."""
-    from treefold._ops import launch as launch_mod
-
-    def prepare(self, grid, args, kwargs, slots, scalars=()):
-        self(grid, *args, **kwargs)
-        return _InterpretedPrepared(self, grid, args, kwargs, slots, scalars)
-
-    monkeypatch.setattr(launch_mod.Launcher, "prepare", prepare)
-    monkeypatch.setattr(ops, "_PREPARED", {})
-    monkeypatch.setattr(_InterpretedPrepared, "launched", 0)
-
-
 @pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
 def test_prepared_top_k_calls_through_the_interpreter(monkeypatch):
     # top_k's prepared launches with new logits give the ordinary path's values and indices, in
     # newly allocated outputs
-    _prepare_through_the_interpreter(monkeypatch)
+    prepare_through_the_interpreter(monkeypatch, ops)
     g = torch.Generator().manual_seed(13)
     x = torch.randn(3, 700, generator=g) * 3
     key = ("top_k", x.shape, x.stride(), x.dtype, x.get_device(), 20)
     first = ops.top_k_rows(x, 20, prepare_key=key)
     assert torch.equal(first[1], ops.top_k_rows(x, 20)[1])
-    launched = _InterpretedPrepared.launched
+    launched = InterpretedPrepared.launched
     for step in range(2):
         xs = torch.randn(3, 700, generator=g) * (step + 2)
         xs[1, 3] = float("nan")
@@ -1689,14 +1636,14 @@ def test_prepared_top_k_calls_through_the_interpreter(monkeypatch):
         want_values, want_indices = ops.top_k_rows(xs, 20)
         assert torch.equal(indices, want_indices) and torch.equal(values.isnan(), want_values.isnan())
         assert torch.equal(values.nan_to_num(), want_values.nan_to_num())
-    assert _InterpretedPrepared.launched > launched
+    assert InterpretedPrepared.launched > launched
 
 
 @pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
 def test_prepared_mask_calls_through_the_interpreter(monkeypatch):
     # the masks' prepared launches (five passes and the masking one, per-row filter tensors in
     # their slots) with new logits give the ordinary path's outputs, bit for bit
-    _prepare_through_the_interpreter(monkeypatch)
+    prepare_through_the_interpreter(monkeypatch, ops)
     g = torch.Generator().manual_seed(14)
     x = torch.randn(3, 500, generator=g) * 3
     configs = [(None, 0.9, None, True), (20, None, 0.05, False), (torch.tensor([5, 50, 400]), 0.8, None, True),
@@ -1704,14 +1651,14 @@ def test_prepared_mask_calls_through_the_interpreter(monkeypatch):
     for k, p, mp, probs in configs:
         key = ops._filter_key(x, k, p, mp, probs)
         ops.filter_rows(x, k, p, mp, probs=probs, prepare_key=key)
-        launched = _InterpretedPrepared.launched
+        launched = InterpretedPrepared.launched
         for step in range(2):
             xs = torch.randn(3, 500, generator=g) * (step + 2)
             xs[2, 7] = float("nan")
             got = ops._PREPARED[key](xs, ops._tensor_params(1.0, k, p, mp, 0, 0), {})
             want = ops.filter_rows(xs, k, p, mp, probs=probs)
             assert got.dtype == want.dtype and got.numpy().tobytes() == want.numpy().tobytes(), (k, p, mp, probs)
-        assert _InterpretedPrepared.launched >= launched + 2 * 2  # (the prepared calls launched)
+        assert InterpretedPrepared.launched >= launched + 2 * 2  # (the prepared calls launched)
     t = torch.tensor([0.5, 0.5, 0.5])
     assert ops._filter_key(x, None, t, t, False) is None  # one tensor, two slots
 
@@ -1720,7 +1667,7 @@ def test_prepared_mask_calls_through_the_interpreter(monkeypatch):
 def test_prepared_sample_calls_through_the_interpreter(monkeypatch):
     # the whole prepared path (keys, slots, the workspace, integer seeds and offsets) on the
     # CPU, with Launcher.prepare standing in: a prepared call gives the ordinary path's tokens
-    _prepare_through_the_interpreter(monkeypatch)
+    prepare_through_the_interpreter(monkeypatch, ops)
     g = torch.Generator().manual_seed(12)
     x = torch.randn(3, 700, generator=g) * 3
     seeds = torch.tensor([4, 5, 6])
@@ -1736,7 +1683,7 @@ def test_prepared_sample_calls_through_the_interpreter(monkeypatch):
                 assert torch.equal(got, want), (step, t, k, p, mp, seed)
     assert len(ops._PREPARED) >= 2 * len(configs)
     # later calls of a kind took the prepared launches (two or more per call)
-    assert _InterpretedPrepared.launched >= 2 * 2 * len(configs) * 2
+    assert InterpretedPrepared.launched >= 2 * 2 * len(configs) * 2
     # rows whose sure-kept tokens race in place, in the compaction or in a launch of their own
     defaults = ops.SURE_LIST_MAX, ops.COMPACT_RACE_PROGRAMS_PER_SM
     for race_per_sm in (0, 1 << 20):

@@ -279,3 +279,44 @@ class PreparedLaunch:
         launch(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self._device), self._function, cooperative, pdl,
                None, None, self._metadata, None, None, None, *args)
         return True
+
+
+class PreparedPipeline:
+    """The prepared launches of one kind of eager call of several launches (``sample``, ``top_k``,
+    the masks, the reductions): ``launches`` are (PreparedLaunch, its slot names, its scalar slot
+    names). A call allocates its outputs (``outputs``: (slot name, shape, dtype) each) and one
+    workspace that holds every other buffer the launches write (``buffers``: name -> a tensor of
+    its size; each at a 256-byte offset), then launches each with the addresses of the call's
+    tensors (``x``, and ``tensors`` by slot name) and its integers (``ints`` by slot name), and
+    returns the output (a tuple of them when there are several). Returns None, having launched
+    nothing, when a launch would decline (an unaligned tensor, an integer that the kernels were
+    compiled for differently, profiler hooks): the ordinary path then answers."""
+
+    __slots__ = ("launches", "offsets", "workspace_bytes", "outputs")
+
+    def __init__(self, launches, buffers: dict, outputs: tuple):
+        self.launches = launches
+        self.offsets, end = {}, 0
+        for name, t in buffers.items():
+            self.offsets[name] = end
+            end += -(-t.numel() * t.element_size() // 256) * 256
+        self.workspace_bytes = max(end, 256)
+        self.outputs = outputs
+
+    def __call__(self, x: torch.Tensor, tensors: dict, ints: dict):
+        if launch_hooks_active() or any(t.data_ptr() % 16 for t in tensors.values()) or x.data_ptr() % 16:
+            return None
+        if not all(prepared.accepts(tuple(ints[name] for name in scalars))
+                   for prepared, _, scalars in self.launches):
+            return None
+        outs = tuple(torch.empty(shape, dtype=dtype, device=x.device) for _, shape, dtype in self.outputs)
+        workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=x.device)
+        base = workspace.data_ptr()
+        values = dict(tensors, x=x)
+        for (name, _, _), out in zip(self.outputs, outs):
+            values[name] = out
+        for name, offset in self.offsets.items():
+            values[name] = base + offset
+        for prepared, names, scalars in self.launches:
+            prepared(*(values[name] for name in names), scalars=tuple(ints[name] for name in scalars))
+        return outs[0] if len(outs) == 1 else outs

@@ -22,7 +22,7 @@ import torch
 from .. import backend, order
 from ..kernels import reduce as kernels
 from ..reference import reductions as reference
-from .launch import Launcher, dependent_launch as _dependent_launch, launch_hooks_active
+from .launch import Launcher, PreparedPipeline, dependent_launch as _dependent_launch
 
 _segment_sum = Launcher(kernels.segment_sum_kernel)
 _segment_extreme = Launcher(kernels.segment_extreme_kernel)
@@ -494,56 +494,26 @@ def _launch(launcher: Launcher, launches: list, x: torch.Tensor, buffers: list,
             prepare: Optional[Preparation]) -> None:
     """Run a call's launches in order (``(grid, args, kwargs)`` each; ``buffers`` every tensor
     they write, the call's result first). With ``prepare`` (contiguous CUDA ``x``, the result of
-    the dtype the public function returns) also keep them as a ``PreparedReduction``."""
+    the dtype the public function returns) also keep them as a ``PreparedPipeline``: a repeated
+    call allocates the result in the public shape and dtype, and the rest (partials; the values
+    of an argmax, the indices of a max) in its workspace."""
     if prepare is None:
         for grid, args, kwargs in launches:
             launcher(grid, *args, **kwargs)
         return
     slots = [x] + buffers
+    names = ("x", "out") + tuple(f"part{i}" for i in range(1, len(buffers)))
     prepared = [launcher.prepare(grid, args, kwargs, slots) for grid, args, kwargs in launches]
     if prepared and all(p is not None for p in prepared):
         if len(_PREPARED) >= _MAX_PREPARED:
             _PREPARED.clear()
-        _PREPARED[prepare.key] = PreparedReduction(tuple(prepared), prepare.shape, prepare.dtype,
-                                                   [b.numel() * b.element_size() for b in buffers[1:]])
+        _PREPARED[prepare.key] = PreparedPipeline(
+            tuple((p, names, ()) for p in prepared), dict(zip(names[2:], buffers[1:])),
+            (("out", prepare.shape, prepare.dtype),))
 
 
-class PreparedReduction:
-    """The prepared launches of one kind of eager reduction call, in order. ``call(x)``
-    allocates the result (in the public function's shape and dtype) and one scratch buffer for
-    everything else the launches write (partials; the values of an argmax, the indices of a
-    max), each part on a 16-byte boundary, launches, and returns the result; it returns None,
-    having launched nothing, when ``x`` is not 16-byte aligned as the kernels were compiled for,
-    or a profiler's launch hooks are installed (the ordinary path then answers)."""
-
-    __slots__ = ("launches", "shape", "dtype", "offsets", "scratch_bytes")
-
-    def __init__(self, launches: tuple, shape: tuple, dtype: torch.dtype, part_bytes: list):
-        self.launches, self.shape, self.dtype = launches, shape, dtype
-        self.offsets, end = [], 0
-        for size in part_bytes:
-            self.offsets.append(end)
-            end += -(-size // 16) * 16
-        self.scratch_bytes = end
-
-    def __call__(self, x: torch.Tensor) -> Optional[torch.Tensor]:
-        if launch_hooks_active() or x.data_ptr() % 16:
-            return None
-        out = torch.empty(self.shape, dtype=self.dtype, device=x.device)
-        slots = [x, out]
-        scratch = None
-        if self.scratch_bytes:
-            scratch = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=x.device)
-            base = scratch.data_ptr()
-            slots += [base + offset for offset in self.offsets]
-        for launch in self.launches:
-            launch(*slots)
-        del scratch  # (freed after the launches are queued: the stream orders its reuse after them)
-        return out
-
-
-#: Prepared eager calls (``PreparedReduction``) by ``prepared_key``: a repeated call allocates
-#: its result and one scratch buffer, and launches (host time of argmax over 1 x 151936 had been
+#: Prepared eager calls (``PreparedPipeline``) by ``prepared_key``: a repeated call allocates
+#: its result and one workspace, and launches (host time of argmax over 1 x 151936 had been
 #: 75 us a call against torch's 12, of which the launches themselves are 6 us each).
 _PREPARED: dict = {}
 _MAX_PREPARED = 1024
@@ -574,7 +544,7 @@ def prepared_call(key: Optional[tuple], x: torch.Tensor) -> tuple[bool, Optional
     entry = _PREPARED.get(key) if key is not None else None
     if entry is None:
         return False, None
-    return True, entry(x)
+    return True, entry(x, {}, {})
 
 
 # ---- the registered ops: kernel or reference, by device ------------------------------------

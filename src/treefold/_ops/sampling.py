@@ -20,7 +20,7 @@ import torch
 from .. import backend, order
 from ..kernels import sampling as kernels
 from ..reference import sampling as reference
-from .launch import Launcher, dependent_launch, int_key, launch_hooks_active, register_cap
+from .launch import Launcher, PreparedPipeline, dependent_launch, int_key, register_cap
 
 #: Longest row the kernels take.
 MAX_ROW = 1 << 20
@@ -347,45 +347,6 @@ class _Run:
         return t
 
 
-class _PreparedPipeline:
-    """The prepared launches of one kind of eager ``sample`` or ``top_k`` call. A call allocates
-    its outputs (``outputs``: (slot name, shape, dtype) each; by default the sampled tokens of
-    ``rows`` rows) and one workspace that holds every buffer of the plan (each at a 256-byte
-    offset), then launches each with the addresses of the call's tensors, and returns the output
-    (a tuple of them when there are several). Returns None, having launched nothing, when a launch
-    would decline (an unaligned tensor, an integer seed or offset that the kernels were compiled
-    for differently, profiler hooks): the ordinary path then answers."""
-
-    __slots__ = ("launches", "offsets", "workspace_bytes", "outputs")
-
-    def __init__(self, launches, buffers: dict, rows: int, outputs: Optional[tuple] = None):
-        self.launches = launches
-        self.offsets, end = {}, 0
-        for name, t in buffers.items():
-            self.offsets[name] = end
-            end += -(-t.numel() * t.element_size() // 256) * 256
-        self.workspace_bytes = max(end, 256)
-        self.outputs = outputs or (("token", (rows,), torch.int64),)
-
-    def __call__(self, x: torch.Tensor, tensors: dict, ints: dict):
-        if launch_hooks_active() or any(t.data_ptr() % 16 for t in tensors.values()) or x.data_ptr() % 16:
-            return None
-        if not all(prepared.accepts(tuple(ints[name] for name in scalars))
-                   for prepared, _, scalars in self.launches):
-            return None
-        outs = tuple(torch.empty(shape, dtype=dtype, device=x.device) for _, shape, dtype in self.outputs)
-        workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=x.device)
-        base = workspace.data_ptr()
-        values = dict(tensors, x=x)
-        for (name, _, _), out in zip(self.outputs, outs):
-            values[name] = out
-        for name, offset in self.offsets.items():
-            values[name] = base + offset
-        for prepared, names, scalars in self.launches:
-            prepared(*(values[name] for name in names), scalars=tuple(ints[name] for name in scalars))
-        return outs[0] if len(outs) == 1 else outs
-
-
 def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, offset, *,
               all_values: bool, outputs: dict, k_out: int, programs_per_row: Optional[int],
               prefetch: Optional[bool] = None, run: Optional[_Run] = None):
@@ -497,7 +458,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
                 prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits [rows, n] with the Triton kernels (``programs_per_row``
     and ``prefetch``: launch choices, see ``plan``). ``prepare_key``: keep this call's launches
-    as a ``_PreparedPipeline`` under this key (``_sample_prepared``)."""
+    as a ``PreparedPipeline`` under this key (``_sample_prepared``)."""
     rows, n = x.shape
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
@@ -534,18 +495,18 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         run(_RACE_COMBINE,
             (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
             PROGRAMS_POW2=g.parts_pow2, num_warps=1, **last)
-    _keep_prepared(prepare_key, run, rows)
+    _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
 
 
-def _keep_prepared(prepare_key, run: _Run, rows: int, outputs: Optional[tuple] = None) -> None:
-    """Keep a first eager call's launches as a ``_PreparedPipeline`` under ``prepare_key`` when
+def _keep_prepared(prepare_key, run: _Run, outputs: tuple) -> None:
+    """Keep a first eager call's launches as a ``PreparedPipeline`` under ``prepare_key`` when
     every one was prepared (the plan's buffers go to the workspace, the call's tensors stay slots)."""
     if run.prepare and run.launches and all(prepared is not None for prepared, _, _ in run.launches):
         buffers = {name: t for name, t in run.slots.items() if name not in _CALL_TENSORS}
         if len(_PREPARED) >= _MAX_PREPARED:
             _PREPARED.clear()
-        _PREPARED[prepare_key] = _PreparedPipeline(tuple(run.launches), buffers, rows, outputs)
+        _PREPARED[prepare_key] = PreparedPipeline(tuple(run.launches), buffers, outputs)
 
 
 # ---- prepared eager calls ---------------------------------------------------------------------
@@ -598,7 +559,7 @@ def _sample_key(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset)
 def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None,
                prefetch: Optional[bool] = None, prepare_key=None):
     """(values, indices) of the k largest of each row of x [rows, n], k <= TOP_K_KERNEL_MAX.
-    ``prepare_key``: keep this call's launches as a ``_PreparedPipeline`` under this key."""
+    ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     rows, n = x.shape
     values = torch.empty((rows, k), dtype=x.dtype, device=x.device)
     indices = torch.empty((rows, k), dtype=torch.int64, device=x.device)
@@ -607,7 +568,7 @@ def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = Non
         _pipeline(x, kernels.MODE_TOPK.value, 1.0, k, None, None, 0, 0, all_values=True,
                   outputs={"values": values, "indices": indices}, k_out=k,
                   programs_per_row=programs_per_row, prefetch=prefetch, run=run)
-        _keep_prepared(prepare_key, run, rows, (("values", (rows, k), x.dtype), ("indices", (rows, k), torch.int64)))
+        _keep_prepared(prepare_key, run, (("values", (rows, k), x.dtype), ("indices", (rows, k), torch.int64)))
     return values, indices
 
 
@@ -615,7 +576,7 @@ def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool
                 programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None,
                 prepare_key=None) -> torch.Tensor:
     """Masked logits or renormalised probabilities of x [rows, n] (filters as in sample).
-    ``prepare_key``: keep this call's launches as a ``_PreparedPipeline`` under this key."""
+    ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     rows, n = x.shape
     out = torch.empty((rows, n), dtype=torch.float32 if probs else x.dtype, device=x.device)
     if rows == 0:
@@ -639,7 +600,7 @@ def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool
         HAS_MINP=min_p is not None, PROBS=probs, WIDTH=g.width,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, num_warps=g.num_warps)
-    _keep_prepared(prepare_key, run, rows, (("out", (rows, n), out.dtype),))
+    _keep_prepared(prepare_key, run, (("out", (rows, n), out.dtype),))
     return out
 
 
@@ -717,18 +678,26 @@ def _split(v, kind):
     return None, kind(0 if v is None else v), v is not None
 
 
-def _sample_prepared(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> torch.Tensor:
-    """``sample_rows`` of an eager CUDA call: through the prepared launches of this kind of call
-    when there are, else launched as usual (preparing them the first time)."""
-    key = _sample_key(x, temperature, top_k, top_p, min_p, seed, offset)
+def _through_prepared(key, x: torch.Tensor, tensors: dict, ints: dict, launch):
+    """An eager CUDA call of kind ``key``: through its prepared launches (``PreparedPipeline``,
+    given the call's tensors and integers by slot name) when there are and they accept it, else
+    ``launch(prepare_key)``, the ordinary launches, which keep theirs under ``key`` the first
+    time (a None key: not prepared)."""
     prepared = _PREPARED.get(key) if key is not None else None
     if prepared is not None:
-        out = prepared(x, _tensor_params(temperature, top_k, top_p, min_p, seed, offset),
-                       {"seed": seed, "offset": offset})
+        out = prepared(x, tensors, ints)
         if out is not None:
             return out
         key = None
-    return sample_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=key)
+    return launch(key)
+
+
+def _sample_prepared(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> torch.Tensor:
+    """``sample_rows`` of an eager CUDA call, through ``_through_prepared``."""
+    return _through_prepared(
+        _sample_key(x, temperature, top_k, top_p, min_p, seed, offset), x,
+        _tensor_params(temperature, top_k, top_p, min_p, seed, offset), {"seed": seed, "offset": offset},
+        lambda key: sample_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=key))
 
 
 def sample(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> torch.Tensor:
@@ -754,14 +723,8 @@ def top_k(x: torch.Tensor, k: int):
     else launches as usual, preparing them the first time."""
     if _direct():
         if x.is_cuda and k <= TOP_K_KERNEL_MAX:
-            key = ("top_k", x.shape, x.stride(), x.dtype, x.get_device(), k)
-            prepared = _PREPARED.get(key)
-            if prepared is not None:
-                out = prepared(x, {}, {})
-                if out is not None:
-                    return out
-                key = None
-            return top_k_rows(x, k, prepare_key=key)
+            return _through_prepared(("top_k", x.shape, x.stride(), x.dtype, x.get_device(), k), x, {}, {},
+                                     lambda key: top_k_rows(x, k, prepare_key=key))
         if backend.use_kernel(x) and k <= TOP_K_KERNEL_MAX:
             return top_k_rows(x, k)
         return reference.top_k(x, k)
@@ -769,19 +732,10 @@ def top_k(x: torch.Tensor, k: int):
 
 
 def _filter_key(x: torch.Tensor, top_k, top_p, min_p, probs: bool):
-    """The kind of a mask call, as ``_sample_key`` keys a sample call (``probs`` too); None when
-    two filters are one tensor."""
-    key = ["mask", x.shape, x.stride(), x.dtype, x.get_device(), probs]
-    tensors = []
-    for v in (top_k, top_p, min_p):
-        if isinstance(v, torch.Tensor):
-            if any(v is u for u in tensors):
-                return None
-            tensors.append(v)
-            key.append((v.shape, v.dtype))
-        else:
-            key.append((v.__class__, v))
-    return tuple(key)
+    """The kind of a mask call: ``_sample_key``'s of a call with the same filters (at temperature
+    1, which is what the masks' passes take), and ``probs``; None when two filters are one tensor."""
+    key = _sample_key(x, 1.0, top_k, top_p, min_p, 0, 0)
+    return None if key is None else ("mask", probs) + key
 
 
 def sampling_filter(x: torch.Tensor, top_k, top_p, min_p, probs: bool) -> torch.Tensor:
@@ -790,14 +744,9 @@ def sampling_filter(x: torch.Tensor, top_k, top_p, min_p, probs: bool) -> torch.
     launches as usual, preparing them the first time."""
     if _direct():
         if x.is_cuda:
-            key = _filter_key(x, top_k, top_p, min_p, probs)
-            prepared = _PREPARED.get(key) if key is not None else None
-            if prepared is not None:
-                out = prepared(x, _tensor_params(1.0, top_k, top_p, min_p, 0, 0), {})
-                if out is not None:
-                    return out
-                key = None
-            return filter_rows(x, top_k, top_p, min_p, probs=probs, prepare_key=key)
+            return _through_prepared(_filter_key(x, top_k, top_p, min_p, probs), x,
+                                     _tensor_params(1.0, top_k, top_p, min_p, 0, 0), {},
+                                     lambda key: filter_rows(x, top_k, top_p, min_p, probs=probs, prepare_key=key))
         if backend.use_kernel(x):
             return filter_rows(x, top_k, top_p, min_p, probs=probs)
         return reference.filter_mask(x, top_k, top_p, min_p, probs=probs)
