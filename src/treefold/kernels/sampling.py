@@ -1503,13 +1503,16 @@ def _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_ab
         rank = tl.zeros([SIZE], tl.int32)
         mass_before = tl.zeros([SIZE], tl.int64)
         for c in tl.static_range(SIZE // CHUNK):
-            c_live, c_idx, c_x, c_key, c_y, c_w, c_fixed = _list_block(
-                x_ptr, row, stride_x, list_ptr, list_stride, c * CHUNK, n_list, m, inv_t, CHUNK,
-                ALL_VALUES)
-            c_comp = tl.where(c_live, _composite(c_key, c_idx), INT64_MIN)
-            ahead = c_comp[None, :] > comp[:, None]  # [j, i]: chunk token i comes before token j
-            rank += tl.sum(ahead.to(tl.int32), axis=1)
-            mass_before += tl.sum(tl.where(ahead, c_fixed[None, :], 0), axis=1)
+            # a chunk that starts at or past the list's end holds no live token and changes
+            # nothing: skipped, a short list pays for the chunks it fills, not for the tile
+            if c * CHUNK < n_list:
+                c_live, c_idx, c_x, c_key, c_y, c_w, c_fixed = _list_block(
+                    x_ptr, row, stride_x, list_ptr, list_stride, c * CHUNK, n_list, m, inv_t, CHUNK,
+                    ALL_VALUES)
+                c_comp = tl.where(c_live, _composite(c_key, c_idx), INT64_MIN)
+                ahead = c_comp[None, :] > comp[:, None]  # [j, i]: chunk token i comes before token j
+                rank += tl.sum(ahead.to(tl.int32), axis=1)
+                mass_before += tl.sum(tl.where(ahead, c_fixed[None, :], 0), axis=1)
     pos = count_above + rank
     keep = live & ((topk_on == 0) | (pos < kk))
     m_k = tl.where(topk_on, mass_above + tl.sum(tl.where(live & (pos < kk), w_fixed, 0), axis=0),
