@@ -552,6 +552,32 @@ def test_long_boundary_lists_take_the_sort_and_the_search(device, monkeypatch):
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_every_pairwise_tier_ranks_as_the_reference(device, monkeypatch):
+    """Boundary lists of every length up to the pairwise limit, ranked on one chunk's tile or on
+    the limit's with the chunks past the list's end skipped, give the reference's answers (tiny
+    tiers here: chunks of 2, a limit of 8 for top_k and 16-bit logits)."""
+    monkeypatch.setattr(ops, "PAIRWISE_MAX_TOP_K", 8)
+    monkeypatch.setattr(ops, "PAIRWISE_MAX_16BIT", 8)
+    monkeypatch.setattr(ops, "PAIR_CHUNK", 2)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randint(-3, 4, (3, 48), generator=g).to(torch.bfloat16)  # tie groups of every size
+    x[2] = (torch.randn(48, generator=g) * 2).to(torch.bfloat16)
+    xs = x.to(device)
+    for k in range(1, 13):
+        values, indices = ops.top_k_rows(xs, k)
+        want_v, want_i = ref.top_k(x, k)
+        assert torch.equal(indices.cpu(), want_i) and torch.equal(values.cpu(), want_v), k
+    seeds = torch.tensor([5, 6, 7])
+    for config in (dict(top_p=0.2), dict(top_p=0.5), dict(top_p=0.8), dict(top_k=5, top_p=0.9),
+                   dict(min_p=0.3)):
+        args = (config.get("top_k"), config.get("top_p"), config.get("min_p"))
+        got = ops.sample_rows(xs, 1.0, *args, seeds.to(device), 2)
+        assert torch.equal(got.cpu(), ref.sample(x, 1.0, *args, seeds, 2)), config
+        masked = ops.filter_rows(xs, *args)
+        assert torch.equal(torch.isfinite(masked.cpu()), torch.isfinite(ref.filter_mask(x, *args))), config
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_flat_rows_shorten_long_lists_with_sub_bins(device, monkeypatch):
     """A flat row puts hundreds of tokens in the boundary bins: the sub-bin histogram cuts the
     list down before the ranking (a tiny pairwise tier here forces that path)."""

@@ -41,11 +41,15 @@ BINS_PER_NAT = 4.0
 FINE_BINS = 64
 #: ``resolve_kernel`` ranks boundary lists up to this long by pairwise comparisons (PAIR_CHUNK
 #: tokens at a time); a longer one is first cut down with the sub-bins, and what is still longer
-#: (a huge tie group) takes the bracket search. The ranking costs its full [PAIRWISE_MAX,
+#: (a huge tie group) takes the bracket search. The ranking used to cost its full [PAIRWISE_MAX,
 #: PAIR_CHUNK] tiles whatever the list's length (SM clock stamps in the one resolve program, one
 #: row of 151936 fp32 on the H200: 6.1 us of a 13.7 us resolve under top-p 0.9, 6.2 us for
-#: min-p's empty list). H200, CUDA graph, L2 flushed, 151936 fp32 logits, the same tokens
-#: (results/h200-probe-pairwise.txt), 128 -> 64: one row top-p 0.9 29.1 -> 25.5 us, min-p 0.05
+#: min-p's empty list); it now skips the chunks past the list's end, which took 1.1-2.6 us off
+#: top_k(50) and 16-bit top-p calls (results/h200-ab-resolve-tiers.txt; ranking lists of at most
+#: two chunks on [2 * PAIR_CHUNK, PAIR_CHUNK] tiles as well was faster at one row and slower at
+#: 64 rows, 51.9 -> 53.2 us for top_k(50), so it was left out). The measurements that set the
+#: limits below were taken before the skip. H200, CUDA graph, L2 flushed, 151936 fp32 logits,
+#: the same tokens (results/h200-probe-pairwise.txt), 128 -> 64: one row top-p 0.9 29.1 -> 25.5 us, min-p 0.05
 #: 23.1 -> 19.7, top-k 50 18.6 -> 17.1, top-k 50 + top-p 23.1 -> 19.6; 64 rows top-p 108.1 ->
 #: 104.2, min-p 104.5 -> 100.8, top-k 50 + top-p 97.1 -> 94.2, flat rows equal or faster. 32 was
 #: faster still for top-p and min-p but 37-65 us slower for top-k 50 + top-p (lists of about 45
