@@ -1804,9 +1804,9 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
         MODE, ALL_VALUES: as above.
         PARTS_POW2: next power of two of compact_programs.
         SORT_SMALL: lists up to this long are ranked by pairwise comparisons, PAIR_CHUNK tokens at
-            a time, on tiles of [SORT_SMALL, PAIR_CHUNK] (lists of at most PAIR_CHUNK tokens, an
-            empty one included, on one tile of [PAIR_CHUNK, PAIR_CHUNK]); longer ones take the
-            bracket search.
+            a time, on as many tiles of [SORT_SMALL, PAIR_CHUNK] as the list fills (lists of at
+            most PAIR_CHUNK tokens, an empty one included, on one tile of [PAIR_CHUNK,
+            PAIR_CHUNK]); longer ones take the sort (SORT_MID) or the bracket search.
         SORT_LARGE: MODE_TOPK sorts lists up to this long; a longer one (a huge tie group) is cut
             to its k tokens by the bracket search first (k_out <= SORT_LARGE).
         SORT_MID: sampling and thresholds: a list still longer than SORT_SMALL after the
