@@ -1554,6 +1554,20 @@ def test_prepared_sample_places_buffers_in_one_workspace_and_fills_every_slot():
     assert refusing(x, {}, {"seed": 1, "offset": 0}) is None and len(first.calls) == 1
     base = torch.empty(3 * 1000 + 1)
     assert call(base[1:].view(3, 1000), {"seed": seed}, {"seed": seed, "offset": 17}) is None
+    # so does a tensor of the caller's off the 16-byte grid
+    off_grid = torch.empty(4, dtype=torch.int64)[1:]
+    assert call(x, {"seed": off_grid}, {"seed": off_grid, "offset": 17}) is None
+    assert len(first.calls) == 1 and len(second.calls) == 1
+
+
+def test_prepared_pipeline_without_buffers_allocates_no_workspace():
+    # a one-launch reduction writes only its result: the call allocates that and launches
+    launch = _RecordingLaunch()
+    call = PreparedPipeline(((launch, ("x", "out"), ()),), {}, (("out", (3,), torch.float32),))
+    assert call.workspace_bytes == 0
+    x = torch.empty(3, 64)
+    out = call(x, {}, {})
+    assert out.shape == (3,) and launch.calls == [([x.data_ptr(), out.data_ptr()], ())]
 
 
 def test_prepared_pipeline_allocates_each_output_in_its_slot():
@@ -1621,7 +1635,13 @@ def test_gpu_prepared_sample_calls_give_the_same_tokens():
     assert len(kinds) == 3 and sum(out is not None for out in outs) == 1
     out = next(out for out in outs if out is not None)
     assert torch.equal(out, ops.sample_rows(x, 0.7, 50, None, None, seeds, 3))
-    # top_k keeps its own, per (shape, strides, dtype, device, k)
+
+
+@pytest.mark.gpu
+def test_gpu_prepared_top_k_calls_give_the_same_values_and_indices():
+    # top_k keeps its own prepared launches, per (shape, strides, dtype, device, k)
+    x = qwen_like_logits(5, 9)
+    ops._PREPARED.clear()
     for step in range(3):
         xs = x * (step + 1)
         for k in (1, 50):
@@ -1631,7 +1651,13 @@ def test_gpu_prepared_sample_calls_give_the_same_tokens():
     key = ("top_k", x.shape, x.stride(), x.dtype, x.get_device(), 50)
     values, indices = ops._PREPARED[key](x * 5, {}, {})
     assert torch.equal(indices, ops.top_k_rows(x * 5, 50)[1])
+
+
+@pytest.mark.gpu
+def test_gpu_prepared_mask_calls_give_the_same_masks():
     # and so do the masks, per kind of call
+    x = qwen_like_logits(5, 9)
+    ops._PREPARED.clear()
     ks = torch.full((5,), 20, device="cuda")
     for step in range(3):
         xs = x * (step + 1)

@@ -284,15 +284,19 @@ class PreparedLaunch:
 class PreparedPipeline:
     """The prepared launches of one kind of eager call of several launches (``sample``, ``top_k``,
     the masks, the reductions): ``launches`` are (PreparedLaunch, its slot names, its scalar slot
-    names). A call allocates its outputs (``outputs``: (slot name, shape, dtype) each) and one
-    workspace that holds every other buffer the launches write (``buffers``: name -> a tensor of
-    its size; each at a 256-byte offset), then launches each with the addresses of the call's
-    tensors (``x``, and ``tensors`` by slot name) and its integers (``ints`` by slot name), and
-    returns the output (a tuple of them when there are several). Returns None, having launched
-    nothing, when a launch would decline (an unaligned tensor, an integer that the kernels were
-    compiled for differently, profiler hooks): the ordinary path then answers."""
+    names). A call allocates its outputs (``outputs``: (slot name, shape, dtype) each) and, when
+    the launches write other buffers (``buffers``: name -> a tensor of its size), one workspace
+    that holds them all, each at a 256-byte offset; then it launches each with the addresses of
+    the call's tensors (``x``, and ``tensors`` by slot name) and its integers (``ints`` by slot
+    name), and returns the output (a tuple of them when there are several). Returns None, having
+    launched nothing, when a launch would decline (an unaligned tensor, an integer that the
+    kernels were compiled for differently, profiler hooks): the ordinary path then answers.
 
-    __slots__ = ("launches", "offsets", "workspace_bytes", "outputs")
+    A call is what a repeated eager call pays on the host besides its launches, so the slots are
+    resolved when the pipeline is made: each launch's slots are positions in one list of the
+    call's values (x, the outputs, the workspace's buffers, the caller's tensors)."""
+
+    __slots__ = ("launches", "offsets", "workspace_bytes", "outputs", "_named", "_plan", "_has_scalars")
 
     def __init__(self, launches, buffers: dict, outputs: tuple):
         self.launches = launches
@@ -300,23 +304,41 @@ class PreparedPipeline:
         for name, t in buffers.items():
             self.offsets[name] = end
             end += -(-t.numel() * t.element_size() // 256) * 256
-        self.workspace_bytes = max(end, 256)
+        self.workspace_bytes = end  # 0: no workspace to allocate
         self.outputs = outputs
+        own = ["x", *(name for name, _, _ in outputs), *self.offsets]
+        # the caller's tensors: every other slot name, in a fixed order
+        self._named = tuple(sorted({name for _, names, _ in launches for name in names} - set(own)))
+        position = {name: i for i, name in enumerate(own + list(self._named))}
+        self._plan = tuple((prepared, tuple(position[name] for name in names), tuple(scalars))
+                           for prepared, names, scalars in launches)
+        self._has_scalars = any(scalars for _, _, scalars in launches)
 
     def __call__(self, x: torch.Tensor, tensors: dict, ints: dict):
-        if launch_hooks_active() or any(t.data_ptr() % 16 for t in tensors.values()) or x.data_ptr() % 16:
+        named = [tensors[name] for name in self._named]
+        addresses = x.data_ptr()
+        for t in named:
+            addresses |= t.data_ptr()
+        if addresses & 15 or launch_hooks_active():
             return None
-        if not all(prepared.accepts(tuple(ints[name] for name in scalars))
-                   for prepared, _, scalars in self.launches):
+        if self._has_scalars and not all(prepared.accepts(tuple(ints[name] for name in scalars))
+                                         for prepared, _, scalars in self._plan):
             return None
-        outs = tuple(torch.empty(shape, dtype=dtype, device=x.device) for _, shape, dtype in self.outputs)
-        workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=x.device)
-        base = workspace.data_ptr()
-        values = dict(tensors, x=x)
-        for (name, _, _), out in zip(self.outputs, outs):
-            values[name] = out
-        for name, offset in self.offsets.items():
-            values[name] = base + offset
-        for prepared, names, scalars in self.launches:
-            prepared(*(values[name] for name in names), scalars=tuple(ints[name] for name in scalars))
-        return outs[0] if len(outs) == 1 else outs
+        device = x.device
+        values = [x]
+        for _, shape, dtype in self.outputs:
+            values.append(torch.empty(shape, dtype=dtype, device=device))
+        outs = values[1:]
+        workspace = None  # (held until the launches are queued: the stream orders its reuse after them)
+        if self.workspace_bytes:
+            workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device)
+            base = workspace.data_ptr()
+            values += [base + offset for offset in self.offsets.values()]
+        values += named
+        for prepared, slots, scalars in self._plan:
+            if scalars:
+                prepared(*[values[i] for i in slots], scalars=tuple(ints[name] for name in scalars))
+            else:
+                prepared(*[values[i] for i in slots])
+        del workspace
+        return outs[0] if len(outs) == 1 else tuple(outs)
