@@ -252,3 +252,32 @@ def test_prepared_backward_calls_give_the_same_bits_with_new_tensors(rows, n):
     y = treefold.softmax(x)
     (dx,) = torch.autograd.grad(y, x, odd)
     assert torch.equal(dx, softmax_ops.softmax_backward(odd, y.detach(), x_dtype=x.dtype))
+
+
+def test_launch_hooks_are_seen_however_they_are_installed(monkeypatch):
+    # a profiler adds to Triton's hook chains, or sets a hook of its own: prepared launches then
+    # decline, so that every launch goes through Triton's path, which calls the hooks
+    from triton import knobs
+    from treefold._ops.launch import PreparedLaunch, launch_hooks_active
+    assert not launch_hooks_active()
+    launched = []
+    prepared = PreparedLaunch((lambda *a: launched.append(a), False, False), (1, 1, 1), None, None,
+                              [0], ((0,),), 0)
+    x = torch.empty(4)
+
+    def hook(metadata):
+        return None
+
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):  # Triton's HookChain
+        chain.add(hook)
+        try:
+            assert launch_hooks_active() and not prepared(x)
+        finally:
+            chain.remove(hook)
+        assert not launch_hooks_active()
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", hook)
+    assert launch_hooks_active() and not prepared(x)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", None)
+    assert not launch_hooks_active()
+    assert launched == []

@@ -30,6 +30,8 @@ import torch
 import triton
 from triton import knobs as _knobs
 
+_HookChain = getattr(_knobs, "HookChain", None)
+
 from ..backend import INTERPRETED
 from ..kernels.combine import HAS_DEPENDENT_LAUNCH
 
@@ -49,9 +51,13 @@ def _active(hook):
 
 
 def launch_hooks_active() -> bool:
-    """Whether a profiler's launch hooks are installed (they must see Triton's own launch path)."""
-    return (_active(_knobs.runtime.launch_enter_hook) is not None
-            or _active(_knobs.runtime.launch_exit_hook) is not None)
+    """Whether a profiler's launch hooks are installed (they must see Triton's own launch path).
+    Asked on every prepared launch: the usual case, Triton 3.6's two empty HookChains, is read
+    from their lists of calls directly."""
+    enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
+    if enter.__class__ is _HookChain and leave.__class__ is _HookChain:
+        return bool(enter.calls or leave.calls)
+    return _active(enter) is not None or _active(leave) is not None
 
 
 def _specialise(args):
@@ -241,20 +247,28 @@ class PreparedLaunch:
     as the kernel was compiled for; an integer that Triton would specialise differently, such as
     1 where the kernel was compiled for other values; a profiler's launch hooks installed since).
     Callers keep one per (shape, strides, dtypes, device, options) and fall back on the ordinary
-    path on False."""
+    path on False.
 
-    __slots__ = ("_launch", "_grid", "_function", "_metadata", "_template", "_positions", "_device",
-                 "_scalar_slots")
+    A call is most of what a repeated eager call pays on the host besides Triton's C launcher,
+    so it keeps the launcher's whole argument list (grid, stream, function, launch flags,
+    metadata, then the kernel's arguments) and only writes the stream and the slots into a copy.
+    """
+
+    __slots__ = ("_launch", "_args", "_slots", "_device", "_scalar_slots")
+
+    #: Where the kernel's arguments start in the C launcher's argument list, and the stream's place.
+    _KERNEL_ARGS, _STREAM = 13, 3
 
     def __init__(self, direct, grid, function, metadata, template, positions, device, scalar_slots=()):
-        self._launch = direct
-        self._grid = grid
-        self._function = function
-        self._metadata = metadata
-        self._template = template
-        self._positions = positions
+        launch, cooperative, pdl = direct
+        g0, g1, g2 = grid
+        self._launch = launch
+        # no scratch buffers, no launch metadata, no hooks (a call with hooks declines)
+        self._args = [g0, g1, g2, None, function, cooperative, pdl, None, None, metadata, None, None, None,
+                      *template]
+        self._slots = tuple(tuple(self._KERNEL_ARGS + i for i in p) for p in positions)
         self._device = device
-        self._scalar_slots = scalar_slots
+        self._scalar_slots = tuple((self._KERNEL_ARGS + i, key) for i, key in scalar_slots)
 
     def accepts(self, scalars) -> bool:
         """Whether the integers ``scalars`` (in scalar-slot order) fit this compiled launch."""
@@ -263,21 +277,22 @@ class PreparedLaunch:
     def __call__(self, *tensors, scalars=()) -> bool:
         if launch_hooks_active():
             return False
-        args = self._template.copy()
-        for positions, tensor in zip(self._positions, tensors):
+        args = self._args.copy()
+        addresses = 0  # every address OR-ed: one alignment test for all
+        for positions, tensor in zip(self._slots, tensors):
             address = tensor if tensor.__class__ is int else tensor.data_ptr()
-            if address % 16:
-                return False
+            addresses |= address
             for i in positions:
                 args[i] = address
-        for (i, key), value in zip(self._scalar_slots, scalars):
-            if int_key(value) != key:
-                return False
-            args[i] = value
-        launch, cooperative, pdl = self._launch
-        g0, g1, g2 = self._grid
-        launch(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self._device), self._function, cooperative, pdl,
-               None, None, self._metadata, None, None, None, *args)
+        if addresses & 15:
+            return False
+        if scalars:
+            for (i, key), value in zip(self._scalar_slots, scalars):
+                if int_key(value) != key:
+                    return False
+                args[i] = value
+        args[self._STREAM] = torch._C._cuda_getCurrentRawStream(self._device)
+        self._launch(*args)
         return True
 
 
