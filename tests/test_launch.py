@@ -112,6 +112,22 @@ def test_prepared_launch_takes_integers_specialised_as_the_one_it_was_made_with(
     assert launched == []
 
 
+def test_prepared_launch_calls_the_c_launcher_as_triton_does(monkeypatch):
+    # Triton 3.6's C entry point: grid, stream, function, cooperative and PDL flags, no scratch
+    # buffers, the packed metadata, no launch metadata or hooks, then the kernel's arguments
+    from treefold._ops.launch import PreparedLaunch, int_key
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    launched = []
+    prepared = PreparedLaunch((lambda *a: launched.append(a), True, False), (5, 2, 1), "function", (4, 1, 0),
+                              [0, 5, "constexpr", 0], ((0, 3),), 1, ((1, int_key(5)),))
+    x = torch.empty(4)
+    assert prepared(x, scalars=(7,))
+    assert launched == [(5, 2, 1, 1001, "function", True, False, None, None, (4, 1, 0), None, None, None,
+                         x.data_ptr(), 7, "constexpr", x.data_ptr())]
+    assert prepared(x.data_ptr() + 16)  # an address as an int; the scalar slot keeps its value
+    assert launched[-1][13:] == (x.data_ptr() + 16, 5, "constexpr", x.data_ptr() + 16)
+
+
 def test_wrong_argument_count_names_the_kernel():
     launch = Launcher(_row_sum_kernel)
     with pytest.raises(TypeError, match="_row_sum_kernel: expected 3 runtime arguments"):
