@@ -30,10 +30,11 @@ import torch
 import triton
 from triton import knobs as _knobs
 
-_HookChain = getattr(_knobs, "HookChain", None)
-
 from ..backend import INTERPRETED
 from ..kernels.combine import HAS_DEPENDENT_LAUNCH
+
+#: Triton's chain of launch hooks (empty by default), None in a Triton without one.
+_HookChain = getattr(_knobs, "HookChain", None)
 
 _TRITON_VERSION = triton.__version__
 #: Cached specialisations per kernel before the cache is emptied.

@@ -40,31 +40,32 @@ NUM_BINS = 64
 BINS_PER_NAT = 4.0
 FINE_BINS = 64
 #: ``resolve_kernel`` ranks boundary lists up to this long by pairwise comparisons (PAIR_CHUNK
-#: tokens at a time); a longer one is first cut down with the sub-bins, and what is still longer
-#: (a huge tie group) takes the bracket search. The ranking used to cost its full [PAIRWISE_MAX,
+#: tokens at a time); a longer one is first cut down with the sub-bins, and what is still longer (a
+#: huge tie group) takes the bracket search. The ranking used to cost its full [PAIRWISE_MAX,
 #: PAIR_CHUNK] tiles whatever the list's length (SM clock stamps in the one resolve program, one
-#: row of 151936 fp32 on the H200: 6.1 us of a 13.7 us resolve under top-p 0.9, 6.2 us for
-#: min-p's empty list); it now skips the chunks past the list's end, which took 1.1-2.6 us off
-#: top_k(50) and 16-bit top-p calls (results/h200-ab-resolve-tiers.txt; ranking lists of at most
-#: two chunks on [2 * PAIR_CHUNK, PAIR_CHUNK] tiles as well was faster at one row and slower at
-#: 64 rows, 51.9 -> 53.2 us for top_k(50), so it was left out). The measurements that set the
-#: limits below were taken before the skip. H200, CUDA graph, L2 flushed, 151936 fp32 logits,
-#: the same tokens (results/h200-probe-pairwise.txt), 128 -> 64: one row top-p 0.9 29.1 -> 25.5 us, min-p 0.05
-#: 23.1 -> 19.7, top-k 50 18.6 -> 17.1, top-k 50 + top-p 23.1 -> 19.6; 64 rows top-p 108.1 ->
-#: 104.2, min-p 104.5 -> 100.8, top-k 50 + top-p 97.1 -> 94.2, flat rows equal or faster. 32 was
-#: faster still for top-p and min-p but 37-65 us slower for top-k 50 + top-p (lists of about 45
-#: tokens then take the bracket search); chunks of 16 gained nothing. ``top_k`` keeps 128
+#: row of 151936 fp32 on the H200: 6.1 us of a 13.7 us resolve under top-p 0.9, 6.2 us for min-p's
+#: empty list); it now skips the chunks past the list's end, which took 1.1-2.6 us off top_k(50)
+#: and 16-bit top-p calls (results/h200-ab-resolve-tiers.txt; ranking lists of at most two chunks
+#: on [2 * PAIR_CHUNK, PAIR_CHUNK] tiles as well was faster at one row and slower at 64 rows, 51.9
+#: -> 53.2 us for top_k(50), so it was left out). The measurements that set the limits below were
+#: taken before the skip; with it, 128 for fp32 and 64 for 16-bit logits lost again
+#: (results/h200-ab-pairwise-limits.txt). H200, CUDA graph, L2 flushed, 151936 fp32 logits, the
+#: same tokens (results/h200-probe-pairwise.txt), 128 -> 64: one row top-p 0.9 29.1 -> 25.5 us,
+#: min-p 0.05 23.1 -> 19.7, top-k 50 18.6 -> 17.1, top-k 50 + top-p 23.1 -> 19.6; 64 rows top-p
+#: 108.1 -> 104.2, min-p 104.5 -> 100.8, top-k 50 + top-p 97.1 -> 94.2, flat rows equal or faster.
+#: 32 was faster still for top-p and min-p but 37-65 us slower for top-k 50 + top-p (lists of about
+#: 45 tokens then take the bracket search); chunks of 16 gained nothing. ``top_k`` keeps 128
 #: (PAIRWISE_MAX_TOP_K): at 64 it sorted more lists, 64 rows top_k(50) 89.4 -> 101.3 us. So do
-#: 16-bit logits (PAIRWISE_MAX_16BIT; only fp32 was measured at 64): their values tie in groups
-#: the sub-bins cannot split, and a group longer than the limit takes the bracket search (one row
-#: of 151936 bf16 of standard deviation 4, top-p 0.9, 24 inputs interpreted on the CPU: 3 refined
-#: to 83-115 tokens; one such row took 83 us on the H200 at 64). fp32 rows refine to 4-31 tokens
+#: 16-bit logits (PAIRWISE_MAX_16BIT; only fp32 was measured at 64): their values tie in groups the
+#: sub-bins cannot split, and a group longer than the limit takes the bracket search (one row of
+#: 151936 bf16 of standard deviation 4, top-p 0.9, 24 inputs interpreted on the CPU: 3 refined to
+#: 83-115 tokens; one such row took 83 us on the H200 at 64). fp32 rows refine to 4-31 tokens
 #: (peaked) or to hundreds (flat). That was measured before SORT_MID_LISTS: lists past the limit
 #: are now sorted, not searched, so 64 for 16-bit logits may no longer lose; not yet measured.
-#: Sampling and thresholds rank a list of at most PAIR_CHUNK tokens (an empty one included) on
-#: one [PAIR_CHUNK, PAIR_CHUNK] tile (results/h200-ab-lean-histogram.txt, with the histogram's
-#: leaner loop: one row top-p 0.9 24.3 -> 22.5 us, min-p 0.05 17.7 -> 16.4; resolve at 64 rows
-#: 12.9 -> 11.7 us).
+#: Sampling and thresholds rank a list of at most PAIR_CHUNK tokens (an empty one included) on one
+#: [PAIR_CHUNK, PAIR_CHUNK] tile (results/h200-ab-lean-histogram.txt, with the histogram's leaner
+#: loop: one row top-p 0.9 24.3 -> 22.5 us, min-p 0.05 17.7 -> 16.4; resolve at 64 rows 12.9 ->
+#: 11.7 us).
 PAIRWISE_MAX = 64
 PAIRWISE_MAX_TOP_K = 128
 PAIRWISE_MAX_16BIT = 128
