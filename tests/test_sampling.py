@@ -1604,37 +1604,43 @@ def test_prepared_sample_keys():
     assert ops._sample_key(x, 0.0, None, None, None, 5, 3) == ops._sample_key(x, 0.0, None, None, None, seeds, 1)
 
 
+# one configuration per test (each compiles its own kernels: together they take minutes, which
+# pytest-xdist spreads over processes): (temperature, top_k, top_p, min_p); "rows" a tensor per row
+_PREPARED_SAMPLE_CONFIGS = [(0.0, None, None, None), (1.0, None, None, None), (0.7, None, 0.9, None),
+                            (0.7, 50, None, None), (1.0, None, None, 0.05), ("rows", "rows", 0.8, None)]
+
+
 @pytest.mark.gpu
-def test_gpu_prepared_sample_calls_give_the_same_tokens():
+@pytest.mark.parametrize("config", _PREPARED_SAMPLE_CONFIGS,
+                         ids=["greedy", "plain", "top-p", "top-k", "min-p", "per-row"])
+def test_gpu_prepared_sample_calls_give_the_same_tokens(config):
     # eager sample() keeps prepared launches per kind of call; later calls of the kind take them
     # with new tensors and new integer seeds and offsets (counting decode steps)
     x = qwen_like_logits(5, 9)
     seeds = torch.arange(5, device="cuda") * 3 + 1
-    temps = torch.full((5,), 0.8, device="cuda")
-    configs = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.7, top_p=0.9),
-               dict(temperature=0.7, top_k=50), dict(temperature=1.0, min_p=0.05),
-               dict(temperature=temps, top_k=torch.full((5,), 20, device="cuda"), top_p=0.8)]
+    t, k, p, mp = config
+    t = torch.full((5,), 0.8, device="cuda") if t == "rows" else t
+    k = torch.full((5,), 20, device="cuda") if k == "rows" else k
+    c = dict(temperature=t, top_k=k, top_p=p, min_p=mp)
     ops._PREPARED.clear()
     for step in range(40):
         xs = x * (1 + step % 3)
-        for c in configs:
-            for seed in (seeds, 11 + step):
-                got = treefold.sample(xs, seed=seed, offset=step, **c)
-                t = c["temperature"]
-                want = ops.sample_rows(xs, t if isinstance(t, torch.Tensor) else float(t), c.get("top_k"),
-                                       c.get("top_p"), c.get("min_p"), seed, step)
-                assert torch.equal(got, want), (step, c, seed)
-    assert len(ops._PREPARED) >= 2 * len(configs)
-    # the prepared calls themselves launch (a call that always declined would pass the checks
-    # above): top-k 50 with per-row seeds has one kind per kind of offset (1, divisible by 16,
-    # other), and the one for 3 takes it
-    kinds = [prepared for key, prepared in ops._PREPARED.items()
-             if key[4:9] == ((float, 0.7), (int, 50), (type(None), None), (type(None), None),
-                             (seeds.shape, seeds.dtype))]
-    outs = [prepared(x, {"seed": seeds}, {"seed": seeds, "offset": 3}) for prepared in kinds]
-    assert len(kinds) == 3 and sum(out is not None for out in outs) == 1
-    out = next(out for out in outs if out is not None)
-    assert torch.equal(out, ops.sample_rows(x, 0.7, 50, None, None, seeds, 3))
+        for seed in (seeds, 11 + step):
+            got = treefold.sample(xs, seed=seed, offset=step, **c)
+            want = ops.sample_rows(xs, t if isinstance(t, torch.Tensor) else float(t), k, p, mp, seed, step)
+            assert torch.equal(got, want), (step, seed)
+    assert len(ops._PREPARED) >= 2
+    if config == (0.7, 50, None, None):
+        # the prepared calls themselves launch (a call that always declined would pass the
+        # checks above): top-k 50 with per-row seeds has one kind per kind of offset (1,
+        # divisible by 16, other), and the one for 3 takes it
+        kinds = [prepared for key, prepared in ops._PREPARED.items()
+                 if key[4:9] == ((float, 0.7), (int, 50), (type(None), None), (type(None), None),
+                                 (seeds.shape, seeds.dtype))]
+        outs = [prepared(x, {"seed": seeds}, {"seed": seeds, "offset": 3}) for prepared in kinds]
+        assert len(kinds) == 3 and sum(out is not None for out in outs) == 1
+        out = next(out for out in outs if out is not None)
+        assert torch.equal(out, ops.sample_rows(x, 0.7, 50, None, None, seeds, 3))
 
 
 @pytest.mark.gpu
