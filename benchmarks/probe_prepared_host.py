@@ -7,8 +7,11 @@ driver.
 
 Prints microseconds per call, best of 7 rounds of 20000 calls: a ``PreparedPipeline`` shaped as
 argmax over one long row (two launches, two workspace buffers) and as a row sum (one launch, no
-buffers), one ``PreparedLaunch``, and an eager ``rms_norm`` through ``norm_prepared`` with a
-stand-in launch (its key, allocation and checks included). Compare two trees by running this
+buffers), one ``PreparedLaunch``, an eager ``rms_norm`` through ``norm_prepared`` with a
+stand-in launch (its key, allocation and checks included), and ``sample``'s own Python before
+its launches, with its argument checks and with them skipped for a kind checked before (on the
+CPU the checks include reading the logits for rows without a finite value, timed apart: a CUDA
+call pays the difference). Compare two trees by running this
 with each one's src on PYTHONPATH, alternating; this machine's pace drifts by tens of percent.
 """
 import time
@@ -66,6 +69,20 @@ def main():
     ]
     for name, fn in cases:
         print(f"host us/call  {name:55s} {per_call_us(fn):6.2f}", flush=True)
+    # sample's checks: the launches replaced by an empty result, the CUDA-only skip forced
+    from treefold.functional import sampling as public
+    logits, seeds = torch.randn(64, 64), torch.arange(64)
+    public._ops.sample = lambda rows, *args: torch.empty(rows.shape[0], dtype=torch.int64)
+    for skip in (False, True):
+        public._fast_device = lambda t, skip=skip: skip
+        public._VALIDATED.clear()
+        for name, fn in ((f"sample top-p 0.9, seed 1 (64 x 64){', checked before' if skip else ''}",
+                          lambda: treefold.sample(logits, top_p=0.9, seed=1)),
+                         (f"sample top-k 50, per-row seeds{', checked before' if skip else ''}",
+                          lambda: treefold.sample(logits, top_k=50, seed=seeds, offset=3))):
+            print(f"host us/call  {name:55s} {per_call_us(fn):6.2f}", flush=True)
+    finite_rows = per_call_us(lambda: bool((~torch.isfinite(logits).any(dim=-1)).any()))
+    print(f"host us/call  {'of which the CPU-only check of finite rows':55s} {finite_rows:6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -447,6 +447,62 @@ def test_sample_argument_errors(kwargs, exc, message):
         treefold.sample(x, **kwargs)
 
 
+def _same_arguments(a, b) -> bool:
+    return len(a) == len(b) and all(
+        torch.equal(u, v) if isinstance(u, torch.Tensor) or isinstance(v, torch.Tensor) else u == v and type(u) is type(v)
+        for u, v in zip(a, b))
+
+
+def test_validated_kinds_skip_the_checks_with_the_parameters_the_checks_gave(monkeypatch):
+    """An eager call of a kind that passed the checks before (``_validated_kind``) takes the
+    normalised parameters kept for it: the same ones the checks give (filters that keep every
+    token dropped, numbers as floats, tensors as they are). Kinds hold the scalar values, so a
+    bad value never finds a kind and raises as before, even after a good call alike."""
+    from treefold.functional import sampling as public
+    calls = []
+
+    def record(x, *args):
+        calls.append((x, args))
+        return torch.zeros(x.shape[0], dtype=torch.int64)
+
+    monkeypatch.setattr(public, "_fast_device", lambda logits: True)  # the path CUDA calls take
+    monkeypatch.setattr(public, "_VALIDATED", {})
+    monkeypatch.setattr(public._ops, "sample", record)
+    x = torch.randn(2, 10)
+    for kwargs in (dict(seed=5), dict(temperature=0.7, top_k=10, top_p=1.0, min_p=0.0, seed=5, offset=2),
+                   dict(temperature=1, top_k=3, top_p=0.5, seed=torch.tensor([3, 4]), offset=torch.tensor([7])),
+                   dict(temperature=0, seed=(1 << 63) - 1, offset=-(1 << 63))):
+        calls.clear()
+        treefold.sample(x, **kwargs)  # checked, and its kind kept
+        treefold.sample(x, **kwargs)  # the kept parameters
+        (x_checked, checked), (x_kept, kept) = calls
+        assert torch.equal(x_checked, x) and x_kept is x and _same_arguments(checked, kept), kwargs
+    assert len(public._VALIDATED) == 4
+    # bad values raise though a call of the kind but for them was good
+    for good, bad, exc in ((dict(top_k=10), dict(top_k=11), ValueError), (dict(top_p=0.5), dict(top_p=1.5), ValueError),
+                           (dict(top_p=0.5), dict(top_p=float("nan")), ValueError),
+                           (dict(temperature=1.0), dict(temperature=float("inf")), ValueError),
+                           (dict(offset=1), dict(offset=True), TypeError), (dict(offset=1), dict(offset=1 << 64), ValueError),
+                           (dict(top_k=2), dict(top_k=2.0), TypeError)):
+        treefold.sample(x, seed=1, **good)
+        for _ in range(2):
+            with pytest.raises(exc):
+                treefold.sample(x, seed=1, **bad)
+    # kinds that always take the checks
+    kind = public._validated_kind
+    seeds = torch.tensor([3, 4])
+    assert kind(x, 1.0, None, None, None, 1, 0) is not None
+    assert kind(x, 1.0, None, None, None, seeds, 0) is not None
+    assert all(k is None for k in (
+        kind(x.reshape(1, 2, 10), 1.0, None, None, None, 1, 0), kind(x.t(), 1.0, None, None, None, 1, 0),
+        kind(x, torch.ones(2), None, None, None, 1, 0), kind(x, 1.0, True, None, None, 1, 0),
+        kind(x, 1.0, None, None, None, None, 0), kind(x, 1.0, None, None, None, 1 << 63, 0),
+        kind(x, 1.0, None, None, None, seeds.int(), 0), kind(x, 1.0, None, None, None, torch.arange(4)[::2], 0),
+        kind(x, 1.0, None, None, None, seeds.reshape(2, 1), 0)))
+    monkeypatch.setattr(public, "_fast_device", lambda logits: False)
+    assert kind(x, 1.0, None, None, None, 1, 0) is None
+
+
 def test_logits_errors():
     with pytest.raises(TypeError, match="sample: logits must be a torch.Tensor, got list"):
         treefold.sample([1.0, 2.0])

@@ -10,7 +10,8 @@ CUDA tensors run the Triton kernels (``treefold.kernels.sampling`` explains the 
 tensors run the same kernels interpreted under ``TRITON_INTERPRET=1``, otherwise the reference
 (``treefold.reference.sampling``), which gives the same tokens.
 
-Python scalars are checked here and raise TypeError / ValueError. Tensor arguments on the GPU
+Python scalars are checked here and raise TypeError / ValueError (an eager CUDA ``sample`` call
+of a kind of arguments checked before skips the checks: ``_validated_kind``). Tensor arguments on the GPU
 are never read back to the host (that would stall the GPU and break CUDA graphs): a row whose
 own parameter is out of range samples -1, as does a row without a finite logit. Logits on the
 CPU are on the host already: ``sample`` raises ValueError for a row without a finite logit there.
@@ -184,6 +185,11 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
     ValueError for CPU logits with a row that holds no finite logit (the host path can tell;
     inside torch.compile such a row gives -1 there too).
     """
+    kind = _validated_kind(logits, temperature, top_k, top_p, min_p, seed, offset)
+    if kind is not None:
+        known = _VALIDATED.get(kind)
+        if known is not None:
+            return _ops.sample(logits, *known, seed, offset)
     fn = "sample"
     x, batch = _logits(fn, "logits", logits)
     rows, n = x.shape
@@ -215,7 +221,58 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
             shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
             raise ValueError(f"{fn}: logits row(s) {shown} (of the flattened batch) hold no finite value "
                              f"(every logit -inf or NaN): there is nothing to sample")
+    if kind is not None:
+        if len(_VALIDATED) >= _MAX_VALIDATED:
+            _VALIDATED.clear()
+        _VALIDATED[kind] = (t, k, p, mp)
     return _ops.sample(x, t, k, p, mp, s, o).reshape(batch)
+
+
+# ---- kinds of eager call already validated ---------------------------------------------------
+# A decode loop calls ``sample`` with arguments of the same kinds step after step, and checking
+# them again costs an eager call about as much host time as its launches' own Python. A call
+# whose kind (``_validated_kind``) passed the checks before takes the normalised parameters kept
+# for it and skips them: every check depends on what the kind holds alone.
+
+_VALIDATED: dict = {}
+_MAX_VALIDATED = 256
+
+
+def _fast_device(logits: torch.Tensor) -> bool:
+    """Where a validated kind may skip the checks: CUDA logits (on the CPU, ``sample`` also reads
+    the logits to refuse rows without a finite value)."""
+    return logits.is_cuda
+
+
+def _validated_kind(logits, temperature, top_k, top_p, min_p, seed, offset):
+    """The kind of a ``sample`` call, or None for calls that always take the checks: 2-D logits
+    of a plain tensor with contiguous rows (shape, strides, dtype, device), the four parameters
+    None or plain ints and floats by value (so a value checked once is known good; NaN never
+    equals itself), seed and offset as ints within int64 (they pass as they are) or contiguous
+    1-D int64 tensors by shape and device (used as they are). Tensor parameters, a seed of None
+    (a draw from torch's generator), bools and other types, compiled code: None."""
+    if (torch.compiler.is_compiling() or logits.__class__ is not torch.Tensor or logits.ndim != 2
+            or logits.stride(1) != 1 or not _fast_device(logits)):
+        return None
+    kind = [logits.shape, logits.stride(), logits.dtype, logits.device]
+    for value in (temperature, top_k, top_p, min_p):
+        if value is None:
+            kind.append(None)
+        elif value.__class__ is float or value.__class__ is int:
+            kind.append((value.__class__, value))
+        else:
+            return None
+    for value in (seed, offset):
+        if value.__class__ is int:
+            if not _INT64_MIN <= value < 1 << 63:
+                return None
+            kind.append(int)
+        elif (value.__class__ is torch.Tensor and value.dtype == torch.int64 and value.ndim == 1
+              and value.is_contiguous()):
+            kind.append((value.shape, value.device))
+        else:
+            return None
+    return tuple(kind)
 
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
