@@ -11,10 +11,11 @@ tensors run the same kernels interpreted under ``TRITON_INTERPRET=1``, otherwise
 (``treefold.reference.sampling``), which gives the same tokens.
 
 Python scalars are checked here and raise TypeError / ValueError (an eager CUDA ``sample`` call
-of a kind of arguments checked before skips the checks: ``_validated_kind``). Tensor arguments on the GPU
-are never read back to the host (that would stall the GPU and break CUDA graphs): a row whose
-own parameter is out of range samples -1, as does a row without a finite logit. Logits on the
-CPU are on the host already: ``sample`` raises ValueError for a row without a finite logit there.
+of a kind of arguments checked before skips the checks: ``_validated_kind``). Tensor arguments
+on the GPU are never read back to the host (that would stall the GPU and break CUDA graphs): a
+row whose own parameter is out of range samples -1, as does a row without a finite logit. Logits
+on the CPU are on the host already: ``sample`` raises ValueError for a row without a finite
+logit there.
 """
 from __future__ import annotations
 
