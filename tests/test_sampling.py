@@ -448,9 +448,11 @@ def test_sample_argument_errors(kwargs, exc, message):
 
 
 def _same_arguments(a, b) -> bool:
-    return len(a) == len(b) and all(
-        torch.equal(u, v) if isinstance(u, torch.Tensor) or isinstance(v, torch.Tensor) else u == v and type(u) is type(v)
-        for u, v in zip(a, b))
+    def same(u, v):
+        if isinstance(u, torch.Tensor) or isinstance(v, torch.Tensor):
+            return torch.equal(u, v)
+        return u == v and type(u) is type(v)
+    return len(a) == len(b) and all(map(same, a, b))
 
 
 def test_validated_kinds_skip_the_checks_with_the_parameters_the_checks_gave(monkeypatch):
@@ -479,10 +481,12 @@ def test_validated_kinds_skip_the_checks_with_the_parameters_the_checks_gave(mon
         assert torch.equal(x_checked, x) and x_kept is x and _same_arguments(checked, kept), kwargs
     assert len(public._VALIDATED) == 4
     # bad values raise though a call of the kind but for them was good
-    for good, bad, exc in ((dict(top_k=10), dict(top_k=11), ValueError), (dict(top_p=0.5), dict(top_p=1.5), ValueError),
+    for good, bad, exc in ((dict(top_k=10), dict(top_k=11), ValueError),
+                           (dict(top_p=0.5), dict(top_p=1.5), ValueError),
                            (dict(top_p=0.5), dict(top_p=float("nan")), ValueError),
                            (dict(temperature=1.0), dict(temperature=float("inf")), ValueError),
-                           (dict(offset=1), dict(offset=True), TypeError), (dict(offset=1), dict(offset=1 << 64), ValueError),
+                           (dict(offset=1), dict(offset=True), TypeError),
+                           (dict(offset=1), dict(offset=1 << 64), ValueError),
                            (dict(top_k=2), dict(top_k=2.0), TypeError)):
         treefold.sample(x, seed=1, **good)
         for _ in range(2):
@@ -497,7 +501,8 @@ def test_validated_kinds_skip_the_checks_with_the_parameters_the_checks_gave(mon
         kind(x.reshape(1, 2, 10), 1.0, None, None, None, 1, 0), kind(x.t(), 1.0, None, None, None, 1, 0),
         kind(x, torch.ones(2), None, None, None, 1, 0), kind(x, 1.0, True, None, None, 1, 0),
         kind(x, 1.0, None, None, None, None, 0), kind(x, 1.0, None, None, None, 1 << 63, 0),
-        kind(x, 1.0, None, None, None, seeds.int(), 0), kind(x, 1.0, None, None, None, torch.arange(4)[::2], 0),
+        kind(x, 1.0, None, None, None, seeds.int(), 0),
+        kind(x, 1.0, None, None, None, torch.arange(4)[::2], 0),
         kind(x, 1.0, None, None, None, seeds.reshape(2, 1), 0)))
     monkeypatch.setattr(public, "_fast_device", lambda logits: False)
     assert kind(x, 1.0, None, None, None, 1, 0) is None

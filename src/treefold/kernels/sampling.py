@@ -715,9 +715,9 @@ def _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, min
 def _race_pick(score_a, index_a, score_b, index_b):
     """The better of two race entries: the higher score, then the lower index. ``combine.pick``
     without its NaN terms: race scores and row maxima are never NaN (non-finite logits take no
-    part, a finite logit's y is finite: clamped to +-FLT_MAX when scaled, the noise is finite). Entries that tie on both are the same
-    pair (the fillers of empty lanes and masked slots), so the result never depends on the order
-    the pairs meet in."""
+    part, a finite logit's y is finite: clamped to +-FLT_MAX when scaled, the noise is finite).
+    Entries that tie on both are the same pair (the fillers of empty lanes and masked slots), so
+    the result never depends on the order the pairs meet in."""
     take_b = (score_b > score_a) | ((score_b == score_a) & (index_b < index_a))
     return tl.where(take_b, score_b, score_a), tl.where(take_b, index_b, index_a)
 
