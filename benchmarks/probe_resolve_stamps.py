@@ -15,7 +15,7 @@ sampling does not use otherwise). Each stamp after a phase depends on that phase
 the compiler cannot hoist it; the copy's kernels are otherwise the library's.
 
 The run: 151936 fp32 logits, Gaussian of standard deviation 4 (the benchmark's peaked rows), 1 and
-64 rows (every program writes the same slots: at 64 rows the stamps are those of whichever
+64 rows (and the same rounded to bf16, top-p alone) (every program writes the same slots: at 64 rows the stamps are those of whichever
 program wrote last), top-p 0.9, min-p 0.05, top-k 50 + top-p 0.9 and
 top-k 50; 30 eager calls and 30 graph replays each, medians; then the per-launch kernel times of
 the torch profiler over 10 graph replays (under dependent launches a pass's time includes its wait
@@ -62,10 +62,10 @@ def resolve_kernel('''),
     ("""        # Shorten the boundary list first""", """        c2 = _clock() + (best_index * 0)
         c3 = c2
         # Shorten the boundary list first"""),
-    ("""        if n_list <= SORT_SMALL:
-            _resolve_short(""", """        c3 = _clock() + (n_list * 0).to(tl.int64) + (best_index * 0)
-        if n_list <= SORT_SMALL:
-            _resolve_short("""),
+    ("""        ONE_CHUNK: tl.constexpr = MODE != MODE_TOPK
+""", """        c3 = _clock() + (n_list * 0).to(tl.int64) + (best_index * 0)
+        ONE_CHUNK: tl.constexpr = MODE != MODE_TOPK
+"""),
     ("""            tl.store(mass_ptr + row, 0.0)
 
 
@@ -131,9 +131,12 @@ def measure(out_dir):
     g = torch.Generator(device="cuda").manual_seed(0)
     cases = {"top-p 0.9": dict(top_p=0.9), "min-p 0.05": dict(min_p=0.05),
              "top-k 50 + top-p 0.9": dict(top_k=50, top_p=0.9), "top-k 50": dict(top_k=50)}
-    for rows in (1, 64):
-        x = torch.randn(rows, 151936, device="cuda", generator=g) * 4.0
+    for rows, dtype in ((1, torch.float32), (64, torch.float32), (1, torch.bfloat16), (64, torch.bfloat16)):
+        x = (torch.randn(rows, 151936, device="cuda", generator=g) * 4.0).to(dtype)
         for label, kw in cases.items():
+            if dtype != torch.float32 and label != "top-p 0.9":
+                continue
+            label = label if dtype == torch.float32 else label + " bf16"
             call = lambda: sampling.sample_rows(x, 1.0, seed=1, **kw)  # noqa: E731
             for _ in range(3):
                 call()
