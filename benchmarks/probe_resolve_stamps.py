@@ -16,8 +16,8 @@ the compiler cannot hoist it; the copy's kernels are otherwise the library's.
 
 The run: 151936 fp32 logits, Gaussian of standard deviation 4 (the benchmark's peaked rows), 1 and
 64 rows (every program writes the same slots: at 64 rows the stamps are those of whichever program
-wrote last), top-p 0.9, min-p 0.05, top-k 50 + top-p 0.9 and top-k 50, and the same logits rounded
-to bf16 under top-p 0.9; 30 eager calls and 30 graph replays each, medians; then the per-launch
+wrote last), top-p 0.9, min-p 0.05, top-k 50 + top-p 0.9 and top-k 50, and logits drawn alike and
+rounded to bf16 under top-p 0.9; 30 eager calls and 30 graph replays each, medians; then the per-launch
 kernel times of the torch profiler over 10 graph replays (under dependent launches a pass's time
 includes its wait for the previous one).
 """
