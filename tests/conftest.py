@@ -83,6 +83,9 @@ class InterpretedPrepared:
         InterpretedPrepared.launched += 1
         return True
 
+    def launch_addresses(self, addresses, scalars=()):
+        self(*addresses, scalars=scalars)
+
     launched = 0
 
 

@@ -126,6 +126,9 @@ def test_prepared_launch_calls_the_c_launcher_as_triton_does(monkeypatch):
                          x.data_ptr(), 7, "constexpr", x.data_ptr())]
     assert prepared(x.data_ptr() + 16)  # an address as an int; the scalar slot keeps its value
     assert launched[-1][13:] == (x.data_ptr() + 16, 5, "constexpr", x.data_ptr() + 16)
+    # a pipeline's launches, checked by the pipeline, take the same list
+    prepared.launch_addresses([x.data_ptr()], (7,))
+    assert launched[-1] == launched[0]
 
 
 def test_wrong_argument_count_names_the_kernel():

@@ -1590,6 +1590,9 @@ class _RecordingLaunch:
         self.calls.append(([v if isinstance(v, int) else v.data_ptr() for v in values], scalars))
         return True
 
+    def launch_addresses(self, addresses, scalars=()):
+        self(*addresses, scalars=scalars)
+
 
 def test_prepared_sample_places_buffers_in_one_workspace_and_fills_every_slot():
     buffers = {"part_max": torch.empty(7), "hist": torch.empty((3, 64), dtype=torch.int32),
