@@ -950,6 +950,46 @@ def test_holding_16bit_rows_gives_the_same_bits(n, dtype):
                                                      paired_sums=paired), want)
 
 
+@pytest.mark.parametrize("n", [33, 5120])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_segments_cut_into_runs_give_the_same_bits(n, dtype):
+    # Runs change the block's shape and where the warps sit, never the additions: every forward
+    # and backward output equal bit for bit, whatever the runs (up to one group per run).
+    x, r = randn((3, n), dtype, seed=n), randn((3, n), dtype, seed=n + 1)
+    w, b, dy = weight_like(n, dtype), randn(n, dtype, seed=3), randn((3, n), dtype, seed=n + 2)
+    kernel_or_skip(x)
+    x[0, 0], x[1, -1] = float("nan"), float("inf")
+    most = ops.row_layout(n, dtype)["LANES"] // ops.row_layout(n, dtype)["GROUP"]
+    runs_tried = sorted({2, most})
+    want_rms = ops.rms_norm_impl(x, w, r, 1e-6, 1.0, "llama", dtype, runs=1)
+    want_ln = ops.layer_norm_impl(x, w, b, 1e-5, runs=1)
+    _, mean, rstd = want_ln
+    _, _, rms_rstd = ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", dtype, runs=1)
+    want_rms_dx = ops.rms_norm_backward_impl(dy, None, x, w, rms_rstd, 0.0, "llama", dtype, None, True, runs=1)
+    want_ln_dx = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype, runs=1)
+    for runs in runs_tried:
+        assert_all_bits(ops.rms_norm_impl(x, w, r, 1e-6, 1.0, "llama", dtype, runs=runs), want_rms)
+        assert_all_bits(ops.layer_norm_impl(x, w, b, 1e-5, runs=runs), want_ln)
+        assert_all_bits(ops.rms_norm_backward_impl(dy, None, x, w, rms_rstd, 0.0, "llama", dtype, None, True,
+                                                   runs=runs), want_rms_dx)
+        for paired in (True, False):
+            assert_all_bits(ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype, runs=runs,
+                                                         paired_sums=paired), want_ln_dx)
+    assert_bits(want_rms[0], ref.rms_norm(x, w, 1e-6, r, offset=1.0)[0])
+    assert_bits(want_ln[0], ref.layer_norm(x, w, b, 1e-5)[0])
+
+
+def test_runs_refusals():
+    def plan(n, **kw):
+        return ops._forward_plan(n, torch.bfloat16, True, False, True, False, False, True, False, None, None,
+                                 **kw)[2]
+    assert plan(16384, runs=16)["RUNS"] == 16 and plan(16384, runs=16)["LOG2_RUNS"] == 4
+    for bad in (0, 3, 1024, 2.0, True):
+        with pytest.raises(ValueError, match=rf"norm: runs must be a power of two from 1 to 512 \(groups per "
+                                             rf"segment\), got {bad!r}"):
+            plan(16384, runs=bad)
+
+
 def test_store_hint_defaults_to_rows_read_twice():
     def plan(n, **kw):
         return ops._forward_plan(n, torch.bfloat16, True, False, True, False, False, True, False, None, None,
@@ -1151,6 +1191,11 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
         for num_warps in (None, 4, 16):
             assert_bits(rms(hold_16bit=True, num_warps=num_warps), full)
             assert_bits(ln(hold_16bit=True, num_warps=num_warps), full_ln)
+    for runs in (2, 16, 32):  # nor cutting the segments into runs, at any warps
+        for num_warps in (None, 4, 8):
+            assert_bits(rms(runs=runs, num_warps=num_warps), full)
+            assert_bits(ln(runs=runs, num_warps=num_warps), full_ln)
+        assert_bits(rms(runs=runs, read_twice=True), full)
 
 
 @pytest.mark.gpu

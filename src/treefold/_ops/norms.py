@@ -185,7 +185,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                   fused_squares: Optional[bool] = None,
                   read_twice: Optional[bool] = None,
                   hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
-                  max_registers: Optional[int] = None) -> tuple[int, int, dict]:
+                  max_registers: Optional[int] = None, runs: Optional[int] = None) -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
@@ -201,7 +201,10 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``store_hint``: the eviction policy of the stores of y and h ("" or "evict_first"; default:
     ``_READ_TWICE_STORE_POLICY`` for rows read twice, none otherwise).
     ``max_registers``: a cap on the registers per thread (Triton's ``maxnreg``; its spills lost
-    7-16 points at 4096 x 16384 on the H200, ``benchmarks/results/h200-probe-max-registers.txt``)."""
+    7-16 points at 4096 x 16384 on the H200, ``benchmarks/results/h200-probe-max-registers.txt``).
+    ``runs``: each segment of the block cut into this many runs of lanes (a power of two dividing
+    C(N) / G(N, dtype); ``combine.run_tree_sum``): with runs of 32 vectors, Triton gives the warps
+    to the segments (default: ``_segment_runs``)."""
     default_rows, default_warps = forward_config(n, is_rms, has_residual)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -241,14 +244,35 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         default_warps = _READ_TWICE_WARPS
     if store_hint is None:
         store_hint = _READ_TWICE_STORE_POLICY if read_twice else ""
+    runs = _check_runs(_segment_runs(n, dtype) if runs is None else runs, layout)
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
         READ_POLICY=read_policy, READ_TWICE=bool(read_twice), HOLD_16BIT=bool(hold_16bit),
         **({"STORE_POLICY": store_hint} if store_hint else {}),
+        **_runs_constexprs(runs),
         num_warps=num_warps or default_warps, **register_cap(max_registers),
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
+
+
+def _segment_runs(n: int, dtype: torch.dtype) -> int:
+    """Runs per segment of the norm kernels' blocks (``combine.run_tree_sum``): 1 for now."""
+    return 1
+
+
+def _check_runs(runs, layout: dict) -> int:
+    """``runs`` checked against the row's block: a power of two from 1 to its groups per segment."""
+    most = layout["LANES"] // layout["GROUP"]
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1 or runs & (runs - 1) or runs > most:
+        raise ValueError(f"norm: runs must be a power of two from 1 to {most} (groups per segment), got {runs!r}")
+    return runs
+
+
+def _runs_constexprs(runs: int) -> dict:
+    """The kernels' RUNS and LOG2_RUNS (left at their defaults for one run: the same compiled kernel
+    as before runs existed)."""
+    return {"RUNS": runs, "LOG2_RUNS": order.log2(runs)} if runs > 1 else {}
 
 
 def _fuses_squares(is_rms: bool, dtype: torch.dtype) -> bool:
@@ -278,7 +302,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    segments_per_program: Optional[int] = None, read_policy: str = "",
                    fused_squares: Optional[bool] = None, read_twice: Optional[bool] = None,
                    hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
-                   max_registers: Optional[int] = None, prepare_key=None) -> None:
+                   max_registers: Optional[int] = None, runs: Optional[int] = None, prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
     ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,
@@ -294,7 +318,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
-        read_policy, fused_squares, read_twice, hold_16bit, store_hint, max_registers)
+        read_policy, fused_squares, read_twice, hold_16bit, store_hint, max_registers, runs)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:
@@ -324,10 +348,12 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
                    bias_grad: bool, rows_per_block: int, num_warps: Optional[int],
                    num_stages: Optional[int], unroll: Optional[int] = None,
                    prefetch: Optional[bool] = None, paired_sums: Optional[bool] = None,
-                   hold_16bit: Optional[bool] = None, max_registers: Optional[int] = None) -> dict:
+                   hold_16bit: Optional[bool] = None, max_registers: Optional[int] = None,
+                   runs: Optional[int] = None) -> dict:
     """The kernel's constexprs and options for one kind of backward launch (``max_registers``: a
     cap on the registers per thread, Triton's ``maxnreg``; at 16384 x 8192 on the H200 its spills
-    took RMSNorm from 88% to 52% of the roof and LayerNorm from 78% to 19%)."""
+    took RMSNorm from 88% to 52% of the roof and LayerNorm from 78% to 19%; ``runs``: as the
+    forward pass's, ``_check_runs``)."""
     if paired_sums and is_rms:
         raise ValueError("norm: paired_sums=True pairs LayerNorm's two row sums; RMSNorm's backward has one")
     check_max_registers("norm", max_registers)
@@ -336,13 +362,15 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         hold_16bit = (not is_rms and dtype.itemsize == 2
                       and row_block(n) == _BACKWARD_HOLD_16BIT_LAYER_NORM_BLOCK)
     _, default_warps, default_stages = backward_config(m, n)
+    layout = row_layout(n, dtype)
+    runs = _check_runs(_segment_runs(n, dtype) if runs is None else runs, layout)
     # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
     stages = num_stages or (1 if prefetch else default_stages)
     return dict(
         IS_RMS=is_rms, HAS_DH_OUT=has_dh_out, HAS_WEIGHT=has_weight, HAS_OFFSET=has_offset,
         ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
-        **row_layout(n, dtype), UNROLL=unroll or BACKWARD_UNROLL,
+        **layout, **_runs_constexprs(runs), UNROLL=unroll or BACKWARD_UNROLL,
         PREFETCH=bool(prefetch), STAGES=stages,
         PAIRED_SUMS=(not is_rms and row_block(n) <= _PAIRED_SUMS_MAX_BLOCK) if paired_sums is None
         else bool(paired_sums), HOLD_16BIT=bool(hold_16bit),
@@ -357,7 +385,7 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
                     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
                     unroll: Optional[int] = None, prefetch: Optional[bool] = None,
                     paired_sums: Optional[bool] = None, hold_16bit: Optional[bool] = None,
-                    max_registers: Optional[int] = None) -> None:
+                    max_registers: Optional[int] = None, runs: Optional[int] = None) -> None:
     """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs.
 
     ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
@@ -374,7 +402,7 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
                           round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
                           rows_per_block, num_warps, num_stages, unroll, prefetch, paired_sums, hold_16bit,
-                          max_registers)
+                          max_registers, runs)
     _backward_kernel(
         ((m + rows_per_block - 1) // rows_per_block,),
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,

@@ -62,6 +62,35 @@ def tree_sum(x, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexp
 
 
 @triton.jit
+def run_tree_sum(x, ROWS: tl.constexpr, SEGMENTS: tl.constexpr, RUNS: tl.constexpr, LOG2_RUNS: tl.constexpr,
+                 SPAN: tl.constexpr, LOG2_SPAN: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr):
+    """Segment sums of a ``[ROWS, SEGMENTS, RUNS, SPAN]`` block in the treefold order; returns
+    ``[ROWS, SEGMENTS]``.
+
+    A segment of RUNS * SPAN lanes is cut into runs of SPAN: lane ``run * SPAN + c`` sits at
+    ``[row, segment, run, c]`` (a reshape of ``[ROWS, SEGMENTS, LANES]``). The groups' trees as in
+    ``tree_sum``, then the group tree, whose first levels pair runs (the highest bits of a group's
+    index) and whose last pair groups within a run: ``tree_sum`` of each segment, level for level.
+    Why cut a segment so: Triton gives a ``[ROWS, SEGMENTS, RUNS, SPAN]`` block with runs of one
+    vector per lane of a warp (SPAN = 32 x GROUP) its warps along the segments, so a segment's
+    group tree stays inside one warp (register adds, then shuffles) and only the segments' tree
+    crosses warps. A ``[ROWS, SEGMENTS, LANES]`` block spreads every segment over all the warps and
+    carries each segment's value through the cross-warp levels.
+    """
+    GROUPS: tl.constexpr = SPAN // GROUP
+    x = tl.reshape(x, [ROWS, SEGMENTS, RUNS, GROUPS, GROUP])
+    for level in tl.static_range(LOG2_GROUP):
+        x = tl.sum(tl.reshape(x, [ROWS, SEGMENTS, RUNS, GROUPS, 2, GROUP >> (level + 1)]), axis=4)
+    x = tl.reshape(x, [ROWS, SEGMENTS, RUNS, GROUPS])
+    for level in tl.static_range(LOG2_RUNS):
+        x = tl.sum(tl.reshape(x, [ROWS, SEGMENTS, 2, RUNS >> (level + 1), GROUPS]), axis=2)
+    x = tl.reshape(x, [ROWS, SEGMENTS, GROUPS])
+    for level in tl.static_range(LOG2_SPAN - LOG2_GROUP):
+        x = tl.sum(tl.reshape(x, [ROWS, SEGMENTS, 2, GROUPS >> (level + 1)]), axis=2)
+    return tl.reshape(x, [ROWS, SEGMENTS])
+
+
+@triton.jit
 def max_sum_merge(m_a, s_a, m_b, s_b):
     """Merge two online-softmax states (running max m, sum s of exp(x - m)).
 

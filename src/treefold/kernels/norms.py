@@ -23,20 +23,26 @@ uses for segment results. No atomics: the same bits on every run.
 import triton
 import triton.language as tl
 
-from .combine import arrive, round_to, tree_sum, wait_for_arrivals, widen_again
+from .combine import arrive, round_to, run_tree_sum, tree_sum, wait_for_arrivals, widen_again
 
 
 @triton.jit
 def row_tree_sum(v, ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
-                 LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr):
-    """Sum of each row of a ``[ROWS, SEGMENTS, LANES]`` float32 block in the treefold order.
+                 LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
+                 RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0):
+    """Sum of each row of a ``[ROWS, SEGMENTS, RUNS, LANES // RUNS]`` float32 block in the treefold
+    order (each segment's lanes cut into RUNS runs, ``combine.run_tree_sum``).
 
     Each segment by the grouped tree (GROUP lanes per group), then the segment results by a plain
     halving tree. Padding (lanes past N, segments past S) must hold zeros, as the order pads with
     the identity. Returns ``[ROWS]``.
     """
-    seg = tree_sum(tl.reshape(v, [ROWS * SEGMENTS, LANES]), ROWS * SEGMENTS, LANES, LOG2_LANES,
-                   GROUP, LOG2_GROUP)
+    if RUNS == 1:
+        seg = tree_sum(tl.reshape(v, [ROWS * SEGMENTS, LANES]), ROWS * SEGMENTS, LANES, LOG2_LANES,
+                       GROUP, LOG2_GROUP)
+    else:
+        seg = run_tree_sum(v, ROWS, SEGMENTS, RUNS, LOG2_RUNS, LANES // RUNS, LOG2_LANES - LOG2_RUNS, GROUP,
+                           LOG2_GROUP)
     return tree_sum(tl.reshape(seg, [ROWS, SEGMENTS]), ROWS, SEGMENTS, LOG2_SEGMENTS, 1, 0)
 
 
@@ -60,10 +66,11 @@ def _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT: tl.constexpr, HAS_OF
 def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, target, ROWS: tl.constexpr,
                HELD: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr,
                LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-               SHARED_ROW: tl.constexpr):
-    """Row sums of a ``[ROWS, HELD, LANES]`` float32 block in the treefold order; returns ``[ROWS]``.
+               SHARED_ROW: tl.constexpr, RUNS: tl.constexpr, LOG2_RUNS: tl.constexpr):
+    """Row sums of a ``[ROWS, HELD, RUNS, LANES // RUNS]`` float32 block in the treefold order
+    (``run_tree_sum``'s runs); returns ``[ROWS]``.
 
-    Whole rows (HELD = SEGMENTS): ``row_tree_sum``. ``SHARED_ROW``: the block holds HELD segments
+    Whole rows (HELD = SEGMENTS): the segment sums, then their halving tree. ``SHARED_ROW``: the block holds HELD segments
     of row ``row_id`` from ``first_segment`` on; their sums go to ``part_ptr`` [rows, num_segments],
     the program counts itself in on the row's counter and waits for it to reach ``target``,
     then reads the whole row's segment sums back and meets them in the same halving tree.
@@ -79,7 +86,7 @@ def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, t
                       cache_modifier=".cg")
         return tree_sum(tl.reshape(seg, [1, SEGMENTS]), 1, SEGMENTS, LOG2_SEGMENTS, 1, 0)
     else:
-        return row_tree_sum(v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+        return row_tree_sum(v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, RUNS, LOG2_RUNS)
 
 
 @triton.jit
@@ -94,6 +101,7 @@ def norm_forward_kernel(
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
     READ_TWICE: tl.constexpr = False, HOLD_16BIT: tl.constexpr = False, STORE_POLICY: tl.constexpr = "",
+    RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0,
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -156,22 +164,28 @@ def norm_forward_kernel(
             H200 wherever measured; the bits do not change).
         STORE_POLICY: eviction policy of the stores of y and h ("" or "evict_first"; a launch
             choice, the bits do not change).
+        RUNS: the block is ``[ROWS, segments, RUNS, LANES // RUNS]``, each segment cut into RUNS
+            runs of lanes (``run_tree_sum``); LOG2_RUNS its log2. 1: ``[ROWS, segments, 1, LANES]``.
+            A launch choice: where Triton puts the warps, not the bits.
     """
+    SPAN: tl.constexpr = LANES // RUNS
     if SHARED_ROW:
         pid = tl.program_id(0)
         row_id = (pid // programs_per_row).to(tl.int64)
         row = row_id + tl.arange(0, 1)
         first_segment = (pid % programs_per_row) * HELD
-        col = (first_segment + tl.arange(0, HELD))[:, None] * LANES + tl.arange(0, LANES)[None, :]
+        segment = first_segment + tl.arange(0, HELD)
         stats_row = (row < rows) & (first_segment == 0)  # the row's first program stores them
     else:
         row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         row_id = 0  # unused: whole rows exchange nothing
         first_segment = 0
-        col = tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :]
+        segment = tl.arange(0, SEGMENTS)
         stats_row = row < rows
-    row3 = row[:, None, None]
-    col3 = col[None, :, :]
+    col = (segment[:, None, None] * LANES + tl.arange(0, RUNS)[None, :, None] * SPAN
+           + tl.arange(0, SPAN)[None, None, :])
+    row3 = row[:, None, None, None]
+    col3 = col[None, :, :, :]
     mask = (row3 < rows) & (col3 < n)
     held = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy=READ_POLICY)
     v = held.to(tl.float32)
@@ -192,7 +206,8 @@ def norm_forward_kernel(
         v = h.to(tl.float32)
     if IS_RMS:
         total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
-                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
+                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW,
+                           RUNS, LOG2_RUNS)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
         if READ_TWICE:
             tl.static_assert(not HAS_RESIDUAL, "READ_TWICE re-reads x: it cannot stand for x + residual")
@@ -202,24 +217,25 @@ def norm_forward_kernel(
         elif HOLD_16BIT:
             v = widen_again(held, rows)
             w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
-        normalised = v * rstd[:, None, None]
+        normalised = v * rstd[:, None, None, None]
     else:
         total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
-                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
+                           ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW,
+                           RUNS, LOG2_RUNS)
         mean = tl.div_rn(total, n_float)
         if HOLD_16BIT:
             v = widen_again(held, rows)
-        d = tl.where(mask, v - mean[:, None, None], 0.0)
+        d = tl.where(mask, v - mean[:, None, None, None], 0.0)
         # the second exchange: its own half of the buffer, and the counter's second round
         total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
                               num_segments, 2 * programs_per_row, ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES,
-                              LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW)
+                              LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW, RUNS, LOG2_RUNS)
         var = tl.div_rn(total_sq, n_float)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
         if HOLD_16BIT:
             # (n, not rows: a third widening must not be merged with the second either)
-            d = tl.where(mask, widen_again(held, n) - mean[:, None, None], 0.0)
-        normalised = d * rstd[:, None, None]
+            d = tl.where(mask, widen_again(held, n) - mean[:, None, None, None], 0.0)
+        normalised = d * rstd[:, None, None, None]
         if STORE_STATS:
             tl.store(mean_ptr + row, mean, mask=stats_row)
     if STORE_STATS:
@@ -233,9 +249,9 @@ def norm_forward_kernel(
     if not IS_RMS:
         w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, HAS_BIAS)
     if HAS_WEIGHT:
-        out = out * w[None, :, :]
+        out = out * w[None, :, :, :]
     if HAS_BIAS:
-        out = out + b[None, :, :]
+        out = out + b[None, :, :, :]
     tl.store(y_ptr + row3 * stride_y + col3, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask,
              eviction_policy=STORE_POLICY)
 
@@ -283,6 +299,7 @@ def norm_backward_kernel(
     SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
     GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
     STAGES: tl.constexpr = 1, PAIRED_SUMS: tl.constexpr = True, HOLD_16BIT: tl.constexpr = False,
+    RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0,
 ):
     """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
 
@@ -337,17 +354,21 @@ def norm_backward_kernel(
         HOLD_16BIT: hold a row's 16-bit dy and x as loaded through its sums and widen them again
             for dx and the partials (``widen_again``), rather than hold float32 g and the
             normalised row (a launch choice; the bits do not change).
+        RUNS, LOG2_RUNS: each segment of the block cut into RUNS runs of lanes, as in the forward
+            pass (a launch choice).
     """
+    SPAN: tl.constexpr = LANES // RUNS
     pid = tl.program_id(0).to(tl.int64)
-    col = (tl.arange(0, SEGMENTS)[:, None] * LANES + tl.arange(0, LANES)[None, :])[None, :, :]
+    col = (tl.arange(0, SEGMENTS)[:, None, None] * LANES + tl.arange(0, RUNS)[None, :, None] * SPAN
+           + tl.arange(0, SPAN)[None, None, :])[None, :, :, :]
     cmask = col < n
     w = 1.0  # (unused without a weight)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + col, mask=cmask, other=0.0).to(tl.float32)
         if HAS_OFFSET:
             w = w + offset
-    dw_acc = tl.zeros([1, SEGMENTS, LANES], dtype=tl.float32)
-    db_acc = tl.zeros([1, SEGMENTS, LANES], dtype=tl.float32)
+    dw_acc = tl.zeros([1, SEGMENTS, RUNS, SPAN], dtype=tl.float32)
+    db_acc = tl.zeros([1, SEGMENTS, RUNS, SPAN], dtype=tl.float32)
     if PREFETCH:
         next_dy, next_v, next_rstd, next_mean = _load_backward_row(
             dy_ptr, x_ptr, mean_ptr, rstd_ptr, pid * BLOCK_ROWS, col, cmask, rows, stride_dy, stride_x, IS_RMS)
@@ -370,21 +391,24 @@ def norm_backward_kernel(
         v = v.to(tl.float32)
         normalised, g = _normalised_and_g(dy, v, w, rstd, mean, mask, IS_RMS, HAS_WEIGHT)
         if IS_RMS:
-            s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
-            c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
+            s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP,
+                                RUNS, LOG2_RUNS)
+            c_gn = tl.div_rn(s_gn, n_float)[:, None, None, None]
         else:
             if PAIRED_SUMS:
                 # the two row sums as one tree over a pair of rows: the same additions, each
                 # level's exchange between threads shared by both sums
-                pair = tl.reshape(tl.permute(tl.join(g * normalised, g), (3, 0, 1, 2)), [2, SEGMENTS, LANES])
-                sums = row_tree_sum(pair, 2, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+                pair = tl.reshape(tl.permute(tl.join(g * normalised, g), (4, 0, 1, 2, 3)), [2, SEGMENTS, RUNS, SPAN])
+                sums = row_tree_sum(pair, 2, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, RUNS,
+                                    LOG2_RUNS)
                 s_gn, s_g = tl.split(tl.permute(tl.reshape(sums, [2, 1]), (1, 0)))
             else:
                 s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP,
-                                    LOG2_GROUP)
-                s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
-            c_gn = tl.div_rn(s_gn, n_float)[:, None, None]
-            c_g = tl.div_rn(s_g, n_float)[:, None, None]
+                                    LOG2_GROUP, RUNS, LOG2_RUNS)
+                s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, RUNS,
+                                   LOG2_RUNS)
+            c_gn = tl.div_rn(s_gn, n_float)[:, None, None, None]
+            c_g = tl.div_rn(s_g, n_float)[:, None, None, None]
         if HOLD_16BIT:
             # the row's sums are taken: dy and the normalised row again from the held 16-bit values
             dy = widen_again(dy_held, rows)
