@@ -538,7 +538,7 @@ def test_forward_launch_defaults():
         return ops._forward_plan(n, torch.bfloat16, True, residual, True, False, False, True, False,
                                  rows_per_program, None)
     assert plan(4096, True)[2]["num_warps"] == 4 and plan(4096)[2]["num_warps"] == 8
-    assert plan(16384)[2]["num_warps"] == 4 and plan(16384)[2]["READ_TWICE"]  # read twice: 4 warps
+    assert plan(16384)[2]["num_warps"] == 8 and not plan(16384)[2]["READ_TWICE"]  # held, 64 per thread
     assert plan(8192, True)[2]["num_warps"] == 4 and plan(16384, True)[2]["num_warps"] == 8
     assert plan(4096, True, rows_per_program=2)[2]["num_warps"] == 8  # asked for rows: 32 per thread
     # a rows_per_program asked for alone gets warps for the tile it makes (32 per thread)
@@ -984,7 +984,14 @@ def test_runs_refusals():
         return ops._forward_plan(n, torch.bfloat16, True, False, True, False, False, True, False, None, None,
                                  **kw)[2]
     assert plan(16384, runs=16)["RUNS"] == 16 and plan(16384, runs=16)["LOG2_RUNS"] == 4
-    for bad in (0, 3, 1024, 2.0, True):
+    # the default: runs of 32 vectors where a row has more than one segment, none otherwise
+    assert plan(16384)["RUNS"] == 16 and plan(5000)["RUNS"] == 16 and "RUNS" not in plan(4096)
+    assert "RUNS" not in plan(16384, runs=1) and "RUNS" not in plan(33)
+    assert ops._forward_plan(16384, torch.float32, True, False, True, False, False, True, False, None,
+                             None)[2]["RUNS"] == 32
+    assert ops._backward_plan(64, 8192, torch.bfloat16, True, False, True, False, True, False, True, False, 8,
+                              None, None)["RUNS"] == 16
+    for bad in (0, 3, 1024):
         with pytest.raises(ValueError, match=rf"norm: runs must be a power of two from 1 to 512 \(groups per "
                                              rf"segment\), got {bad!r}"):
             plan(16384, runs=bad)
@@ -995,8 +1002,8 @@ def test_store_hint_defaults_to_rows_read_twice():
         return ops._forward_plan(n, torch.bfloat16, True, False, True, False, False, True, False, None, None,
                                  **kw)[2]
     # the stores keep out of L2's way while a row waits for its second read
-    assert plan(16384)["READ_TWICE"] and plan(16384)["STORE_POLICY"] == ops._READ_TWICE_STORE_POLICY
-    assert "STORE_POLICY" not in plan(16384, read_twice=False) and "STORE_POLICY" not in plan(4096)
+    assert plan(16384, read_twice=True)["STORE_POLICY"] == ops._READ_TWICE_STORE_POLICY
+    assert "STORE_POLICY" not in plan(16384) and "STORE_POLICY" not in plan(4096)
     assert "STORE_POLICY" not in plan(16384, store_hint="")
     assert plan(4096, store_hint="evict_first")["STORE_POLICY"] == "evict_first"
     with pytest.raises(ValueError, match="norm: store_hint must be None, '' or 'evict_first', got 'evict_last'"):
@@ -1049,10 +1056,11 @@ def test_read_twice_defaults_and_refusals():
     def plan(n, is_rms=True, residual=False, num_warps=None, **kw):
         return ops._forward_plan(n, torch.bfloat16, is_rms, residual, True, not is_rms, False, True, False, None,
                                  num_warps, **kw)[2]
-    assert plan(16384)["READ_TWICE"] and plan(16384)["num_warps"] == ops._READ_TWICE_WARPS
+    # a launch choice, off by default: with runs, the row held at 8 warps is faster
+    assert not plan(16384)["READ_TWICE"] and plan(16384)["num_warps"] == 8
     assert not plan(16384, residual=True)["READ_TWICE"] and not plan(16384, is_rms=False)["READ_TWICE"]
     assert not plan(8192)["READ_TWICE"] and not plan(16384, read_twice=False)["READ_TWICE"]
-    assert plan(16384, num_warps=8)["num_warps"] == 8
+    assert plan(16384, read_twice=True, num_warps=8)["num_warps"] == 8
     assert plan(16384, read_twice=True)["num_warps"] == ops._READ_TWICE_WARPS  # asked for, it takes its warps
     assert plan(4096, read_twice=True)["num_warps"] == plan(4096)["num_warps"]  # measured at 16384 only
     with pytest.raises(ValueError, match="read_twice=True is an RMSNorm launch choice"):
@@ -1191,7 +1199,8 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
         for num_warps in (None, 4, 16):
             assert_bits(rms(hold_16bit=True, num_warps=num_warps), full)
             assert_bits(ln(hold_16bit=True, num_warps=num_warps), full_ln)
-    for runs in (2, 16, 32):  # nor cutting the segments into runs, at any warps
+    most = ops.row_layout(n, dtype)["LANES"] // ops.row_layout(n, dtype)["GROUP"]
+    for runs in (1, 2, min(16, most), min(32, most)):  # nor cutting the segments into runs, at any warps
         for num_warps in (None, 4, 8):
             assert_bits(rms(runs=runs, num_warps=num_warps), full)
             assert_bits(ln(runs=runs, num_warps=num_warps), full_ln)

@@ -59,12 +59,13 @@ _RMS_RESIDUAL_ROW_4096_WARPS = 4
 #: had 4 warps already.
 _WIDE_ROW = 8192
 _WIDE_ROW_ELEMENTS_PER_THREAD = 64
-#: RMSNorm rows whose block is 16384 elements (8193 to 16384; no residual): one row per program of
-#: 4 warps that reads the row a second time after its reduction rather than hold it (offline sm_90,
-#: registers per thread: 121 against 237 holding it in float32 at 4 warps, 55 against 122 at 8; holding
-#: it in 16 bits, ``hold_16bit``, 71 at 8). Measured at 16384 only: 4096 x 16384 bf16 84.2% of the roof
-#: against 83.3% holding it with 8 warps (the earlier default), three interleaved rounds; shorter
-#: rows lost 2.6-9.4 points reading twice (``benchmarks/results/h200-probe-rms-wide-3.txt``).
+#: RMSNorm rows read a second time after their reduction rather than held (``read_twice``, a launch
+#: choice, off by default) take 4 warps at a block of 16384 (offline sm_90, registers per thread: 121
+#: against 237 holding the row in float32 at 4 warps, 55 against 122 at 8). It was the default for
+#: those rows while their segments spread over all the warps: 4096 x 16384 bf16 84.2% of the roof
+#: against 83.3% holding the row with 8 warps (``benchmarks/results/h200-probe-rms-wide-3.txt``).
+#: With the segments cut into runs (``_segment_runs``) the held row wins: 90.2% against 85.9-86.6%
+#: read twice (``benchmarks/results/h200-probe-segment-runs.txt``).
 _READ_TWICE_BLOCK = 16384
 _READ_TWICE_WARPS = 4
 #: Rows read twice store y with the L2 evict-first policy: 4096 x 16384 bf16 83.3-84.1% ->
@@ -193,7 +194,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``fused_squares``: False keeps every product rounded on its own where ``_fuses_squares`` would
     contract the squares (the bits are the same either way); True only where it would (float16).
     ``read_twice``: RMSNorm without a residual reads each row again after its reduction (default:
-    rows of ``_READ_TWICE_BLOCK``, whole rows, with ``_READ_TWICE_WARPS`` warps unless given).
+    off; rows of ``_READ_TWICE_BLOCK`` read twice take ``_READ_TWICE_WARPS`` warps unless given).
     ``hold_16bit``: a 16-bit row is held as loaded through the reductions and widened to float32
     again where it is used, instead of held as float32 (default: off; on the H200 it was slower at
     every shape measured, 84.6% -> 67.8% of the roof at 4096 x 16384 and 0.3-9 points elsewhere,
@@ -237,9 +238,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     rows = 1 if held else (rows_per_program or default_rows)
     if not held and rows != default_rows:
         default_warps = _warps_for(rows * layout["LANES"] * layout["SEGMENTS"])
-    if read_twice is None:
-        read_twice = (not hold_16bit and is_rms and not has_residual and not held and rows == 1
-                      and row_block(n) == _READ_TWICE_BLOCK)
+    read_twice = bool(read_twice)
     if read_twice and not held and row_block(n) == _READ_TWICE_BLOCK:
         default_warps = _READ_TWICE_WARPS
     if store_hint is None:
@@ -257,8 +256,22 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
 
 
 def _segment_runs(n: int, dtype: torch.dtype) -> int:
-    """Runs per segment of the norm kernels' blocks (``combine.run_tree_sum``): 1 for now."""
-    return 1
+    """Runs per segment of the norm kernels' blocks (``combine.run_tree_sum``): rows of more than one
+    segment cut each segment into runs of one 16-byte vector per lane of a warp (32 x GROUP lanes),
+    so that Triton gives the warps to the segments; rows of one segment keep one run.
+
+    Measured on the H200, bf16, three interleaved rounds, bits equal
+    (``benchmarks/results/h200-probe-segment-runs.txt``): RMSNorm 4096 x 16384 85.2-85.6% of the
+    roof -> 90.2% (the row held at 8 warps; 85.9-86.6% still reading it twice), with a residual
+    92.1-92.6 -> 94.2-94.6, 16384 x 8192 94.4-95.0 -> 95.0-95.4; LayerNorm 16384 x 8192 89.5-90.1 ->
+    91.9-92.2, 4096 x 16384 54.3 -> 76.6; the backward at 16384 x 8192: RMSNorm 87.9-88.0 -> 88.5-88.6,
+    LayerNorm 76.5-77.0 -> 82.2-82.5. Offline sm_90 at 4096 x 16384: the sum's shuffles 27 -> 8 and
+    its shared-memory stores 19 -> 6. Rows of one segment (32768 x 4096) even: 96.3-96.8 against
+    96.2-96.7, so they keep the kernel they had."""
+    layout = row_layout(n, dtype)
+    if order.num_segments(n) == 1:
+        return 1
+    return max(1, layout["LANES"] // (32 * layout["GROUP"]))
 
 
 def _check_runs(runs, layout: dict) -> int:
