@@ -5,7 +5,10 @@ and LayerNorm forward and backward, bf16. Every variant checked bit for bit agai
 default first, then three interleaved rounds, do_bench median, L2 flushed; bytes: read x (and dy),
 write y (dx).
 
-    python benchmarks/probe_segment_runs.py [OUT_DIR]   (CUDA)
+    python benchmarks/probe_segment_runs.py [OUT_DIR] [rows]   (CUDA)
+
+With ``rows``: the programs that hold several short rows instead (RMSNorm 65536 x 1024, four
+rows of 1024 per program): runs of 32 vectors put each row on its own warp.
 """
 import os
 import sys
@@ -33,10 +36,23 @@ CASES = [
 ]
 
 
-def main(out_dir):
+#: several rows per program: (label, rows, length, the variants)
+ROW_CASES = [
+    ("rms", 65536, 1024, {"default": {}, "runs": dict(runs=4), "runs 8 warps": dict(runs=4, num_warps=8),
+                          "runs 8 rows": dict(runs=4, rows_per_program=8),
+                          "runs 2 rows": dict(runs=4, rows_per_program=2),
+                          "8 rows": dict(rows_per_program=8)}),
+    ("rms+residual", 65536, 1024, {"default": {}, "runs": dict(runs=4)}),
+    ("ln", 65536, 1024, {"default": {}, "runs": dict(runs=4)}),
+]
+
+
+def main(out_dir, which=""):
     torch.manual_seed(0)
-    check_and_time(row_op_variants(CASES), os.path.join(out_dir, "probe-segment-runs.json") if out_dir else "")
+    name = "probe-segment-runs-rows.json" if which == "rows" else "probe-segment-runs.json"
+    check_and_time(row_op_variants(ROW_CASES if which == "rows" else CASES),
+                   os.path.join(out_dir, name) if out_dir else "")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "")
+    main(sys.argv[1] if len(sys.argv) > 1 else "", sys.argv[2] if len(sys.argv) > 2 else "")

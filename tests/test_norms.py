@@ -528,7 +528,8 @@ def test_rows_shared_among_programs_give_the_same_bits():
 def test_forward_launch_defaults():
     # (rows per program, warps), as measured on the H200 (see forward_config's constants)
     assert ops.forward_config(4096, True) == (1, 8)  # RMSNorm: one row of 4096, 16 elements per thread
-    assert ops.forward_config(1024, True) == (4, 4)  # four rows of 1024, 32 per thread
+    assert ops.forward_config(1024, True) == (4, 8)  # four rows of 1024, 16 per thread ...
+    assert ops.forward_config(1024, True, has_residual=True) == (4, 4)  # ... 32 with a residual
     assert ops.forward_config(4096, False) == (1, 4)  # LayerNorm: one row, 4 warps, at 4096 and 8192
     assert ops.forward_config(8192, False) == (1, 4)
     assert ops.forward_config(16384, True) == (1, 8)  # wide rows: 64 elements per thread ...
@@ -985,8 +986,11 @@ def test_runs_refusals():
                                  **kw)[2]
     assert plan(16384, runs=16)["RUNS"] == 16 and plan(16384, runs=16)["LOG2_RUNS"] == 4
     # the default: runs of 32 vectors where a row has more than one segment, none otherwise
-    assert plan(16384)["RUNS"] == 16 and plan(5000)["RUNS"] == 16 and "RUNS" not in plan(4096)
-    assert "RUNS" not in plan(16384, runs=1) and "RUNS" not in plan(33)
+    assert plan(16384)["RUNS"] == 16 and plan(5000)["RUNS"] == 16 and plan(4096)["RUNS"] == 1
+    assert plan(16384, runs=1)["RUNS"] == 1 and plan(33)["RUNS"] == 1
+    assert plan(1024)["RUNS"] == 4  # several rows per program: a row on its own warps
+    assert ops._forward_plan(1024, torch.bfloat16, True, False, True, False, False, True, False, 1, None)[2][
+        "RUNS"] == 1
     assert ops._forward_plan(16384, torch.float32, True, False, True, False, False, True, False, None,
                              None)[2]["RUNS"] == 32
     assert ops._backward_plan(64, 8192, torch.bfloat16, True, False, True, False, True, False, True, False, 8,

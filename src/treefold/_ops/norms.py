@@ -46,6 +46,11 @@ _ELEMENTS_PER_THREAD = 32
 #: 32768 x 4096 bf16 at 95.3% of the roof against 94.3% with 4 warps, three interleaved rounds
 #: (``benchmarks/probe_norm_forward.py``).
 _RMS_ROW_4096_ELEMENTS_PER_THREAD = 16
+#: ... and so do RMSNorm programs of several rows of 1024 without a residual (four rows, 8 warps,
+#: two warps per row with ``_segment_runs``): 65536 x 1024 bf16 92.2-93.0% of the roof against
+#: 90.3-90.9% with 4 warps (one warp per row) and 89.7-90.8% before runs, three interleaved rounds
+#: (``benchmarks/results/h200-probe-segment-runs-rows.txt``; 2 rows of 2 warps: 92.1-92.7%).
+_RMS_ROWS_1024_ELEMENTS_PER_THREAD = 16
 #: ... unless it adds a residual (it then stores h as well): 4 warps, 32768 x 4096 bf16 95.6-96.0%
 #: of the roof against 95.1-95.4% with 8, one row of 4096 in a CUDA graph 1.94-1.98 us against
 #: 2.00 (``benchmarks/results/h200-probe-decode-norms.txt``; measured in bfloat16, applied to
@@ -135,6 +140,8 @@ def forward_config(n: int, is_rms: bool = True, has_residual: bool = False) -> t
     if not is_rms and block == _LAYER_NORM_ROW:
         return 1, _LAYER_NORM_WARPS
     rows = max(1, min(64, _FORWARD_TILE[bool(is_rms)] // block))
+    if is_rms and not has_residual and rows > 1 and block == 1024:
+        return rows, _warps_for(rows * block, _RMS_ROWS_1024_ELEMENTS_PER_THREAD)
     if is_rms and rows == 1 and block == 4096:
         return 1, _RMS_RESIDUAL_ROW_4096_WARPS if has_residual else _warps_for(block, _RMS_ROW_4096_ELEMENTS_PER_THREAD)
     return rows, _warps_for(rows * block)
@@ -243,7 +250,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         default_warps = _READ_TWICE_WARPS
     if store_hint is None:
         store_hint = _READ_TWICE_STORE_POLICY if read_twice else ""
-    runs = _check_runs(_segment_runs(n, dtype) if runs is None else runs, layout)
+    runs = _check_runs(_segment_runs(n, dtype, 1 if held else rows) if runs is None else runs, layout)
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
@@ -255,10 +262,12 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
 
 
-def _segment_runs(n: int, dtype: torch.dtype) -> int:
+def _segment_runs(n: int, dtype: torch.dtype, rows: int = 1) -> int:
     """Runs per segment of the norm kernels' blocks (``combine.run_tree_sum``): rows of more than one
-    segment cut each segment into runs of one 16-byte vector per lane of a warp (32 x GROUP lanes),
-    so that Triton gives the warps to the segments; rows of one segment keep one run.
+    segment, and programs of more than one row, cut each segment into runs of one 16-byte vector
+    per lane of a warp (32 x GROUP lanes), so that Triton gives the warps to the segments (to the
+    rows first: a row of one segment then sits on its own warps); one row of one segment keeps
+    one run.
 
     Measured on the H200, bf16, three interleaved rounds, bits equal
     (``benchmarks/results/h200-probe-segment-runs.txt``): RMSNorm 4096 x 16384 85.2-85.6% of the
@@ -266,10 +275,14 @@ def _segment_runs(n: int, dtype: torch.dtype) -> int:
     92.1-92.6 -> 94.2-94.6, 16384 x 8192 94.4-95.0 -> 95.0-95.4; LayerNorm 16384 x 8192 89.5-90.1 ->
     91.9-92.2, 4096 x 16384 54.3 -> 76.6; the backward at 16384 x 8192: RMSNorm 87.9-88.0 -> 88.5-88.6,
     LayerNorm 76.5-77.0 -> 82.2-82.5. Offline sm_90 at 4096 x 16384: the sum's shuffles 27 -> 8 and
-    its shared-memory stores 19 -> 6. Rows of one segment (32768 x 4096) even: 96.3-96.8 against
-    96.2-96.7, so they keep the kernel they had."""
+    its shared-memory stores 19 -> 6. One row of one segment (32768 x 4096) even: 96.3-96.8 against
+    96.2-96.7, so it keeps the kernel it had. Several rows of 1024 per program
+    (``h200-probe-segment-runs-rows.txt``): LayerNorm 65536 x 1024 34.9-35.1% -> 90.1-90.6% (eight
+    rows of 8 warps: one warp per row instead of every row over all eight), RMSNorm 89.7-90.8 ->
+    90.3-90.9 (92.2-93.0 with ``_RMS_ROWS_1024_ELEMENTS_PER_THREAD``), with a residual 93.8-94.4 ->
+    94.1-94.5. The backward holds one row at a time: ``rows`` 1."""
     layout = row_layout(n, dtype)
-    if order.num_segments(n) == 1:
+    if order.num_segments(n) == 1 and rows == 1:
         return 1
     return max(1, layout["LANES"] // (32 * layout["GROUP"]))
 
@@ -283,9 +296,8 @@ def _check_runs(runs, layout: dict) -> int:
 
 
 def _runs_constexprs(runs: int) -> dict:
-    """The kernels' RUNS and LOG2_RUNS (left at their defaults for one run: the same compiled kernel
-    as before runs existed)."""
-    return {"RUNS": runs, "LOG2_RUNS": order.log2(runs)} if runs > 1 else {}
+    """The kernels' RUNS and LOG2_RUNS."""
+    return {"RUNS": runs, "LOG2_RUNS": order.log2(runs)}
 
 
 def _fuses_squares(is_rms: bool, dtype: torch.dtype) -> bool:

@@ -62,32 +62,34 @@ def tree_sum(x, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexp
 
 
 @triton.jit
-def run_tree_sum(x, ROWS: tl.constexpr, SEGMENTS: tl.constexpr, RUNS: tl.constexpr, LOG2_RUNS: tl.constexpr,
-                 SPAN: tl.constexpr, LOG2_SPAN: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr):
-    """Segment sums of a ``[ROWS, SEGMENTS, RUNS, SPAN]`` block in the treefold order; returns
-    ``[ROWS, SEGMENTS]``.
+def run_tree_sum(x, SEGS: tl.constexpr, RUNS: tl.constexpr, LOG2_RUNS: tl.constexpr, SPAN: tl.constexpr,
+                 GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, LOG2_SPAN_GROUPS: tl.constexpr):
+    """``tree_sum`` over the C = RUNS * SPAN lanes of each segment of a ``[SEGS, RUNS, SPAN]``
+    block, in groups; returns ``[SEGS]``.
 
-    A segment of RUNS * SPAN lanes is cut into runs of SPAN: lane ``run * SPAN + c`` sits at
-    ``[row, segment, run, c]`` (a reshape of ``[ROWS, SEGMENTS, LANES]``). The groups' trees as in
-    ``tree_sum``, then the group tree, whose first levels pair runs (the highest bits of a group's
-    index) and whose last pair groups within a run: ``tree_sum`` of each segment, level for level.
-    Why cut a segment so: Triton gives a ``[ROWS, SEGMENTS, RUNS, SPAN]`` block with runs of one
-    vector per lane of a warp (SPAN = 32 x GROUP) its warps along the segments, so a segment's
-    group tree stays inside one warp (register adds, then shuffles) and only the segments' tree
-    crosses warps. A ``[ROWS, SEGMENTS, LANES]`` block spreads every segment over all the warps and
-    carries each segment's value through the cross-warp levels.
+    The block holds lane k * SPAN + j of segment s at [s, k, j]: each segment cut into RUNS runs
+    of SPAN lanes (SPAN a multiple of GROUP; ``2 ** LOG2_SPAN_GROUPS = SPAN / GROUP``). The order
+    is that of ``tree_sum`` over [SEGS, C] with groups of GROUP lanes: first a halving tree inside
+    each group (consecutive lanes, all inside a run), then a halving tree over the C / GROUP
+    groups, whose first log2(RUNS) levels pair run k with k + RUNS / 2, ... (group g with
+    g + C / (2 GROUP), ...) and whose last levels run over the SPAN / GROUP groups of each run.
+    The same pairs in the same order, so the same bits.
+
+    Why hold a segment so: with runs of one 16-byte vector per lane of a warp (SPAN = 32 x GROUP)
+    Triton gives a ``[.., SEGS, RUNS, SPAN]`` block's warps to the segments, so a thread owns a
+    vector of each of its segment's runs, the run levels are additions inside a thread, the
+    levels within a run are shuffles inside a warp, and only the segments' own tree crosses warps.
+    A ``[SEGS, C]`` block spreads each segment over all the warps, and each thread carries one
+    value per segment through the exchanges between warps.
     """
-    GROUPS: tl.constexpr = SPAN // GROUP
-    x = tl.reshape(x, [ROWS, SEGMENTS, RUNS, GROUPS, GROUP])
+    SPAN_GROUPS: tl.constexpr = SPAN // GROUP
+    x = tl.reshape(x, [SEGS * RUNS * SPAN_GROUPS, GROUP])
     for level in tl.static_range(LOG2_GROUP):
-        x = tl.sum(tl.reshape(x, [ROWS, SEGMENTS, RUNS, GROUPS, 2, GROUP >> (level + 1)]), axis=4)
-    x = tl.reshape(x, [ROWS, SEGMENTS, RUNS, GROUPS])
+        x = tl.sum(tl.reshape(x, [SEGS * RUNS * SPAN_GROUPS, 2, GROUP >> (level + 1)]), axis=1)
+    x = tl.reshape(x, [SEGS, RUNS, SPAN_GROUPS])
     for level in tl.static_range(LOG2_RUNS):
-        x = tl.sum(tl.reshape(x, [ROWS, SEGMENTS, 2, RUNS >> (level + 1), GROUPS]), axis=2)
-    x = tl.reshape(x, [ROWS, SEGMENTS, GROUPS])
-    for level in tl.static_range(LOG2_SPAN - LOG2_GROUP):
-        x = tl.sum(tl.reshape(x, [ROWS, SEGMENTS, 2, GROUPS >> (level + 1)]), axis=2)
-    return tl.reshape(x, [ROWS, SEGMENTS])
+        x = tl.sum(tl.reshape(x, [SEGS, 2, RUNS >> (level + 1), SPAN_GROUPS]), axis=1)
+    return tree_sum(tl.reshape(x, [SEGS, SPAN_GROUPS]), SEGS, SPAN_GROUPS, LOG2_SPAN_GROUPS, 1, 0)
 
 
 @triton.jit

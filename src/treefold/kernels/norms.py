@@ -41,8 +41,8 @@ def row_tree_sum(v, ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: t
         seg = tree_sum(tl.reshape(v, [ROWS * SEGMENTS, LANES]), ROWS * SEGMENTS, LANES, LOG2_LANES,
                        GROUP, LOG2_GROUP)
     else:
-        seg = run_tree_sum(v, ROWS, SEGMENTS, RUNS, LOG2_RUNS, LANES // RUNS, LOG2_LANES - LOG2_RUNS, GROUP,
-                           LOG2_GROUP)
+        seg = run_tree_sum(tl.reshape(v, [ROWS * SEGMENTS, RUNS, LANES // RUNS]), ROWS * SEGMENTS, RUNS, LOG2_RUNS,
+                           LANES // RUNS, GROUP, LOG2_GROUP, LOG2_LANES - LOG2_RUNS - LOG2_GROUP)
     return tree_sum(tl.reshape(seg, [ROWS, SEGMENTS]), ROWS, SEGMENTS, LOG2_SEGMENTS, 1, 0)
 
 

@@ -57,8 +57,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import (arrive, round_to, start_dependent_launch, tree_max_sum, tree_sum, wait_for_arrivals,
-                      widen_again)
+from .combine import (arrive, round_to, run_tree_sum, start_dependent_launch, tree_max_sum, tree_sum,
+                      wait_for_arrivals, widen_again)
 
 #: Triton's interpreter truncates float32 -> bfloat16; outputs round on the bits there
 #: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
@@ -98,32 +98,6 @@ def _exp(x):
         return libdevice.fast_expf(x)
     else:
         return tl.exp(x)
-
-
-@triton.jit
-def _lane_tree_sum(x, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr, SEGS: tl.constexpr,
-                   INNER: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-                   LOG2_INNER_GROUPS: tl.constexpr):
-    """``tree_sum`` over the C = OUTER * INNER lanes of each segment, in groups; returns [SEGS].
-
-    ``x`` is a ``[SEGS, OUTER, INNER]`` block holding lane k * INNER + j of segment s at
-    [s, k, j] (INNER a multiple of GROUP). The order is that of ``combine.tree_sum`` over
-    [SEGS, C] with groups of GROUP lanes: first a halving tree inside each group (consecutive
-    lanes, all inside INNER), then a halving tree over the C / GROUP groups, whose first
-    log2(OUTER) levels pair k with k + OUTER / 2, ... (group g with g + C / (2 GROUP), ...) and
-    whose last levels run over the INNER / GROUP groups of each k. The same pairs in the same
-    order, so the same bits; holding the lanes this way lets a thread own a 16-byte vector of
-    INNER (vector loads) while the high lane bits live in its registers, so the first group
-    levels are additions inside a thread rather than exchanges between warps.
-    """
-    INNER_GROUPS: tl.constexpr = INNER // GROUP
-    x = tl.reshape(x, [SEGS * OUTER * INNER_GROUPS, GROUP])
-    for level in tl.static_range(LOG2_GROUP):
-        x = tl.sum(tl.reshape(x, [SEGS * OUTER * INNER_GROUPS, 2, GROUP >> (level + 1)]), axis=1)
-    x = tl.reshape(x, [SEGS, OUTER, INNER_GROUPS])
-    for level in tl.static_range(LOG2_OUTER):
-        x = tl.sum(tl.reshape(x, [SEGS, 2, OUTER >> (level + 1), INNER_GROUPS]), axis=1)
-    return tree_sum(tl.reshape(x, [SEGS, INNER_GROUPS]), SEGS, INNER_GROUPS, LOG2_INNER_GROUPS, 1, 0)
 
 
 @triton.jit
@@ -214,16 +188,14 @@ def _segment_partials(a, b, a_for_exp, OUTER: tl.constexpr, LOG2_OUTER: tl.const
     """
     if BACKWARD:
         if OP == SOFTMAX:
-            p = _lane_tree_sum(a * b, OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
-                               LOG2_INNER_GROUPS)
+            p = run_tree_sum(a * b, SEGS, OUTER, LOG2_OUTER, INNER, GROUP, LOG2_GROUP, LOG2_INNER_GROUPS)
         else:
-            p = _lane_tree_sum(b, OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
-                               LOG2_INNER_GROUPS)
+            p = run_tree_sum(b, SEGS, OUTER, LOG2_OUTER, INNER, GROUP, LOG2_GROUP, LOG2_INNER_GROUPS)
         q = p
     else:
         p = tl.max(tl.max(a, axis=2), axis=1)
-        q = _lane_tree_sum(_segment_exp(a_for_exp, p), OUTER, LOG2_OUTER, SEGS, INNER, GROUP, LOG2_GROUP,
-                           LOG2_INNER_GROUPS)
+        q = run_tree_sum(_segment_exp(a_for_exp, p), SEGS, OUTER, LOG2_OUTER, INNER, GROUP, LOG2_GROUP,
+                         LOG2_INNER_GROUPS)
     return p, q
 
 
