@@ -109,6 +109,8 @@ def test_whole_tensor_of_three_levels_matches_reference(rng):
     # tree nodes at the first level (whole-tensor sums on the GPU), 1 or 2 segments per step
     SumTuning(node_stride=2), SumTuning(node_stride=4, segments_per_program=2),
     SumTuning(node_stride=1, segments_per_program=4),
+    # segments held as runs of lanes (a launch choice of where the warps sit), or not
+    SumTuning(runs=1), SumTuning(runs=2, rows_per_program=4), SumTuning(runs=8, segments_per_program=2),
 ])
 @pytest.mark.parametrize("n", [31, 5000, 70001])
 def test_launch_choices_never_change_the_bits(tuning, n, rng):
@@ -447,6 +449,10 @@ def test_bad_arguments_raise_with_the_function_and_the_value():
         (lambda: on_device.tree_sum_rows(x, final="max"), ValueError, "tree_sum_rows: final must be"),
         (lambda: on_device.tree_sum_rows(x, tuning=SumTuning(num_warps=3)), ValueError,
          "tuning: num_warps must be a power of two >= 1, got 3"),
+        (lambda: on_device.tree_sum_rows(x, tuning=SumTuning(runs=3)), ValueError,
+         "tuning: runs must be a power of two >= 1, got 3"),
+        (lambda: on_device.tree_sum_rows(x, tuning=SumTuning(runs=8)), ValueError,
+         "tuning: runs=8 cuts a segment of 4 lanes finer than its groups of 4: at most 1"),
         (lambda: on_device.extreme_rows(x, True, tuning=ExtremeTuning(loads_in_flight=8)), ValueError,
          r"tuning: loads_in_flight must be one of \(1, 2, 4\), got 8"),
     ]
@@ -553,12 +559,14 @@ def test_gpu_accurate_sum_of_2_26_uniform_floats_is_the_nearest_float():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows_per_program", [None, 1, 2, 4])
+@pytest.mark.parametrize("rows_per_program", [None, 1, 2, 4, 16])
 @pytest.mark.parametrize("num_warps", [None, 2, 8])
-def test_gpu_row_sums_bf16_bits(rows_per_program, num_warps):
+@pytest.mark.parametrize("runs", [None, 1, 16])
+def test_gpu_row_sums_bf16_bits(rows_per_program, num_warps, runs):
     x = (torch.randn(8192, 4096, generator=torch.Generator().manual_seed(1))).to(torch.bfloat16)
     want = torch.from_numpy(order.reference_sum(x))
-    got = tree_sum_rows(x.cuda(), tuning=SumTuning(rows_per_program=rows_per_program, num_warps=num_warps))
+    got = tree_sum_rows(x.cuda(), tuning=SumTuning(rows_per_program=rows_per_program, num_warps=num_warps,
+                                                   runs=runs))
     assert_same_bits(got.cpu(), want)
     assert_same_bits(tf.sum(x.cuda(), dim=-1).cpu(), want.to(torch.bfloat16))
 

@@ -89,6 +89,8 @@ class SumTuning:
         ``segments_per_program`` is the segments one loop step loads.
     dependent_launch: launch the finishing level as a programmatic dependent launch (sm_90+),
         so it starts while the first level drains.
+    runs: the first level's segments held as this many runs of lanes each (``kernels.reduce``'s
+        RUNS; a power of two; 1: none). Default: ``_runs``.
     """
     segments_per_program: Optional[int] = None
     rows_per_program: Optional[int] = None
@@ -98,6 +100,7 @@ class SumTuning:
     fuse_finish: bool = True
     node_stride: Optional[int] = None
     dependent_launch: Optional[bool] = None
+    runs: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,18 @@ class SumLevel:
     node_stride: int = 1
     wait_for_prior: bool = False
     release_dependents: bool = False
+    runs: int = 1
+
+
+def _runs(lanes: int, group: int, block: int, partial_bytes: int) -> int:
+    """Runs per segment of a level (``kernels.reduce.segment_sum_kernel``'s RUNS): a block of more
+    than one segment or row cuts each into runs of 32 vectors (32 x GROUP lanes), so that Triton
+    gives the warps to the segments or rows and a segment's tree stays inside its warps, as the
+    norms' blocks do (``treefold._ops.norms._segment_runs``); one segment keeps one run, and so do
+    the accurate sum's float64 pairs, whose tree is taken over the whole segment."""
+    if block == 1 or partial_bytes == 16:
+        return 1
+    return max(1, lanes // (32 * group))
 
 
 def _finish_values(tuning: SumTuning, interpreted: bool) -> int:
@@ -274,11 +289,19 @@ def plan_sum(n: int, rows: int, dtype: torch.dtype, partial_bytes: int,
             # 70% of the roof against 63% at 8192 x 4096 bf16 on the H200.
             evict = first and finish and not interpreted
 
+        group = order.group(cur, cur_dtype if first else None)
+        if first and tuning.runs is not None:
+            runs = _pow2("runs", tuning.runs)
+            if runs > lanes // group:
+                raise ValueError(f"tuning: runs={runs} cuts a segment of {lanes} lanes finer than its groups of "
+                                 f"{group}: at most {lanes // group}")
+        else:
+            runs = _runs(lanes, group, rpp * spp, partial_bytes)
         levels.append(SumLevel(
-            n=cur, lanes=lanes, group=order.group(cur, cur_dtype if first else None),
+            n=cur, lanes=lanes, group=group,
             segments=segments, segments_per_program=spp, rows_per_program=rpp,
             programs_per_row=programs_per_row, grid=order.cdiv(rows, rpp) * programs_per_row,
-            finish=finish, even=even, num_warps=warps, evict_first=evict))
+            finish=finish, even=even, num_warps=warps, evict_first=evict, runs=runs))
         if finish:
             return tuple(levels)
         cur, first = segments, False
@@ -362,7 +385,7 @@ def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = Fal
             EVICT_FIRST=lv.evict_first, NODE_SEGMENTS=lv.node_segments,
             LOG2_NODE_SEGMENTS=order.log2(lv.node_segments), NODE_STRIDE=lv.node_stride,
             WAIT_FOR_PRIOR=lv.wait_for_prior, RELEASE_DEPENDENTS=lv.release_dependents,
-            num_warps=lv.num_warps, enable_fp_fusion=False, **_DEPENDENT if lv.wait_for_prior else {})))
+            RUNS=lv.runs, LOG2_RUNS=order.log2(lv.runs), num_warps=lv.num_warps, enable_fp_fusion=False, **_DEPENDENT if lv.wait_for_prior else {})))
         cur, cur_lo, stride = out, out_lo, out_stride
     # the finishing level's output (the result) is the last buffer allocated
     _launch(_segment_sum, launches, x, [cur] + buffers[:-1], prepare)

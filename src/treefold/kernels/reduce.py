@@ -36,7 +36,7 @@ later levels read and write fewer than 1/4000 of N. With FINISH a level writes o
 import triton
 import triton.language as tl
 
-from .combine import (double_double_to_float32, pick_later, round_to, start_dependent_launch,
+from .combine import (double_double_to_float32, pick_later, round_to, run_tree_sum, start_dependent_launch,
                       tree_double_double, tree_pick, tree_sum)
 
 ACC_FP32: tl.constexpr = tl.constexpr(0)
@@ -78,8 +78,9 @@ def _segment_results(x_ptr, x_lo_ptr, offsets, mask, BLOCK: tl.constexpr, LANES:
                      LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
                      ACCUMULATE: tl.constexpr, TRANSFORM: tl.constexpr, PAIR_INPUT: tl.constexpr,
                      EXACT_GROUPS: tl.constexpr, INTERPRETED: tl.constexpr, EVEN: tl.constexpr,
-                     EVICT_FIRST: tl.constexpr):
-    """Load a ``[BLOCK, LANES]`` block of segments and reduce each with the grouped halving
+                     EVICT_FIRST: tl.constexpr, RUNS: tl.constexpr, LOG2_RUNS: tl.constexpr):
+    """Load a ``[BLOCK, LANES]`` block of segments (``[BLOCK, RUNS, LANES // RUNS]`` with RUNS > 1:
+    each segment cut into runs, ``combine.run_tree_sum``) and reduce each with the grouped halving
     tree: ``(s, c)``, ``[BLOCK]`` each (``c`` is ``s`` unless ACCUMULATE is ACC_DOUBLE_DOUBLE)."""
     v = _load(x_ptr + offsets, mask, EVEN, EVICT_FIRST)
     if ACCUMULATE == ACC_INT64:
@@ -97,10 +98,15 @@ def _segment_results(x_ptr, x_lo_ptr, offsets, mask, BLOCK: tl.constexpr, LANES:
             c = _load(x_lo_ptr + offsets, mask, EVEN, EVICT_FIRST)
         else:
             # -0.0 is the exact identity of addition, so the compiler drops the first adds of c.
-            c = tl.full([BLOCK, LANES], -0.0, tl.float64)
-        return tree_double_double(v, c, BLOCK, LANES, LOG2_LANES, GROUP, LOG2_GROUP, EXACT_GROUPS,
-                                  INTERPRETED)
-    s = tree_sum(v, BLOCK, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+            c = tl.full(v.shape, -0.0, tl.float64)
+        # (the pairs' tree over [BLOCK, LANES]: the same order whatever the runs)
+        return tree_double_double(tl.reshape(v, [BLOCK, LANES]), tl.reshape(c, [BLOCK, LANES]), BLOCK, LANES,
+                                  LOG2_LANES, GROUP, LOG2_GROUP, EXACT_GROUPS, INTERPRETED)
+    if RUNS == 1:
+        s = tree_sum(v, BLOCK, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+    else:
+        s = run_tree_sum(v, BLOCK, RUNS, LOG2_RUNS, LANES // RUNS, GROUP, LOG2_GROUP,
+                         LOG2_LANES - LOG2_RUNS - LOG2_GROUP)
     return s, s
 
 
@@ -116,6 +122,7 @@ def segment_sum_kernel(
     INTERPRETED: tl.constexpr, EVEN: tl.constexpr, EVICT_FIRST: tl.constexpr,
     NODE_SEGMENTS: tl.constexpr = 1, LOG2_NODE_SEGMENTS: tl.constexpr = 0, NODE_STRIDE: tl.constexpr = 1,
     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
+    RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0,
 ):
     """Segment results, tree nodes (NODE_SEGMENTS > 1) or, with FINISH, final results of a sum
     in the treefold order.
@@ -172,12 +179,19 @@ def segment_sum_kernel(
             kernel's writes before reading (``start_dependent_launch``).
         RELEASE_DEPENDENTS: let a dependent launch start its programs early
             (``start_dependent_launch``); they still wait for this kernel's writes.
+        RUNS: each loaded segment held as RUNS runs of LANES / RUNS lanes (``run_tree_sum``):
+            with runs of 32 vectors Triton gives the warps to the block's segments or rows, and a
+            segment's tree stays inside its warps (a launch choice; LOG2_RUNS its log2).
     """
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     BLOCK: tl.constexpr = ROWS_PER_PROGRAM * SEGMENTS_PER_PROGRAM
     pid = tl.program_id(0).to(tl.int64)
     group = pid // programs_per_row
-    lanes = tl.arange(0, LANES)[None, :]
+    if RUNS == 1:
+        lanes = tl.arange(0, LANES)[None, :]
+    else:
+        SPAN: tl.constexpr = LANES // RUNS
+        lanes = (tl.arange(0, RUNS)[:, None] * SPAN + tl.arange(0, SPAN)[None, :])[None, :, :]
     if NODE_SEGMENTS > 1:
         # One row per program; the node j of the row is stored at position j.
         node = pid % programs_per_row
@@ -191,11 +205,14 @@ def segment_sum_kernel(
         acc_c = acc_s
         for m in tl.range(0, STEPS):
             segment = first_segment + (m * SEGMENTS_PER_PROGRAM + b) * NODE_STRIDE
-            offsets = segment[:, None] * LANES + lanes
+            if RUNS == 1:
+                offsets = segment[:, None] * LANES + lanes
+            else:
+                offsets = segment[:, None, None] * LANES + lanes
             s, c = _segment_results(x_ptr + row_base, x_lo_ptr + row_base, offsets, offsets < n,
                                     SEGMENTS_PER_PROGRAM, LANES, LOG2_LANES, GROUP, LOG2_GROUP,
                                     ACCUMULATE, TRANSFORM, PAIR_INPUT, EXACT_GROUPS, INTERPRETED,
-                                    EVEN, EVICT_FIRST)
+                                    EVEN, EVICT_FIRST, RUNS, LOG2_RUNS)
             acc_s = tl.where(step == m, s[None, :], acc_s)
             if ACCUMULATE == ACC_DOUBLE_DOUBLE:
                 acc_c = tl.where(step == m, c[None, :], acc_c)
@@ -214,11 +231,15 @@ def segment_sum_kernel(
     b = tl.arange(0, BLOCK)
     row = group * ROWS_PER_PROGRAM + b // SEGMENTS_PER_PROGRAM
     segment = first + b % SEGMENTS_PER_PROGRAM
-    offsets = row[:, None] * row_stride_x + segment[:, None] * LANES + lanes
-    mask = (row[:, None] < rows) & (segment[:, None] * LANES + lanes < n)
+    if RUNS == 1:
+        offsets = row[:, None] * row_stride_x + segment[:, None] * LANES + lanes
+        mask = (row[:, None] < rows) & (segment[:, None] * LANES + lanes < n)
+    else:
+        offsets = row[:, None, None] * row_stride_x + segment[:, None, None] * LANES + lanes
+        mask = (row[:, None, None] < rows) & (segment[:, None, None] * LANES + lanes < n)
     seg_s, seg_c = _segment_results(x_ptr, x_lo_ptr, offsets, mask, BLOCK, LANES, LOG2_LANES, GROUP,
                                     LOG2_GROUP, ACCUMULATE, TRANSFORM, PAIR_INPUT, EXACT_GROUPS,
-                                    INTERPRETED, EVEN, EVICT_FIRST)
+                                    INTERPRETED, EVEN, EVICT_FIRST, RUNS, LOG2_RUNS)
 
     if FINISH:
         # The next level of the order is one plain halving tree over the segment results; the
