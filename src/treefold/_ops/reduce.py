@@ -392,7 +392,8 @@ def tree_sum_rows(x: torch.Tensor, square: bool = False, *, absolute: bool = Fal
             EVICT_FIRST=lv.evict_first, NODE_SEGMENTS=lv.node_segments,
             LOG2_NODE_SEGMENTS=order.log2(lv.node_segments), NODE_STRIDE=lv.node_stride,
             WAIT_FOR_PRIOR=lv.wait_for_prior, RELEASE_DEPENDENTS=lv.release_dependents,
-            RUNS=lv.runs, LOG2_RUNS=order.log2(lv.runs), num_warps=lv.num_warps, enable_fp_fusion=False, **_DEPENDENT if lv.wait_for_prior else {})))
+            RUNS=lv.runs, LOG2_RUNS=order.log2(lv.runs), num_warps=lv.num_warps, enable_fp_fusion=False,
+            **_DEPENDENT if lv.wait_for_prior else {})))
         cur, cur_lo, stride = out, out_lo, out_stride
     # the finishing level's output (the result) is the last buffer allocated
     _launch(_segment_sum, launches, x, [cur] + buffers[:-1], prepare)

@@ -70,7 +70,7 @@ def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, t
     """Row sums of a ``[ROWS, HELD, RUNS, LANES // RUNS]`` float32 block in the treefold order
     (``run_tree_sum``'s runs); returns ``[ROWS]``.
 
-    Whole rows (HELD = SEGMENTS): the segment sums, then their halving tree. ``SHARED_ROW``: the block holds HELD segments
+    Whole rows (HELD = SEGMENTS): ``row_tree_sum``. ``SHARED_ROW``: the block holds HELD segments
     of row ``row_id`` from ``first_segment`` on; their sums go to ``part_ptr`` [rows, num_segments],
     the program counts itself in on the row's counter and waits for it to reach ``target``,
     then reads the whole row's segment sums back and meets them in the same halving tree.
@@ -184,10 +184,10 @@ def norm_forward_kernel(
         stats_row = row < rows
     col = (segment[:, None, None] * LANES + tl.arange(0, RUNS)[None, :, None] * SPAN
            + tl.arange(0, SPAN)[None, None, :])
-    row3 = row[:, None, None, None]
-    col3 = col[None, :, :, :]
-    mask = (row3 < rows) & (col3 < n)
-    held = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy=READ_POLICY)
+    row4 = row[:, None, None, None]
+    col4 = col[None, :, :, :]
+    mask = (row4 < rows) & (col4 < n)
+    held = tl.load(x_ptr + row4 * stride_x + col4, mask=mask, other=0.0, eviction_policy=READ_POLICY)
     v = held.to(tl.float32)
     # RMSNorm reads the weight with the row, not after its reduction: its latency (an L2 hit for
     # every row but the first) then overlaps the row's. LayerNorm, which holds the centred row
@@ -198,10 +198,10 @@ def norm_forward_kernel(
     if IS_RMS and not READ_TWICE and not HOLD_16BIT:
         w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row3 * stride_res + col3, mask=mask, other=0.0,
+        r = tl.load(res_ptr + row4 * stride_res + col4, mask=mask, other=0.0,
                     eviction_policy=READ_POLICY).to(tl.float32)
         h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
-        tl.store(h_ptr + row3 * stride_h + col3, h, mask=mask, eviction_policy=STORE_POLICY)
+        tl.store(h_ptr + row4 * stride_h + col4, h, mask=mask, eviction_policy=STORE_POLICY)
         held = h
         v = h.to(tl.float32)
     if IS_RMS:
@@ -211,7 +211,7 @@ def norm_forward_kernel(
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
         if READ_TWICE:
             tl.static_assert(not HAS_RESIDUAL, "READ_TWICE re-reads x: it cannot stand for x + residual")
-            v = tl.load(x_ptr + row3 * stride_x + col3, mask=mask, other=0.0, eviction_policy="evict_first").to(
+            v = tl.load(x_ptr + row4 * stride_x + col4, mask=mask, other=0.0, eviction_policy="evict_first").to(
                 tl.float32)
             w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
         elif HOLD_16BIT:
@@ -252,7 +252,7 @@ def norm_forward_kernel(
         out = out * w[None, :, :, :]
     if HAS_BIAS:
         out = out + b[None, :, :, :]
-    tl.store(y_ptr + row3 * stride_y + col3, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask,
+    tl.store(y_ptr + row4 * stride_y + col4, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask,
              eviction_policy=STORE_POLICY)
 
 
