@@ -193,11 +193,7 @@ def _segment_partials(a, b, a_for_exp, OUTER: tl.constexpr, LOG2_OUTER: tl.const
             p = run_tree_sum(b, SEGS, OUTER, LOG2_OUTER, INNER, GROUP, LOG2_GROUP, LOG2_INNER_GROUPS)
         q = p
     else:
-        # One maximum over a segment's whole block, not over INNER and then OUTER: the compiler
-        # then takes a thread's own values first and shuffles once, where over INNER first it
-        # shuffled each of the thread's OUTER values apart (sm_90, cooperative 256 x 131072:
-        # 181 -> 31 shuffles). A maximum is exact in any order: the same values.
-        p = tl.max(tl.reshape(a, [SEGS, OUTER * INNER]), axis=1)
+        p = tl.max(tl.max(a, axis=2), axis=1)
         q = run_tree_sum(_segment_exp(a_for_exp, p), SEGS, OUTER, LOG2_OUTER, INNER, GROUP, LOG2_GROUP,
                          LOG2_INNER_GROUPS)
     return p, q
