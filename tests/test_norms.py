@@ -951,25 +951,32 @@ def test_holding_16bit_rows_gives_the_same_bits(n, dtype):
                                                      paired_sums=paired), want)
 
 
-@pytest.mark.parametrize("n", [33, 5120])
+@pytest.mark.parametrize("n", [33, 1000, 5120])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_segments_cut_into_runs_give_the_same_bits(n, dtype):
     # Runs change the block's shape and where the warps sit, never the additions: every forward
-    # and backward output equal bit for bit, whatever the runs (up to one group per run).
-    x, r = randn((3, n), dtype, seed=n), randn((3, n), dtype, seed=n + 1)
-    w, b, dy = weight_like(n, dtype), randn(n, dtype, seed=3), randn((3, n), dtype, seed=n + 2)
+    # and backward output equal bit for bit, whatever the runs (up to one group per run). N = 1000
+    # is a program of several rows (their default cuts them into runs too), 5120 a row of two
+    # segments.
+    x, r = randn((5, n), dtype, seed=n), randn((5, n), dtype, seed=n + 1)
+    w, b, dy = weight_like(n, dtype), randn(n, dtype, seed=3), randn((5, n), dtype, seed=n + 2)
     kernel_or_skip(x)
     x[0, 0], x[1, -1] = float("nan"), float("inf")
     most = ops.row_layout(n, dtype)["LANES"] // ops.row_layout(n, dtype)["GROUP"]
-    runs_tried = sorted({2, most})
+    runs_tried = [None] + sorted({2, most})  # None: the default
     want_rms = ops.rms_norm_impl(x, w, r, 1e-6, 1.0, "llama", dtype, runs=1)
     want_ln = ops.layer_norm_impl(x, w, b, 1e-5, runs=1)
     _, mean, rstd = want_ln
     _, _, rms_rstd = ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", dtype, runs=1)
     want_rms_dx = ops.rms_norm_backward_impl(dy, None, x, w, rms_rstd, 0.0, "llama", dtype, None, True, runs=1)
     want_ln_dx = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, True, dtype, runs=1)
+    if n == 1000:  # the default launch holds several rows per program, in runs
+        plan = ops._forward_plan(n, dtype, True, False, True, False, False, True, False, None, None)
+        assert plan[0] > 1 and plan[2]["RUNS"] > 1
     for runs in runs_tried:
         assert_all_bits(ops.rms_norm_impl(x, w, r, 1e-6, 1.0, "llama", dtype, runs=runs), want_rms)
+        assert_all_bits(ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", dtype, runs=runs),
+                        ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", dtype, runs=1))
         assert_all_bits(ops.layer_norm_impl(x, w, b, 1e-5, runs=runs), want_ln)
         assert_all_bits(ops.rms_norm_backward_impl(dy, None, x, w, rms_rstd, 0.0, "llama", dtype, None, True,
                                                    runs=runs), want_rms_dx)
@@ -1161,7 +1168,7 @@ def test_gpu_tiny_rows_match_cpu_reference_bits(dtype, scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [33, 4096, 5120, 14336])
+@pytest.mark.parametrize("n", [33, 1000, 4096, 5120, 14336])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
     x = randn((300, n), dtype, seed=n).cuda()
