@@ -105,6 +105,18 @@ def check_max_registers(fn: str, value) -> None:
         raise ValueError(f"{fn}: max_registers must be None or an int from 24 to 255, got {value!r}")
 
 
+#: Lanes of a warp.
+WARP_LANES = 32
+
+
+def warp_runs(lanes: int, group: int) -> int:
+    """Runs per segment (``kernels.combine.run_tree_sum``) that give each lane of a warp one
+    16-byte vector (``group`` lanes) of every run: a block ``[.., segments, runs, 32 x group]``,
+    whose warps Triton then gives to its rows and segments, so that a segment's tree stays inside
+    its warps. 1 where a segment is narrower than a warp's vectors."""
+    return max(1, lanes // (WARP_LANES * group))
+
+
 def register_cap(max_registers) -> dict:
     """The launch option that caps registers per thread (``{"maxnreg": n}``), or none for None."""
     return {"maxnreg": max_registers} if max_registers else {}

@@ -22,7 +22,7 @@ from .. import backend, order
 from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
-from .launch import Launcher, check_eviction_policy, check_max_registers, register_cap
+from .launch import Launcher, check_eviction_policy, check_max_registers, register_cap, warp_runs
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
 MAX_ROW_LENGTH = 65536
@@ -245,7 +245,6 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     rows = 1 if held else (rows_per_program or default_rows)
     if not held and rows != default_rows:
         default_warps = _warps_for(rows * layout["LANES"] * layout["SEGMENTS"])
-    read_twice = bool(read_twice)
     if read_twice and not held and row_block(n) == _READ_TWICE_BLOCK:
         default_warps = _READ_TWICE_WARPS
     if store_hint is None:
@@ -281,10 +280,10 @@ def _segment_runs(n: int, dtype: torch.dtype, rows: int = 1) -> int:
     rows of 8 warps: one warp per row instead of every row over all eight), RMSNorm 89.7-90.8 ->
     90.3-90.9 (92.2-93.0 with ``_RMS_ROWS_1024_ELEMENTS_PER_THREAD``), with a residual 93.8-94.4 ->
     94.1-94.5. The backward holds one row at a time: ``rows`` 1."""
-    layout = row_layout(n, dtype)
     if order.num_segments(n) == 1 and rows == 1:
         return 1
-    return max(1, layout["LANES"] // (32 * layout["GROUP"]))
+    layout = row_layout(n, dtype)
+    return warp_runs(layout["LANES"], layout["GROUP"])
 
 
 def _check_runs(runs, layout: dict) -> int:

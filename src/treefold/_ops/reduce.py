@@ -22,7 +22,7 @@ import torch
 from .. import backend, order
 from ..kernels import reduce as kernels
 from ..reference import reductions as reference
-from .launch import Launcher, PreparedPipeline, dependent_launch as _dependent_launch
+from .launch import Launcher, PreparedPipeline, dependent_launch as _dependent_launch, warp_runs
 
 _segment_sum = Launcher(kernels.segment_sum_kernel)
 _segment_extreme = Launcher(kernels.segment_extreme_kernel)
@@ -167,15 +167,16 @@ def _runs(lanes: int, group: int, block: int, partial_bytes: int) -> int:
     norms' blocks do (``treefold._ops.norms._segment_runs``); one segment keeps one run, and so do
     the accurate sum's float64 pairs, whose tree is taken over the whole segment.
 
-    Offline sm_90, row sums of 8192 x 4096 bf16 (64 rows per program, 32 warps): 2712 -> 784
-    instructions, 496 bytes of stack -> none, 220 shuffles -> 10, 13 barriers -> 1. On the H200
-    (``benchmarks/results/h200-probe-reduce-runs.txt``, three interleaved rounds, bits equal) that
-    bought little: 4096 x 16384 bf16 row sums 74-75% of the roof -> 77-79%, row norms 74-75 ->
-    78-79; 8192 x 4096 bf16 and float32 and 32768 x 1024 even (68-71%, 79-81%, 69-73%): those
-    launches move 32-128 MB and are bound by it, not by their instructions."""
+    On the H200 (``benchmarks/results/h200-probe-reduce-runs.txt``, three interleaved rounds, bits
+    equal): 4096 x 16384 bf16 row sums (four segments per program) 74-75% of the roof -> 77-79%,
+    row norms 74-75 -> 78-79; 32768 x 1024 bf16 (four rows per program) even, 69-73%. Rows of 4096
+    take one row of one segment per program on the GPU, so no runs; given 4-16 rows per program
+    with runs they ran as fast as one row without (67-70% bf16, 78-81% float32). Offline sm_90, the
+    interpreter's plan of that shape (64 rows per program, 32 warps) fell from 2712 instructions
+    and 496 bytes of stack to 784 and none."""
     if block == 1 or partial_bytes == 16:
         return 1
-    return max(1, lanes // (32 * group))
+    return warp_runs(lanes, group)
 
 
 def _finish_values(tuning: SumTuning, interpreted: bool) -> int:

@@ -37,7 +37,7 @@ def row_tree_sum(v, ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: t
     halving tree. Padding (lanes past N, segments past S) must hold zeros, as the order pads with
     the identity. Returns ``[ROWS]``.
     """
-    if RUNS == 1:
+    if RUNS == 1:  # (run_tree_sum's order too; this form keeps the kernel one run compiled to before)
         seg = tree_sum(tl.reshape(v, [ROWS * SEGMENTS, LANES]), ROWS * SEGMENTS, LANES, LOG2_LANES,
                        GROUP, LOG2_GROUP)
     else:

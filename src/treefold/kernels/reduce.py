@@ -79,9 +79,9 @@ def _segment_results(x_ptr, x_lo_ptr, offsets, mask, BLOCK: tl.constexpr, LANES:
                      ACCUMULATE: tl.constexpr, TRANSFORM: tl.constexpr, PAIR_INPUT: tl.constexpr,
                      EXACT_GROUPS: tl.constexpr, INTERPRETED: tl.constexpr, EVEN: tl.constexpr,
                      EVICT_FIRST: tl.constexpr, RUNS: tl.constexpr, LOG2_RUNS: tl.constexpr):
-    """Load a ``[BLOCK, LANES]`` block of segments (``[BLOCK, RUNS, LANES // RUNS]`` with RUNS > 1:
-    each segment cut into runs, ``combine.run_tree_sum``) and reduce each with the grouped halving
-    tree: ``(s, c)``, ``[BLOCK]`` each (``c`` is ``s`` unless ACCUMULATE is ACC_DOUBLE_DOUBLE)."""
+    """Load a ``[BLOCK, RUNS, LANES // RUNS]`` block of segments (each cut into runs,
+    ``combine.run_tree_sum``) and reduce each with the grouped halving tree: ``(s, c)``, ``[BLOCK]``
+    each (``c`` is ``s`` unless ACCUMULATE is ACC_DOUBLE_DOUBLE)."""
     v = _load(x_ptr + offsets, mask, EVEN, EVICT_FIRST)
     if ACCUMULATE == ACC_INT64:
         v = v.to(tl.int64)
@@ -102,8 +102,8 @@ def _segment_results(x_ptr, x_lo_ptr, offsets, mask, BLOCK: tl.constexpr, LANES:
         # (the pairs' tree over [BLOCK, LANES]: the same order whatever the runs)
         return tree_double_double(tl.reshape(v, [BLOCK, LANES]), tl.reshape(c, [BLOCK, LANES]), BLOCK, LANES,
                                   LOG2_LANES, GROUP, LOG2_GROUP, EXACT_GROUPS, INTERPRETED)
-    if RUNS == 1:
-        s = tree_sum(v, BLOCK, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
+    if RUNS == 1:  # (run_tree_sum's order too; this form keeps the kernel one run compiled to before)
+        s = tree_sum(tl.reshape(v, [BLOCK, LANES]), BLOCK, LANES, LOG2_LANES, GROUP, LOG2_GROUP)
     else:
         s = run_tree_sum(v, BLOCK, RUNS, LOG2_RUNS, LANES // RUNS, GROUP, LOG2_GROUP,
                          LOG2_LANES - LOG2_RUNS - LOG2_GROUP)
@@ -187,11 +187,8 @@ def segment_sum_kernel(
     BLOCK: tl.constexpr = ROWS_PER_PROGRAM * SEGMENTS_PER_PROGRAM
     pid = tl.program_id(0).to(tl.int64)
     group = pid // programs_per_row
-    if RUNS == 1:
-        lanes = tl.arange(0, LANES)[None, :]
-    else:
-        SPAN: tl.constexpr = LANES // RUNS
-        lanes = (tl.arange(0, RUNS)[:, None] * SPAN + tl.arange(0, SPAN)[None, :])[None, :, :]
+    SPAN: tl.constexpr = LANES // RUNS
+    lanes = (tl.arange(0, RUNS)[:, None] * SPAN + tl.arange(0, SPAN)[None, :])[None, :, :]
     if NODE_SEGMENTS > 1:
         # One row per program; the node j of the row is stored at position j.
         node = pid % programs_per_row
@@ -205,10 +202,7 @@ def segment_sum_kernel(
         acc_c = acc_s
         for m in tl.range(0, STEPS):
             segment = first_segment + (m * SEGMENTS_PER_PROGRAM + b) * NODE_STRIDE
-            if RUNS == 1:
-                offsets = segment[:, None] * LANES + lanes
-            else:
-                offsets = segment[:, None, None] * LANES + lanes
+            offsets = segment[:, None, None] * LANES + lanes
             s, c = _segment_results(x_ptr + row_base, x_lo_ptr + row_base, offsets, offsets < n,
                                     SEGMENTS_PER_PROGRAM, LANES, LOG2_LANES, GROUP, LOG2_GROUP,
                                     ACCUMULATE, TRANSFORM, PAIR_INPUT, EXACT_GROUPS, INTERPRETED,
@@ -231,12 +225,8 @@ def segment_sum_kernel(
     b = tl.arange(0, BLOCK)
     row = group * ROWS_PER_PROGRAM + b // SEGMENTS_PER_PROGRAM
     segment = first + b % SEGMENTS_PER_PROGRAM
-    if RUNS == 1:
-        offsets = row[:, None] * row_stride_x + segment[:, None] * LANES + lanes
-        mask = (row[:, None] < rows) & (segment[:, None] * LANES + lanes < n)
-    else:
-        offsets = row[:, None, None] * row_stride_x + segment[:, None, None] * LANES + lanes
-        mask = (row[:, None, None] < rows) & (segment[:, None, None] * LANES + lanes < n)
+    offsets = row[:, None, None] * row_stride_x + segment[:, None, None] * LANES + lanes
+    mask = (row[:, None, None] < rows) & (segment[:, None, None] * LANES + lanes < n)
     seg_s, seg_c = _segment_results(x_ptr, x_lo_ptr, offsets, mask, BLOCK, LANES, LOG2_LANES, GROUP,
                                     LOG2_GROUP, ACCUMULATE, TRANSFORM, PAIR_INPUT, EXACT_GROUPS,
                                     INTERPRETED, EVEN, EVICT_FIRST, RUNS, LOG2_RUNS)
