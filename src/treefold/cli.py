@@ -42,8 +42,8 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="small: a fast smoke run; llm: the shapes of ../shared/PERF.md (default); "
                             "sweep: N from 256 to 262144 at 2^26 elements, for plots")
     bench.add_argument("--peers", metavar="LIST",
-                       help="comma-separated peers among torch,compile,liger,quack, or none "
-                            "(default: all four on a GPU, torch with --cpu)")
+                       help="comma-separated peers among torch,hf,compile,liger,quack, or none "
+                            "(default: all five on a GPU, torch with --cpu)")
     bench.add_argument("--backward", action="store_true", help="add the backward cases (autograd.grad timed)")
     bench.add_argument("--out", metavar="DIR", default="out/bench", help="where results go (default out/bench)")
     bench.add_argument("--name", default="bench", help="file name stem: NAME.json, NAME.md, NAME-*.png")
@@ -111,13 +111,13 @@ def _bench(args, parser) -> int:
             parser.error(str(e))
         return _write_outputs(result, args.out, args.name)
     from .bench.cases import select_cases  # noqa: PLC0415
-    from .bench.providers import parse_peers  # noqa: PLC0415
+    from .bench.providers import PEER_NAMES, parse_peers  # noqa: PLC0415
     from .bench.runner import BenchConfig, run_bench  # noqa: PLC0415
 
     try:
         select_cases(args.ops, True)
         peers = [] if args.peers == "none" else parse_peers(args.peers or ("torch" if args.cpu else
-                                                                          "torch,compile,liger,quack"))
+                                                                          ",".join(PEER_NAMES)))
     except ValueError as e:
         parser.error(str(e))
     if not args.cpu and not _has_cuda():

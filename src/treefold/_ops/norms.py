@@ -363,7 +363,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     if prepared is not None:
         if len(_PREPARED) >= _MAX_PREPARED:
             _PREPARED.clear()
-        _PREPARED[prepare_key] = (prepared, y2.dtype)
+        _PREPARED[prepare_key] = (prepared, None if y2.dtype == x2.dtype else y2.dtype)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -507,25 +507,23 @@ _NUMBERS = (float, int)
 def _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape):
     """The key of a kind of call, or None for arguments this path leaves to the full one. Every
     value in it is of exactly the type the full path accepts, so a key that compares equal was
-    validated: numbers are plain floats or ints (keyed as floats, as validated), ``casting`` a
-    str, ``out_dtype`` None or a dtype, ``normalized_shape`` an int or a tuple of ints, tensors
-    plain tensors or parameters (subclasses take the full path)."""
+    validated: numbers are plain floats or ints (an int and the float it equals key alike, and the
+    kernel takes either as that float), ``casting`` a str, ``out_dtype`` None or a dtype,
+    ``normalized_shape`` an int or a tuple of ints, tensors plain tensors or parameters
+    (subclasses take the full path). Built as one tuple: this is most of a repeated call's Python."""
     if (eps.__class__ not in _NUMBERS or offset.__class__ not in _NUMBERS or casting.__class__ is not str
             or x.__class__ is not Tensor or not (out_dtype is None or out_dtype.__class__ is torch.dtype)):
         return None
     if normalized_shape is not None and normalized_shape.__class__ is not int and not (
             normalized_shape.__class__ in (tuple, torch.Size) and all(d.__class__ is int for d in normalized_shape)):
         return None
-    key = [is_rms, x.shape, x.stride(), x.dtype, x.get_device(), float(eps), float(offset), casting, out_dtype,
-           normalized_shape]
     for t in (residual, weight, bias):
-        if t is None:
-            key.append(None)
-        elif t.__class__ not in _PLAIN_TENSORS:
+        if t is not None and t.__class__ not in _PLAIN_TENSORS:
             return None
-        else:
-            key += (t.shape, t.stride(), t.dtype, t.get_device())
-    return tuple(key)
+    return (is_rms, x.shape, x.stride(), x.dtype, x.get_device(), eps, offset, casting, out_dtype, normalized_shape,
+            None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.get_device()),
+            None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()))
 
 
 def norm_prepared(is_rms, x, residual, weight, bias, eps, offset=0.0, casting="", out_dtype=None,
@@ -544,15 +542,17 @@ def norm_prepared(is_rms, x, residual, weight, bias, eps, offset=0.0, casting=""
                                     or (bias is not None and bias.requires_grad)):
         return None
     prepared, y_dtype = entry
-    # key equality means x is contiguous (the prepared call's x was), so empty_like is too
-    y = torch.empty_like(x, dtype=y_dtype)
+    # Key equality means x and the residual are contiguous (the prepared call's were), so
+    # empty_like is too; without a dtype argument (None: y takes x's dtype) it is the cheapest
+    # allocation from Python.
+    y = torch.empty_like(x) if y_dtype is None else torch.empty_like(x, dtype=y_dtype)
     if residual is None:
         if bias is None:
             done = prepared(x, y) if weight is None else prepared(x, weight, y)
         else:
             done = prepared(x, bias, y) if weight is None else prepared(x, weight, bias, y)
         return y if done else None
-    h = torch.empty_like(x, dtype=residual.dtype)
+    h = torch.empty_like(residual)
     done = prepared(x, residual, y, h) if weight is None else prepared(x, residual, weight, y, h)
     return (y, h) if done else None
 

@@ -263,7 +263,7 @@ def _eager_add_rms_norm(i):
     return F.rms_norm(h, (h.shape[-1],), i["weight"], RMS_EPS), h
 
 
-def _compile_add_rms_norm(i):
+def _hf_add_rms_norm(i):
     h = i["x"] + i["residual"]
     return hf_llama_rms_norm(h, i["weight"]), h
 
@@ -344,6 +344,7 @@ class Case:
     reference: Callable[[dict], Any]          # float64, differentiable torch code
     eager: Callable[[dict], Any]              # the torch eager peer
     call_treefold: Callable[[Any, dict], Any]
+    hf_eager: Callable[[dict], Any] | None = None   # Hugging Face's model code, where it is not ``eager``
     compile_source: Callable[[dict], Any] | None = None   # what torch.compile compiles (default: eager)
     backward: Backward | None = None
     accuracy: Callable[[Any, Any, dict], dict] = accuracy_float
@@ -409,18 +410,23 @@ def _cases() -> list[Case]:
         reference=lambda i: _rms_ref(i["x"], i["weight"]),
         eager=lambda i: F.rms_norm(i["x"], (i["x"].shape[-1],), i["weight"], RMS_EPS),
         call_treefold=lambda tf, i: tf.rms_norm(i["x"], i["weight"], RMS_EPS),
+        hf_eager=lambda i: hf_llama_rms_norm(i["x"], i["weight"]),
         compile_source=lambda i: hf_llama_rms_norm(i["x"], i["weight"]),
-        notes="torch eager is F.rms_norm; torch.compile compiles Hugging Face's Llama RMSNorm")
+        notes="torch eager is F.rms_norm; hf runs Hugging Face's Llama RMSNorm eagerly and "
+              "torch.compile compiles it")
     add_rms_norm = Case(
         "rms_norm+residual", "rms_norm", "h = x + residual, then RMSNorm; returns (y, h)", "rms_norm",
         _row_shapes(_shapes([(32768, 4096), (1, 4096)], bf), check=((64, 4096), (16, 14336))),
         inputs_add_rms_norm, bytes_add_rms_norm,
         reference=_ref_add_rms_norm, eager=_eager_add_rms_norm,
         call_treefold=lambda tf, i: tf.rms_norm(i["x"], i["weight"], RMS_EPS, residual=i["residual"]),
-        compile_source=_compile_add_rms_norm, unary=False)
+        hf_eager=_hf_add_rms_norm, compile_source=_hf_add_rms_norm, unary=False,
+        notes="torch eager is the add then F.rms_norm; hf runs the add and Hugging Face's Llama "
+              "RMSNorm eagerly and torch.compile compiles them")
     layer_norm = Case(
         "layer_norm", "layer_norm", "LayerNorm with weight and bias", "layer_norm",
-        _row_shapes(_shapes([(8192, 4096), (16384, 8192)], bf), check=((64, 4096), (16, 14336), (7, 33))),
+        _row_shapes(_shapes([(8192, 4096), (16384, 8192), (65536, 1024)], bf),
+                    check=((64, 4096), (16, 14336), (7, 33))),
         inputs_layer_norm, bytes_layer_norm,
         reference=lambda i: F.layer_norm(i["x"], (i["x"].shape[-1],), i["weight"], i["bias"], LN_EPS),
         eager=lambda i: F.layer_norm(i["x"], (i["x"].shape[-1],), i["weight"], i["bias"], LN_EPS),

@@ -1,4 +1,5 @@
-"""Who is measured: treefold and its peers (torch eager, torch.compile, Liger-Kernel, QuACK).
+"""Who is measured: treefold and its peers (torch eager, Hugging Face's eager model code,
+torch.compile, Liger-Kernel, QuACK).
 
 A provider is loaded once (``load`` raises when it cannot be imported: the run goes on without it,
 with a line saying so) and then asked, per case and shape, for an ``Impl``: a no-argument call
@@ -22,7 +23,7 @@ import torch
 
 from .cases import LN_EPS, RMS_EPS, TOP_K, Case, Shape
 
-PEER_NAMES = ("torch", "compile", "liger", "quack")
+PEER_NAMES = ("torch", "hf", "compile", "liger", "quack")
 
 
 class Unsupported(Exception):
@@ -109,6 +110,25 @@ class TorchProvider(Provider):
 
     def build(self, case: Case, inputs: dict, shape: Shape) -> Impl | None:
         return Impl(lambda: case.eager(inputs), inputs)
+
+
+class HuggingFaceProvider(Provider):
+    """Hugging Face's eager model code (transformers' few lines, written in ``cases``) for the ops
+    where it is not torch's own call: RMSNorm (a float32 row cast back before the weight), with
+    and without the residual add. Elsewhere the models call torch (``nn.LayerNorm``,
+    ``torch.softmax``), which the torch peer already measures, or the torch peer is Hugging
+    Face's code itself (top-p sampling)."""
+
+    name = "hf"
+    title = "Hugging Face eager"
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def build(self, case: Case, inputs: dict, shape: Shape) -> Impl | None:
+        if case.hf_eager is None:
+            return None
+        return Impl(lambda: case.hf_eager(inputs), inputs)
 
 
 class CompileProvider(Provider):
@@ -269,8 +289,8 @@ class QuackProvider(Provider):
         return None
 
 
-_PEER_CLASSES = {"torch": TorchProvider, "compile": CompileProvider, "liger": LigerProvider,
-                 "quack": QuackProvider}
+_PEER_CLASSES = {"torch": TorchProvider, "hf": HuggingFaceProvider, "compile": CompileProvider,
+                 "liger": LigerProvider, "quack": QuackProvider}
 
 
 def parse_peers(text: str) -> list[str]:

@@ -36,7 +36,7 @@ class BenchConfig:
     ops: list[str] = field(default_factory=list)
     shapes: str = "llm"
     dtype: str | None = None
-    peers: list[str] = field(default_factory=lambda: ["torch", "compile", "liger", "quack"])
+    peers: list[str] = field(default_factory=lambda: ["torch", "hf", "compile", "liger", "quack"])
     backward: bool = False
     cpu: bool = False
     out: str = "out/bench"
