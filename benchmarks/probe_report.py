@@ -133,7 +133,8 @@ def norm_backward_inputs(m: int, n: int):
 def row_op_variants(cases, only: str = "") -> dict:
     """{name: (call, bytes moved, case)} for ``cases``: (label, rows, length, {variant name: launch
     options}), bf16. Labels: "rms", "rms+residual", "ln" (options: keywords of the norm forward's
-    launch), "rms backward", "ln backward" (of the norm backward's), "softmax", "log_softmax",
+    launch; "rms fp32", "ln fp32": float32 rows), "rms backward", "ln backward" (of the norm
+    backward's), "softmax", "log_softmax",
     "softmax backward" (options: (strategy, Tuning)). Names are "label MxN variant"; ``only``
     keeps the one so named. Bytes: read x (and the residual, or y / x and dy), write y (and h, or
     dx)."""
@@ -142,6 +143,9 @@ def row_op_variants(cases, only: str = "") -> dict:
     out = {}
     for label, m, n, variants in cases:
         case = f"{label} {m}x{n}"
+        # "rms fp32", "ln fp32": the forward of float32 rows
+        dtype = torch.float32 if label.endswith(" fp32") else torch.bfloat16
+        label = label.removesuffix(" fp32")
         if only and not only.startswith(case + " "):
             continue
         if label.endswith("backward") and label != "softmax backward":
@@ -155,10 +159,10 @@ def row_op_variants(cases, only: str = "") -> dict:
                     return lambda: norms.layer_norm_backward_impl(dy, x, w, mean, rstd, True, x.dtype, **o)
             moved = 3 * x.numel() * x.element_size()
         elif label in ("rms", "rms+residual", "ln"):
-            x = torch.randn(m, n, device="cuda").bfloat16()
-            r = torch.randn(m, n, device="cuda").bfloat16()
-            w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
-            b = (0.1 * torch.randn(n, device="cuda")).bfloat16()
+            x = torch.randn(m, n, device="cuda").to(dtype)
+            r = torch.randn(m, n, device="cuda").to(dtype)
+            w = (1 + 0.1 * torch.randn(n, device="cuda")).to(dtype)
+            b = (0.1 * torch.randn(n, device="cuda")).to(dtype)
             if label == "ln":
                 def make(o, x=x, w=w, b=b):
                     return lambda: norms.layer_norm_impl(x, w, b, 1e-5, store_stats=False, **o)[:1]

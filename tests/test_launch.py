@@ -196,7 +196,7 @@ def test_prepared_eager_calls_give_the_same_bits_with_new_tensors():
         assert torch.equal(treefold.layer_norm(x, (4096,), w, b), want_ln)
         assert torch.equal(treefold.layer_norm(x, (4096,), w), norm_ops.layer_norm_impl(x, w, None, 1e-5, store_stats=False)[0])
         # outputs of other dtypes than x's: y in float32 (casting "none" with a float32 weight,
-        # and out_dtype), h in a float32 residual's dtype
+        # out_dtype, and a float32 residual, whose h and normalised row are float32)
         w32, r32 = w.float(), r.float()
         want_none = norm_ops.rms_norm_impl(x, w32, None, 1e-6, 0.0, "none", torch.float32, store_stats=False)[0]
         got_none = treefold.rms_norm(x, w32, casting="none")
@@ -204,9 +204,9 @@ def test_prepared_eager_calls_give_the_same_bits_with_new_tensors():
         want_out = norm_ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.float32, store_stats=False)[0]
         got_out = treefold.rms_norm(x, w, out_dtype=torch.float32)
         assert got_out.dtype == torch.float32 and torch.equal(got_out, want_out)
-        want_y, want_h, _ = norm_ops.rms_norm_impl(x, w, r32, 1e-6, 0.0, "llama", torch.bfloat16, store_stats=False)
+        want_y, want_h, _ = norm_ops.rms_norm_impl(x, w, r32, 1e-6, 0.0, "llama", torch.float32, store_stats=False)
         y, h = treefold.rms_norm(x, w, residual=r32)
-        assert (y.dtype, h.dtype) == (torch.bfloat16, torch.float32)
+        assert (y.dtype, h.dtype) == (torch.float32, torch.float32)
         assert torch.equal(y, want_y) and torch.equal(h, want_h)
     assert any(k[1] == (3, 4096) for k in softmax_ops._PREPARED)
     assert any(k[1] == (3, 4096) and k[0] for k in norm_ops._PREPARED)

@@ -521,8 +521,8 @@ def test_rows_shared_among_programs_give_the_same_bits():
             ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16, segments_per_program=1)
     with pytest.raises(ValueError, match="segments_per_program must be a power of two >= 1, got 3"):
         ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16, segments_per_program=3)
-    with pytest.raises(ValueError, match="read_policy must be '' or 'evict_first', got 'evict_last'"):
-        ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16, read_policy="evict_last")
+    with pytest.raises(ValueError, match="read_policy must be one of None, '', 'evict_first', got 'evict_last'"):
+        ops.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", torch.bfloat16, read_twice=False, read_policy="evict_last")
 
 
 def test_forward_launch_defaults():
@@ -906,9 +906,10 @@ def test_reading_the_row_twice_gives_the_same_bits(n):
     x, w = randn((3, n), torch.bfloat16, seed=n), weight_like(n, torch.bfloat16)
     kernel_or_skip(x)
     want = ops.rms_norm_impl(x, w, None, 1e-6, 1.0, "llama", torch.bfloat16)
-    got = ops.rms_norm_impl(x, w, None, 1e-6, 1.0, "llama", torch.bfloat16, read_twice=n != 16384)
-    assert_bits(got[0], want[0])
-    assert_bits(got[2], want[2])
+    for twice in (True, False):
+        got = ops.rms_norm_impl(x, w, None, 1e-6, 1.0, "llama", torch.bfloat16, read_twice=twice)
+        assert_bits(got[0], want[0])
+        assert_bits(got[2], want[2])
     assert_bits(want[0], ref.rms_norm(x, w, 1e-6, offset=1.0)[0])
 
 
@@ -1014,10 +1015,11 @@ def test_store_hint_defaults_to_rows_read_twice():
                                  **kw)[2]
     # the stores keep out of L2's way while a row waits for its second read
     assert plan(16384, read_twice=True)["STORE_POLICY"] == ops._READ_TWICE_STORE_POLICY
-    assert "STORE_POLICY" not in plan(16384) and "STORE_POLICY" not in plan(4096)
-    assert "STORE_POLICY" not in plan(16384, store_hint="")
+    assert plan(4096)["STORE_POLICY"] == ops._READ_TWICE_STORE_POLICY  # read twice by default
+    assert "STORE_POLICY" not in plan(16384) and "STORE_POLICY" not in plan(2048)
+    assert "STORE_POLICY" not in plan(16384, store_hint="") and "STORE_POLICY" not in plan(4096, store_hint="")
     assert plan(4096, store_hint="evict_first")["STORE_POLICY"] == "evict_first"
-    with pytest.raises(ValueError, match="norm: store_hint must be None, '' or 'evict_first', got 'evict_last'"):
+    with pytest.raises(ValueError, match="norm: store_hint must be one of None, '', 'evict_first', got 'evict_last'"):
         plan(4096, store_hint="evict_last")
     with pytest.raises(ValueError, match="norm: max_registers must be None or an int from 24 to 255, got 8"):
         plan(4096, max_registers=8)
@@ -1064,20 +1066,34 @@ def test_layer_norm_backward_pairs_its_sums_on_rows_of_4096_or_less():
 
 
 def test_read_twice_defaults_and_refusals():
-    def plan(n, is_rms=True, residual=False, num_warps=None, **kw):
-        return ops._forward_plan(n, torch.bfloat16, is_rms, residual, True, not is_rms, False, True, False, None,
+    def plan(n, is_rms=True, residual=False, num_warps=None, dtype=torch.bfloat16, rows=None, **kw):
+        return ops._forward_plan(n, dtype, is_rms, residual, True, not is_rms, False, True, False, rows,
                                  num_warps, **kw)[2]
-    # a launch choice, off by default: with runs, the row held at 8 warps is faster
+    # RMSNorm rows of 8 and 16 KiB blocks are read twice by one warp per KiB, the first read kept in L2
+    for n, dtype, warps in ((4096, torch.bfloat16, 8), (8192, torch.bfloat16, 16), (5120, torch.bfloat16, 16),
+                            (4096, torch.float32, 16), (3000, torch.float32, 16)):
+        p = plan(n, dtype=dtype)
+        assert p["READ_TWICE"] and p["num_warps"] == warps and p["READ_POLICY"] == "evict_last", (n, dtype)
+        assert p["STORE_POLICY"] == ops._READ_TWICE_STORE_POLICY
+    # longer and shorter blocks hold their rows, as do residuals, LayerNorm and programs of several rows
     assert not plan(16384)["READ_TWICE"] and plan(16384)["num_warps"] == 8
-    assert not plan(16384, residual=True)["READ_TWICE"] and not plan(16384, is_rms=False)["READ_TWICE"]
-    assert not plan(8192)["READ_TWICE"] and not plan(16384, read_twice=False)["READ_TWICE"]
+    assert not plan(8192, dtype=torch.float32)["READ_TWICE"] and not plan(2048)["READ_TWICE"]
+    assert not plan(1024)["READ_TWICE"] and not plan(4096, rows=2)["READ_TWICE"]
+    assert not plan(8192, residual=True)["READ_TWICE"] and not plan(8192, is_rms=False)["READ_TWICE"]
+    assert not plan(8192, hold_16bit=True)["READ_TWICE"]
+    assert not plan(8192, few_rows=True)["READ_TWICE"]  # decode batches hold their rows
+    held = plan(8192, read_twice=False)
+    assert not held["READ_TWICE"] and held["READ_POLICY"] == "" and "STORE_POLICY" not in held
+    # asked for, it keeps the warps asked for, or one per KiB of the block up to 16
     assert plan(16384, read_twice=True, num_warps=8)["num_warps"] == 8
-    assert plan(16384, read_twice=True)["num_warps"] == ops._READ_TWICE_WARPS  # asked for, it takes its warps
-    assert plan(4096, read_twice=True)["num_warps"] == plan(4096)["num_warps"]  # measured at 16384 only
+    assert plan(16384, read_twice=True)["num_warps"] == 16
+    assert plan(8192, read_policy="")["READ_POLICY"] == ""
     with pytest.raises(ValueError, match="read_twice=True is an RMSNorm launch choice"):
         plan(4096, is_rms=False, read_twice=True)
     with pytest.raises(ValueError, match="with a residual the row normalised is x \\+ residual"):
         plan(4096, residual=True, read_twice=True)
+    with pytest.raises(ValueError, match="read_policy must be one of None, '', 'evict_first', got 'evict_last'"):
+        plan(8192, read_twice=False, read_policy="evict_last")
 
 
 def test_squares_fuse_only_where_they_are_exact():

@@ -351,7 +351,7 @@ def test_store_hint_defaults_to_the_forward_online_launch():
     assert policies("online", ops.Tuning(store_hint="")) == [""]
     assert policies("block", ops.Tuning()) == [""] and policies("split", ops.Tuning()) == ["", ""]
     assert policies("block", ops.Tuning(store_hint="evict_first"), backward=True) == ["evict_first"]
-    with pytest.raises(ValueError, match="softmax: store_hint must be None, '' or 'evict_first', got 'evict_last'"):
+    with pytest.raises(ValueError, match="softmax: store_hint must be one of None, '', 'evict_first', got 'evict_last'"):
         policies("block", ops.Tuning(store_hint="evict_last"))
 
 

@@ -122,12 +122,13 @@ def register_cap(max_registers) -> dict:
     return {"maxnreg": max_registers} if max_registers else {}
 
 
-def check_eviction_policy(fn: str, name: str, value, default: bool = True) -> None:
-    """A launch's L2 eviction policy ``name`` for its loads or stores: "" (none), "evict_first" or,
-    where the launcher has a ``default`` of its own, None for that."""
-    allowed = (None, "", "evict_first") if default else ("", "evict_first")
+def check_eviction_policy(fn: str, name: str, value, default: bool = True, keep: bool = False) -> None:
+    """A launch's L2 eviction policy ``name`` for its loads or stores: "" (none), "evict_first",
+    "evict_last" where the launch offers ``keep`` (loads read again later), or, where the launcher
+    has a ``default`` of its own, None for that."""
+    allowed = ((None,) if default else ()) + ("", "evict_first") + (("evict_last",) if keep else ())
     if value not in allowed:
-        raise ValueError(f"{fn}: {name} must be {'None, ' if default else ''}'' or 'evict_first', got {value!r}")
+        raise ValueError(f"{fn}: {name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
 
 
 @functools.lru_cache(maxsize=64)

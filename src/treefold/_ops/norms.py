@@ -64,15 +64,28 @@ _RMS_RESIDUAL_ROW_4096_WARPS = 4
 #: had 4 warps already.
 _WIDE_ROW = 8192
 _WIDE_ROW_ELEMENTS_PER_THREAD = 64
-#: RMSNorm rows read a second time after their reduction rather than held (``read_twice``, a launch
-#: choice, off by default) take 4 warps at a block of 16384 (offline sm_90, registers per thread: 121
-#: against 237 holding the row in float32 at 4 warps, 55 against 122 at 8). It was the default for
-#: those rows while their segments spread over all the warps: 4096 x 16384 bf16 84.2% of the roof
-#: against 83.3% holding the row with 8 warps (``benchmarks/results/h200-probe-rms-wide-3.txt``).
-#: With the segments cut into runs (``_segment_runs``) the held row wins: 90.2% against 85.9-86.6%
-#: read twice (``benchmarks/results/h200-probe-segment-runs.txt``).
-_READ_TWICE_BLOCK = 16384
-_READ_TWICE_WARPS = 4
+#: RMSNorm rows without a residual whose on-chip block is this many bytes are read a second time
+#: after their reduction rather than held (``read_twice``), by one warp per
+#: ``_READ_TWICE_BYTES_PER_WARP`` of the block (two 16-byte vectors per thread: 32 registers,
+#: four programs of 16 warps per SM; at most 16 warps where read_twice is asked of longer rows),
+#: the first read kept in L2 (evict-last) for the second (evict-first). The loop Inductor generates for torch.compile's RMSNorm at these shapes is built
+#: the same way (blocks of 2048 or 4096 with 16 warps, the first read evict-last), and beat the
+#: held rows. H200, bits equal, three interleaved rounds (``results/h200-probe-read-twice-warps.txt``):
+#: 16384 x 8192 bf16 95.2-95.6% of the roof -> 97.6-98.2% (16 warps; 95.3% without evict-last),
+#: 32768 x 4096 bf16 95.4-95.9 -> 97.6-98.1 (8 warps), 8192 x 4096 bf16 83.2-84.4 -> 84.7-86.3,
+#: 8192 x 4096 float32 89.4-90.0 -> 93.0-93.5 (16 warps). Blocks of 32 KiB keep the row held:
+#: 4096 x 16384 read twice by 32 warps 85.0% against 90.1-90.6 held by 8.
+#: Launches of fewer rows hold them: in decode batches (one wave of programs, bound by latency)
+#: the second read's trip to L2 is on the critical path. In CUDA graphs, three rounds
+#: (``results/h200-probe-read-twice-rows.txt``): 64 x 8192 bf16 2.28-2.48 us held against 2.66-2.77
+#: read twice, 1 x 4096 1.74-1.86 against 2.01-2.07, 64 x 4096 float32 2.38-2.40 against 2.68-2.72.
+#: Flushed, 512 x 8192, 1024 x 8192 and 2048 x 4096 were 0.1-1.2 us faster held (7-14 us calls,
+#: where one launch ordered first in a round also read up to 2 us slower); 8192 x 4096 is the
+#: fewest rows measured to gain from the second read.
+_READ_TWICE_ROW_BYTES = (8192, 16384)
+_READ_TWICE_MIN_ROWS = 8192
+_READ_TWICE_BYTES_PER_WARP = 1024
+_READ_TWICE_READ_POLICY = "evict_last"
 #: Rows read twice store y with the L2 evict-first policy: 4096 x 16384 bf16 83.3-84.1% ->
 #: 84.8-85.4% of the roof on the H200, in two runs of three interleaved rounds each. The rows held
 #: on chip lost with it (RMSNorm 16384 x 8192 94.4% -> 93.5%, 32768 x 4096 96.5% -> 95.1%, with a
@@ -132,8 +145,9 @@ def _warps_for(elements: int, per_thread: int = _ELEMENTS_PER_THREAD) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def forward_config(n: int, is_rms: bool = True, has_residual: bool = False) -> tuple[int, int]:
-    """(rows per program, num_warps) of the forward launch that holds whole rows (the default, and
-    the rows read twice take ``_READ_TWICE_WARPS`` instead). A launch choice: never changes bits."""
+    """(rows per program, num_warps) of the forward launch that holds whole rows (the rows read
+    twice take one warp per ``_READ_TWICE_BYTES_PER_WARP`` instead). A launch choice: never
+    changes bits."""
     block = row_block(n)
     if block >= _WIDE_ROW:
         return 1, _warps_for(block, _WIDE_ROW_ELEMENTS_PER_THREAD)
@@ -189,19 +203,24 @@ def _check_hold_16bit(hold_16bit: Optional[bool], dtype: torch.dtype) -> None:
 def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, has_weight: bool,
                   has_bias: bool, has_offset: bool, round_normalised: bool, store_stats: bool,
                   rows_per_program: Optional[int], num_warps: Optional[int],
-                  segments_per_program: Optional[int] = None, read_policy: str = "",
+                  segments_per_program: Optional[int] = None, read_policy: Optional[str] = None,
                   fused_squares: Optional[bool] = None,
                   read_twice: Optional[bool] = None,
                   hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
-                  max_registers: Optional[int] = None, runs: Optional[int] = None) -> tuple[int, int, dict]:
+                  max_registers: Optional[int] = None, runs: Optional[int] = None,
+                  few_rows: bool = False) -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
-    ``read_policy``: the eviction policy of the row reads ("" or "evict_first").
+    ``read_policy``: the eviction policy of the row reads ("" or "evict_first"; "evict_last" for
+    the first read of a row read twice; None: the default below).
     ``fused_squares``: False keeps every product rounded on its own where ``_fuses_squares`` would
     contract the squares (the bits are the same either way); True only where it would (float16).
+    ``few_rows``: the launch has fewer than ``_READ_TWICE_MIN_ROWS`` rows (it holds them).
     ``read_twice``: RMSNorm without a residual reads each row again after its reduction (default:
-    off; rows of ``_READ_TWICE_BLOCK`` read twice take ``_READ_TWICE_WARPS`` warps unless given).
+    ``_reads_twice``: rows of ``_READ_TWICE_ROW_BYTES``, with one warp per
+    ``_READ_TWICE_BYTES_PER_WARP`` of the row's block and the first read evict-last, unless given).
+    ``read_policy``: None takes ``_READ_TWICE_READ_POLICY`` for rows read twice, "" otherwise.
     ``hold_16bit``: a 16-bit row is held as loaded through the reductions and widened to float32
     again where it is used, instead of held as float32 (default: off; on the H200 it was slower at
     every shape measured, 84.6% -> 67.8% of the roof at 4096 x 16384 and 0.3-9 points elsewhere,
@@ -228,7 +247,12 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         if order.cdiv(segments, held) > 1 and backend.INTERPRETED:
             raise ValueError(f"norm: segments_per_program={held} shares rows of {segments} segments among "
                              f"programs that must run at once, which Triton's interpreter does not do")
-    check_eviction_policy("norm", "read_policy", read_policy, default=False)
+    if read_twice is None:
+        read_twice = not few_rows and _reads_twice(n, dtype, is_rms, has_residual, bool(segments_per_program),
+                                                   rows_per_program, hold_16bit)
+    if read_policy is None:
+        read_policy = _READ_TWICE_READ_POLICY if read_twice else ""
+    check_eviction_policy("norm", "read_policy", read_policy, keep=bool(read_twice))
     check_eviction_policy("norm", "store_hint", store_hint)
     check_max_registers("norm", max_registers)
     if fused_squares and not _fuses_squares(is_rms, dtype):
@@ -245,8 +269,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     rows = 1 if held else (rows_per_program or default_rows)
     if not held and rows != default_rows:
         default_warps = _warps_for(rows * layout["LANES"] * layout["SEGMENTS"])
-    if read_twice and not held and row_block(n) == _READ_TWICE_BLOCK:
-        default_warps = _READ_TWICE_WARPS
+    if read_twice and not held and rows == 1:
+        default_warps = min(16, max(1, row_block(n) * dtype.itemsize // _READ_TWICE_BYTES_PER_WARP))
     if store_hint is None:
         store_hint = _READ_TWICE_STORE_POLICY if read_twice else ""
     runs = _check_runs(_segment_runs(n, dtype, 1 if held else rows) if runs is None else runs, layout)
@@ -259,6 +283,15 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         **_runs_constexprs(runs),
         num_warps=num_warps or default_warps, **register_cap(max_registers),
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
+
+
+def _reads_twice(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, shared_row: bool,
+                 rows_per_program: Optional[int], hold_16bit: Optional[bool]) -> bool:
+    """Whether a forward launch reads its rows twice by default: RMSNorm without a residual, one
+    whole row per program, a block of ``_READ_TWICE_ROW_BYTES`` (see there)."""
+    return (is_rms and not has_residual and not shared_row and not hold_16bit
+            and forward_config(n, is_rms, has_residual)[0] == 1 and rows_per_program in (None, 1)
+            and row_block(n) * dtype.itemsize in _READ_TWICE_ROW_BYTES)
 
 
 def _segment_runs(n: int, dtype: torch.dtype, rows: int = 1) -> int:
@@ -323,7 +356,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    y2: Tensor, h2: Optional[Tensor], mean: Optional[Tensor], rstd: Optional[Tensor], *,
                    eps: float, offset: float, is_rms: bool, round_normalised: bool,
                    rows_per_program: Optional[int] = None, num_warps: Optional[int] = None,
-                   segments_per_program: Optional[int] = None, read_policy: str = "",
+                   segments_per_program: Optional[int] = None, read_policy: Optional[str] = None,
                    fused_squares: Optional[bool] = None, read_twice: Optional[bool] = None,
                    hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
                    max_registers: Optional[int] = None, runs: Optional[int] = None, prepare_key=None) -> None:
@@ -342,7 +375,8 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
-        read_policy, fused_squares, read_twice, hold_16bit, store_hint, max_registers, runs)
+        read_policy, fused_squares, read_twice, hold_16bit, store_hint, max_registers, runs,
+        m < _READ_TWICE_MIN_ROWS)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:
