@@ -67,7 +67,7 @@ def main(out):
     for _ in range(3):
         for name, (compiled, mine, nbytes) in calls.items():
             for who, fn in (("compile", compiled), ("treefold", mine)):
-                results[name][who].append(triton.testing.do_bench(fn, warmup=25, rep=100))
+                results[name][who].append(1e3 * triton.testing.do_bench(fn, warmup=25, rep=100))  # ms -> us
     with open(os.path.join(out, "probe-inductor-norms.json"), "w") as f:
         json.dump({"results": results, "rows": rows}, f, indent=1)
     print(f"{'case':24s} {'compile us':>24s} {'treefold us':>24s}  chosen config")
