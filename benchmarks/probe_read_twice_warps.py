@@ -6,10 +6,11 @@ the row in blocks of 2048 (4096 for float32) with 16 warps, reads it twice, the 
 evict-last (``results/probe-inductor-norms/``). Every variant checked bit for bit against its
 case's default first, then three interleaved rounds, do_bench median, L2 flushed.
 
-    python benchmarks/probe_read_twice_warps.py [OUT_DIR] [rows]   (CUDA)
+    python benchmarks/probe_read_twice_warps.py [OUT_DIR] [rows | residual]   (CUDA)
 
 With ``rows``: launches of fewer rows, which hold them by default: decode batches replayed from
 CUDA graphs (the bench's decode column) and batches near ``_READ_TWICE_MIN_ROWS``, flushed.
+With ``residual``: RMSNorm with a residual read twice (h read back from its store) at 4-16 warps.
 """
 import os
 import sys
@@ -50,9 +51,23 @@ THRESHOLD_CASES = [(label, m, n, {"default": {}, "twice": dict(read_twice=True),
                    for label, m, n in (("rms", 512, 8192), ("rms", 1024, 8192), ("rms", 2048, 4096))]
 
 
+#: ``residual``: with a residual, the row read again is h, read back from its store (kept in L2 by
+#: default, ``h_store_hint``) instead of held through the reduction
+RESIDUAL_CASES = [("rms+residual", m, n, {"default": {}, "twice 8w": dict(read_twice=True, num_warps=8),
+                                          "twice 16w": dict(read_twice=True, num_warps=16),
+                                          "twice 4w": dict(read_twice=True, num_warps=4),
+                                          "twice 8w h plain": dict(read_twice=True, num_warps=8, h_store_hint=""),
+                                          "twice 16w h plain": dict(read_twice=True, num_warps=16, h_store_hint=""),
+                                          "twice 8w y plain": dict(read_twice=True, num_warps=8, store_hint="")})
+                  for m, n in ((32768, 4096), (16384, 8192), (8192, 4096))]
+
+
 def main(out_dir, which=""):
     torch.manual_seed(0)
     path = (lambda name: os.path.join(out_dir, name)) if out_dir else (lambda name: "")
+    if which == "residual":
+        check_and_time(row_op_variants(RESIDUAL_CASES), path("probe-read-twice-residual.json"))
+        return
     if which == "rows":
         check_and_time(row_op_variants(DECODE_CASES), path("probe-read-twice-decode.json"), graphed=True)
         check_and_time(row_op_variants(THRESHOLD_CASES), path("probe-read-twice-threshold.json"))

@@ -911,6 +911,17 @@ def test_reading_the_row_twice_gives_the_same_bits(n):
         assert_bits(got[0], want[0])
         assert_bits(got[2], want[2])
     assert_bits(want[0], ref.rms_norm(x, w, 1e-6, offset=1.0)[0])
+    # with a residual the row read again is h, read back from its own store; in place too
+    r = randn((3, n), torch.bfloat16, seed=n + 1)
+    want = ops.rms_norm_impl(x, w, r, 1e-6, 0.0, "llama", torch.bfloat16)
+    for twice, hint in ((True, None), (True, "evict_first"), (False, None)):
+        got = ops.rms_norm_impl(x, w, r, 1e-6, 0.0, "llama", torch.bfloat16, read_twice=twice, h_store_hint=hint)
+        for g, g_want in zip(got, want):
+            assert_bits(g, g_want)
+    xi, ri = x.clone(), r.clone()
+    ops.fused_add_rms_norm_impl(xi, ri, w, 1e-6, read_twice=True)
+    assert_bits(xi, want[0])
+    assert_bits(ri, want[1])
 
 
 def assert_all_bits(got, want):
@@ -1090,8 +1101,19 @@ def test_read_twice_defaults_and_refusals():
     assert plan(8192, read_policy="")["READ_POLICY"] == ""
     with pytest.raises(ValueError, match="read_twice=True is an RMSNorm launch choice"):
         plan(4096, is_rms=False, read_twice=True)
-    with pytest.raises(ValueError, match="with a residual the row normalised is x \\+ residual"):
-        plan(4096, residual=True, read_twice=True)
+    # with a residual, asked for: h is read back, its store kept in L2, x and the residual read plainly
+    twice_h = plan(4096, residual=True, read_twice=True)
+    assert twice_h["READ_TWICE"] and twice_h["H_STORE_POLICY"] == "evict_last" and twice_h["READ_POLICY"] == ""
+    assert plan(4096, residual=True, read_twice=True, h_store_hint="")["H_STORE_POLICY"] == ""
+    assert plan(4096, residual=True)["H_STORE_POLICY"] == "" and plan(8192)["H_STORE_POLICY"] == ""
+    with pytest.raises(ValueError, match="h_store_hint='evict_last' is for rows read twice with a residual "
+                                         "\\(their h is read back\\); this launch holds its rows"):
+        plan(4096, residual=True, read_twice=False, h_store_hint="evict_last")
+    with pytest.raises(ValueError, match="this launch has no residual"):
+        plan(8192, h_store_hint="evict_first")
+    with pytest.raises(ValueError, match="norm: h_store_hint must be one of None, '', 'evict_first', 'evict_last', "
+                                         "got 'keep'"):
+        plan(4096, residual=True, read_twice=True, h_store_hint="keep")
     with pytest.raises(ValueError, match="read_policy must be one of None, '', 'evict_first', got 'evict_last'"):
         plan(8192, read_twice=False, read_policy="evict_last")
 

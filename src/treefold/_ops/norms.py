@@ -208,7 +208,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                   read_twice: Optional[bool] = None,
                   hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
                   max_registers: Optional[int] = None, runs: Optional[int] = None,
-                  few_rows: bool = False) -> tuple[int, int, dict]:
+                  few_rows: bool = False, h_store_hint: Optional[str] = None) -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
@@ -217,6 +217,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``fused_squares``: False keeps every product rounded on its own where ``_fuses_squares`` would
     contract the squares (the bits are the same either way); True only where it would (float16).
     ``few_rows``: the launch has fewer than ``_READ_TWICE_MIN_ROWS`` rows (it holds them).
+    ``h_store_hint``: a row read twice with a residual reads h back; the eviction policy of h's
+    store ("", "evict_first" or "evict_last"; default ``_READ_TWICE_READ_POLICY``).
     ``read_twice``: RMSNorm without a residual reads each row again after its reduction (default:
     ``_reads_twice``: rows of ``_READ_TWICE_ROW_BYTES``, with one warp per
     ``_READ_TWICE_BYTES_PER_WARP`` of the row's block and the first read evict-last, unless given).
@@ -250,9 +252,16 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if read_twice is None:
         read_twice = not few_rows and _reads_twice(n, dtype, is_rms, has_residual, bool(segments_per_program),
                                                    rows_per_program, hold_16bit)
+    reads_h = bool(read_twice) and has_residual  # the row read again is h, read back from its store
     if read_policy is None:
-        read_policy = _READ_TWICE_READ_POLICY if read_twice else ""
-    check_eviction_policy("norm", "read_policy", read_policy, keep=bool(read_twice))
+        read_policy = _READ_TWICE_READ_POLICY if read_twice and not reads_h else ""
+    check_eviction_policy("norm", "read_policy", read_policy, keep=bool(read_twice) and not reads_h)
+    if h_store_hint is None:
+        h_store_hint = _READ_TWICE_READ_POLICY if reads_h else ""
+    check_eviction_policy("norm", "h_store_hint", h_store_hint, keep=True)
+    if h_store_hint and not reads_h:
+        raise ValueError(f"norm: h_store_hint={h_store_hint!r} is for rows read twice with a residual (their h is "
+                         f"read back); this launch {'has no residual' if not has_residual else 'holds its rows'}")
     check_eviction_policy("norm", "store_hint", store_hint)
     check_max_registers("norm", max_registers)
     if fused_squares and not _fuses_squares(is_rms, dtype):
@@ -260,9 +269,6 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                          f"got {'RMSNorm' if is_rms else 'LayerNorm'} of {dtype}")
     if read_twice and not is_rms:
         raise ValueError("norm: read_twice=True is an RMSNorm launch choice; LayerNorm holds its centred row")
-    if read_twice and has_residual:
-        raise ValueError("norm: read_twice=True reads x again, but with a residual the row normalised is "
-                         "x + residual")
     _check_hold_16bit(hold_16bit, dtype)
     if hold_16bit and read_twice:
         raise ValueError("norm: hold_16bit=True holds the row that read_twice=True reads again: choose one")
@@ -280,6 +286,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
         READ_POLICY=read_policy, READ_TWICE=bool(read_twice), HOLD_16BIT=bool(hold_16bit),
         **({"STORE_POLICY": store_hint} if store_hint else {}),
+        H_STORE_POLICY=h_store_hint,
         **_runs_constexprs(runs),
         num_warps=num_warps or default_warps, **register_cap(max_registers),
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
@@ -359,11 +366,13 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    segments_per_program: Optional[int] = None, read_policy: Optional[str] = None,
                    fused_squares: Optional[bool] = None, read_twice: Optional[bool] = None,
                    hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
-                   max_registers: Optional[int] = None, runs: Optional[int] = None, prepare_key=None) -> None:
+                   max_registers: Optional[int] = None, runs: Optional[int] = None,
+                   h_store_hint: Optional[str] = None, prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
     ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,
-    ``fused_squares``, ``read_twice``, ``hold_16bit``, ``store_hint`` and ``max_registers``
+    ``fused_squares``, ``read_twice``, ``hold_16bit``, ``store_hint``, ``max_registers``,
+    ``runs`` and ``h_store_hint``
     override the heuristic (``_forward_plan``; the bits do not change).
     ``prepare_key``: keep the prepared launch under this key in
     ``_PREPARED`` (no statistics; the slots are x, residual, weight, bias, y, h, those given, in
@@ -376,7 +385,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
         read_policy, fused_squares, read_twice, hold_16bit, store_hint, max_registers, runs,
-        m < _READ_TWICE_MIN_ROWS)
+        m < _READ_TWICE_MIN_ROWS, h_store_hint)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:

@@ -101,7 +101,7 @@ def norm_forward_kernel(
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
     READ_TWICE: tl.constexpr = False, HOLD_16BIT: tl.constexpr = False, STORE_POLICY: tl.constexpr = "",
-    RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0,
+    RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0, H_STORE_POLICY: tl.constexpr = "",
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -152,11 +152,12 @@ def norm_forward_kernel(
         SHARED_ROW: programs share rows (ROWS = 1); HELD: the segments each holds.
         READ_POLICY: eviction policy of the reads of x and the residual ("" or "evict_first": a
             launch choice; "evict_first" cost 3-4 points of the roof on the H200).
-        READ_TWICE: RMSNorm without a residual: read the row again after its reduction (from L1
-            or L2, with "evict_first" whatever READ_POLICY says: the row is not read a third
-            time) and the weight then, rather than hold both through it: fewer registers, more
-            programs per SM (a launch choice; the bits do not change). Bytes from memory: the
-            same, the second read hitting the caches; the caches serve 2 x M x N.
+        READ_TWICE: RMSNorm: read the row again after its reduction (from L1 or L2, with
+            "evict_first" whatever READ_POLICY says: the row is not read a third time) and the
+            weight then, rather than hold both through it: fewer registers, more programs per SM
+            (a launch choice; the bits do not change). With a residual the row read again is h,
+            from the h just stored. Bytes from memory: the same, the second read hitting the
+            caches; the caches serve 2 x M x N.
         HOLD_16BIT: hold the 16-bit row normalised (x, or h with a residual) as loaded through
             the reductions and widen it to float32 again where it is used (``widen_again``),
             rather than hold float32 copies: half the registers for the row; RMSNorm then reads
@@ -164,6 +165,8 @@ def norm_forward_kernel(
             H200 wherever measured; the bits do not change).
         STORE_POLICY: eviction policy of the stores of y and h ("" or "evict_first"; a launch
             choice, the bits do not change).
+        H_STORE_POLICY: READ_TWICE with a residual: the eviction policy of h's store, which the
+            second read reads back ("", "evict_first" or "evict_last"; a launch choice).
         RUNS: the block is ``[ROWS, segments, RUNS, LANES // RUNS]``, each segment cut into RUNS
             runs of lanes (``run_tree_sum``); LOG2_RUNS its log2. 1: ``[ROWS, segments, 1, LANES]``.
             A launch choice: where Triton puts the warps, not the bits.
@@ -201,7 +204,9 @@ def norm_forward_kernel(
         r = tl.load(res_ptr + row4 * stride_res + col4, mask=mask, other=0.0,
                     eviction_policy=READ_POLICY).to(tl.float32)
         h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
-        tl.store(h_ptr + row4 * stride_h + col4, h, mask=mask, eviction_policy=STORE_POLICY)
+        # read twice, h is what is read again: its store takes the read policy
+        tl.store(h_ptr + row4 * stride_h + col4, h, mask=mask,
+                 eviction_policy=H_STORE_POLICY if READ_TWICE else STORE_POLICY)
         held = h
         v = h.to(tl.float32)
     if IS_RMS:
@@ -210,9 +215,14 @@ def norm_forward_kernel(
                            RUNS, LOG2_RUNS)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
         if READ_TWICE:
-            tl.static_assert(not HAS_RESIDUAL, "READ_TWICE re-reads x: it cannot stand for x + residual")
-            v = tl.load(x_ptr + row4 * stride_x + col4, mask=mask, other=0.0, eviction_policy="evict_first").to(
-                tl.float32)
+            if HAS_RESIDUAL:
+                # h as this thread stored it (the same addresses in the same layout: program order
+                # makes its own store visible to it, no barrier needed; the bits are h's)
+                v = tl.load(h_ptr + row4 * stride_h + col4, mask=mask, other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
+            else:
+                v = tl.load(x_ptr + row4 * stride_x + col4, mask=mask, other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
             w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
         elif HOLD_16BIT:
             v = widen_again(held, rows)
