@@ -6,11 +6,12 @@ the row in blocks of 2048 (4096 for float32) with 16 warps, reads it twice, the 
 evict-last (``results/probe-inductor-norms/``). Every variant checked bit for bit against its
 case's default first, then three interleaved rounds, do_bench median, L2 flushed.
 
-    python benchmarks/probe_read_twice_warps.py [OUT_DIR] [rows | residual]   (CUDA)
+    python benchmarks/probe_read_twice_warps.py [OUT_DIR] [rows | residual | layernorm]   (CUDA)
 
 With ``rows``: launches of fewer rows, which hold them by default: decode batches replayed from
 CUDA graphs (the bench's decode column) and batches near ``_READ_TWICE_MIN_ROWS``, flushed.
-With ``residual``: RMSNorm with a residual read twice (h read back from its store) at 4-16 warps.
+With ``residual``: RMSNorm with a residual read twice (h read back from its store) at 4-16 warps;
+with ``layernorm``: LayerNorm read again for its centred squares and its output.
 """
 import os
 import sys
@@ -62,11 +63,24 @@ RESIDUAL_CASES = [("rms+residual", m, n, {"default": {}, "twice 8w": dict(read_t
                   for m, n in ((32768, 4096), (16384, 8192), (8192, 4096))]
 
 
+#: ``layernorm``: LayerNorm read again for its centred squares and for its output
+LAYER_NORM_CASES = [("ln", m, n, {"default": {}, "twice 4w": dict(read_twice=True, num_warps=4),
+                                  "twice 8w": dict(read_twice=True, num_warps=8),
+                                  "twice 16w": dict(read_twice=True, num_warps=16),
+                                  "twice 8w first plain": dict(read_twice=True, num_warps=8, read_policy=""),
+                                  "twice 16w first plain": dict(read_twice=True, num_warps=16, read_policy="")})
+                    for m, n in ((16384, 8192), (8192, 4096), (32768, 4096))] + [
+    ("ln", 65536, 1024, {"default": {}, "twice": dict(read_twice=True), "twice 2 rows": dict(read_twice=True,
+                                                                                            rows_per_program=2),
+                         "twice 4 rows 4w": dict(read_twice=True, rows_per_program=4, num_warps=4)})]
+
+
 def main(out_dir, which=""):
     torch.manual_seed(0)
     path = (lambda name: os.path.join(out_dir, name)) if out_dir else (lambda name: "")
-    if which == "residual":
-        check_and_time(row_op_variants(RESIDUAL_CASES), path("probe-read-twice-residual.json"))
+    if which in ("residual", "layernorm"):
+        cases = RESIDUAL_CASES if which == "residual" else LAYER_NORM_CASES
+        check_and_time(row_op_variants(cases), path(f"probe-read-twice-{which}.json"))
         return
     if which == "rows":
         check_and_time(row_op_variants(DECODE_CASES), path("probe-read-twice-decode.json"), graphed=True)

@@ -922,6 +922,13 @@ def test_reading_the_row_twice_gives_the_same_bits(n):
     ops.fused_add_rms_norm_impl(xi, ri, w, 1e-6, read_twice=True)
     assert_bits(xi, want[0])
     assert_bits(ri, want[1])
+    # LayerNorm reads it again for its centred squares and for its output
+    b = randn(n, torch.bfloat16, seed=n + 2)
+    want = ops.layer_norm_impl(x, w, b, 1e-5)
+    for launch in (dict(read_twice=True), dict(read_twice=True, read_policy=""), dict(read_twice=False)):
+        got = ops.layer_norm_impl(x, w, b, 1e-5, **launch)
+        for g, g_want in zip(got, want):
+            assert_bits(g, g_want)
 
 
 def assert_all_bits(got, want):
@@ -1099,8 +1106,7 @@ def test_read_twice_defaults_and_refusals():
     assert plan(16384, read_twice=True, num_warps=8)["num_warps"] == 8
     assert plan(16384, read_twice=True)["num_warps"] == 16
     assert plan(8192, read_policy="")["READ_POLICY"] == ""
-    with pytest.raises(ValueError, match="read_twice=True is an RMSNorm launch choice"):
-        plan(4096, is_rms=False, read_twice=True)
+    assert not plan(8192, is_rms=False)["READ_TWICE"] and plan(8192, is_rms=False, read_twice=True)["READ_TWICE"]
     # with a residual, asked for: h is read back, its store kept in L2, x and the residual read plainly
     twice_h = plan(4096, residual=True, read_twice=True)
     assert twice_h["READ_TWICE"] and twice_h["H_STORE_POLICY"] == "evict_last" and twice_h["READ_POLICY"] == ""
@@ -1244,6 +1250,18 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
     assert_bits(rms(fused_squares=False), full)  # nor do squares left unfused
     for read_twice in (True, False):  # nor does reading the row again after its reduction
         assert_bits(rms(read_twice=read_twice), full)
+        for num_warps in (None, 8, 16):
+            assert_bits(rms(read_twice=read_twice, num_warps=num_warps, read_policy="evict_last" if read_twice else ""),
+                        full)
+            assert_bits(ln(read_twice=read_twice, num_warps=num_warps), full_ln)
+        if block <= 4096:
+            assert_bits(ln(read_twice=read_twice, rows_per_program=2, read_policy=""), full_ln)
+    r = randn((300, n), dtype, seed=n + 1).cuda()
+    want_y, want_h, _ = ops.rms_norm_impl(x, w, r, 1e-6, 0.0, "llama", dtype)
+    for launch in ({}, dict(read_twice=True), dict(read_twice=True, num_warps=16, h_store_hint="")):
+        got_y, got_h, _ = ops.rms_norm_impl(x, w, r, 1e-6, 0.0, "llama", dtype, **launch)
+        assert_bits(got_y, want_y)  # nor, with a residual, reading h back from its store
+        assert_bits(got_h, want_h)
     if dtype != torch.float32:  # nor holding 16-bit rows as loaded, at any warps
         for num_warps in (None, 4, 16):
             assert_bits(rms(hold_16bit=True, num_warps=num_warps), full)

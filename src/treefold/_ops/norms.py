@@ -219,7 +219,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``few_rows``: the launch has fewer than ``_READ_TWICE_MIN_ROWS`` rows (it holds them).
     ``h_store_hint``: a row read twice with a residual reads h back; the eviction policy of h's
     store ("", "evict_first" or "evict_last"; default ``_READ_TWICE_READ_POLICY``).
-    ``read_twice``: RMSNorm without a residual reads each row again after its reduction (default:
+    ``read_twice``: each row read again after its reduction (LayerNorm: after each of its two;
+    with a residual, h read back from its store) instead of held through it (default:
     ``_reads_twice``: rows of ``_READ_TWICE_ROW_BYTES``, with one warp per
     ``_READ_TWICE_BYTES_PER_WARP`` of the row's block and the first read evict-last, unless given).
     ``read_policy``: None takes ``_READ_TWICE_READ_POLICY`` for rows read twice, "" otherwise.
@@ -267,8 +268,6 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if fused_squares and not _fuses_squares(is_rms, dtype):
         raise ValueError(f"norm: fused_squares=True needs RMSNorm of a float16 row (squares exact in float32), "
                          f"got {'RMSNorm' if is_rms else 'LayerNorm'} of {dtype}")
-    if read_twice and not is_rms:
-        raise ValueError("norm: read_twice=True is an RMSNorm launch choice; LayerNorm holds its centred row")
     _check_hold_16bit(hold_16bit, dtype)
     if hold_16bit and read_twice:
         raise ValueError("norm: hold_16bit=True holds the row that read_twice=True reads again: choose one")

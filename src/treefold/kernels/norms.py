@@ -90,6 +90,17 @@ def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, t
 
 
 @triton.jit
+def _read_again(x_ptr, h_ptr, row4, col4, stride_x, stride_h, mask, POLICY: tl.constexpr,
+                HAS_RESIDUAL: tl.constexpr):
+    """The row normalised, read again in float32 (READ_TWICE): x, or with a residual h as this
+    thread stored it (the same addresses in the same layout: program order makes its own store
+    visible to it, no barrier needed; the bits are h's)."""
+    if HAS_RESIDUAL:
+        return tl.load(h_ptr + row4 * stride_h + col4, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+    return tl.load(x_ptr + row4 * stride_x + col4, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+
+
+@triton.jit
 def norm_forward_kernel(
     x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, part_ptr, arrivals_ptr,
     rows, n, n_float, eps, offset, num_segments, programs_per_row,
@@ -152,12 +163,13 @@ def norm_forward_kernel(
         SHARED_ROW: programs share rows (ROWS = 1); HELD: the segments each holds.
         READ_POLICY: eviction policy of the reads of x and the residual ("" or "evict_first": a
             launch choice; "evict_first" cost 3-4 points of the roof on the H200).
-        READ_TWICE: RMSNorm: read the row again after its reduction (from L1 or L2, with
-            "evict_first" whatever READ_POLICY says: the row is not read a third time) and the
-            weight then, rather than hold both through it: fewer registers, more programs per SM
-            (a launch choice; the bits do not change). With a residual the row read again is h,
-            from the h just stored. Bytes from memory: the same, the second read hitting the
-            caches; the caches serve 2 x M x N.
+        READ_TWICE: read the row again after its reduction (from L1 or L2; the last read
+            "evict_first" whatever READ_POLICY says) and the weight then, rather than hold both
+            through it: fewer registers, more programs per SM (a launch choice; the bits do not
+            change). LayerNorm reads it a second time for the centred squares ("evict_last") and
+            a third for the output. With a residual the row read again is h, from the h just
+            stored. Bytes from memory: the same, the later reads hitting the caches; the caches
+            serve 2 x M x N (3 x M x N for LayerNorm).
         HOLD_16BIT: hold the 16-bit row normalised (x, or h with a residual) as loaded through
             the reductions and widen it to float32 again where it is used (``widen_again``),
             rather than hold float32 copies: half the registers for the row; RMSNorm then reads
@@ -215,14 +227,7 @@ def norm_forward_kernel(
                            RUNS, LOG2_RUNS)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
         if READ_TWICE:
-            if HAS_RESIDUAL:
-                # h as this thread stored it (the same addresses in the same layout: program order
-                # makes its own store visible to it, no barrier needed; the bits are h's)
-                v = tl.load(h_ptr + row4 * stride_h + col4, mask=mask, other=0.0,
-                            eviction_policy="evict_first").to(tl.float32)
-            else:
-                v = tl.load(x_ptr + row4 * stride_x + col4, mask=mask, other=0.0,
-                            eviction_policy="evict_first").to(tl.float32)
+            v = _read_again(x_ptr, h_ptr, row4, col4, stride_x, stride_h, mask, "evict_first", HAS_RESIDUAL)
             w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
         elif HOLD_16BIT:
             v = widen_again(held, rows)
@@ -235,6 +240,9 @@ def norm_forward_kernel(
         mean = tl.div_rn(total, n_float)
         if HOLD_16BIT:
             v = widen_again(held, rows)
+        if READ_TWICE:
+            # read again for the centred squares (kept for the third read) and for the output
+            v = _read_again(x_ptr, h_ptr, row4, col4, stride_x, stride_h, mask, "evict_last", HAS_RESIDUAL)
         d = tl.where(mask, v - mean[:, None, None, None], 0.0)
         # the second exchange: its own half of the buffer, and the counter's second round
         total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
@@ -245,6 +253,9 @@ def norm_forward_kernel(
         if HOLD_16BIT:
             # (n, not rows: a third widening must not be merged with the second either)
             d = tl.where(mask, widen_again(held, n) - mean[:, None, None, None], 0.0)
+        elif READ_TWICE:
+            v = _read_again(x_ptr, h_ptr, row4, col4, stride_x, stride_h, mask, "evict_first", HAS_RESIDUAL)
+            d = tl.where(mask, v - mean[:, None, None, None], 0.0)
         normalised = d * rstd[:, None, None, None]
         if STORE_STATS:
             tl.store(mean_ptr + row, mean, mask=stats_row)
