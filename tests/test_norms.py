@@ -1098,6 +1098,10 @@ def test_read_twice_defaults_and_refusals():
     assert not plan(8192, dtype=torch.float32)["READ_TWICE"] and not plan(2048)["READ_TWICE"]
     assert not plan(1024)["READ_TWICE"] and not plan(4096, rows=2)["READ_TWICE"]
     assert not plan(8192, residual=True)["READ_TWICE"] and not plan(8192, is_rms=False)["READ_TWICE"]
+    # with a residual, rows of 8 KiB blocks: h read back, kept in L2, by one warp per 2 KiB
+    with_h = plan(4096, residual=True)
+    assert with_h["READ_TWICE"] and with_h["num_warps"] == 4 and with_h["H_STORE_POLICY"] == "evict_last"
+    assert with_h["READ_POLICY"] == "" and not plan(4096, residual=True, few_rows=True)["READ_TWICE"]
     assert not plan(8192, hold_16bit=True)["READ_TWICE"]
     assert not plan(8192, few_rows=True)["READ_TWICE"]  # decode batches hold their rows
     held = plan(8192, read_twice=False)
@@ -1111,7 +1115,7 @@ def test_read_twice_defaults_and_refusals():
     twice_h = plan(4096, residual=True, read_twice=True)
     assert twice_h["READ_TWICE"] and twice_h["H_STORE_POLICY"] == "evict_last" and twice_h["READ_POLICY"] == ""
     assert plan(4096, residual=True, read_twice=True, h_store_hint="")["H_STORE_POLICY"] == ""
-    assert plan(4096, residual=True)["H_STORE_POLICY"] == "" and plan(8192)["H_STORE_POLICY"] == ""
+    assert plan(8192, residual=True)["H_STORE_POLICY"] == "" and plan(8192)["H_STORE_POLICY"] == ""
     with pytest.raises(ValueError, match="h_store_hint='evict_last' is for rows read twice with a residual "
                                          "\\(their h is read back\\); this launch holds its rows"):
         plan(4096, residual=True, read_twice=False, h_store_hint="evict_last")

@@ -84,6 +84,12 @@ _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: fewest rows measured to gain from the second read.
 _READ_TWICE_ROW_BYTES = (8192, 16384)
 _READ_TWICE_MIN_ROWS = 8192
+#: With a residual the row read again is h, read back from its own store (kept in L2). H200, bits
+#: equal, three interleaved rounds (``results/h200-probe-read-twice-residual.txt``): 32768 x 4096
+#: bf16 95.2-95.4% -> 96.8% at 4 warps (95.1 at 8, 96.0-96.3 at 16), 8192 x 4096 90.0 -> 90.1-90.4;
+#: 16384 x 8192 keeps its held row (97.1-97.2 against 94.2-96.2 read twice at 4-16 warps).
+_READ_TWICE_RESIDUAL_ROW_BYTES = (8192,)
+_READ_TWICE_RESIDUAL_BYTES_PER_WARP = 2048
 _READ_TWICE_BYTES_PER_WARP = 1024
 _READ_TWICE_READ_POLICY = "evict_last"
 #: Rows read twice store y with the L2 evict-first policy: 4096 x 16384 bf16 83.3-84.1% ->
@@ -218,7 +224,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     contract the squares (the bits are the same either way); True only where it would (float16).
     ``few_rows``: the launch has fewer than ``_READ_TWICE_MIN_ROWS`` rows (it holds them).
     ``h_store_hint``: a row read twice with a residual reads h back; the eviction policy of h's
-    store ("", "evict_first" or "evict_last"; default ``_READ_TWICE_READ_POLICY``).
+    store ("", "evict_first" or "evict_last"; default ``_READ_TWICE_READ_POLICY``). Such rows take
+    one warp per ``_READ_TWICE_RESIDUAL_BYTES_PER_WARP`` of the block.
     ``read_twice``: each row read again after its reduction (LayerNorm: after each of its two;
     with a residual, h read back from its store) instead of held through it (default:
     ``_reads_twice``: rows of ``_READ_TWICE_ROW_BYTES``, with one warp per
@@ -275,7 +282,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if not held and rows != default_rows:
         default_warps = _warps_for(rows * layout["LANES"] * layout["SEGMENTS"])
     if read_twice and not held and rows == 1:
-        default_warps = min(16, max(1, row_block(n) * dtype.itemsize // _READ_TWICE_BYTES_PER_WARP))
+        per_warp = _READ_TWICE_RESIDUAL_BYTES_PER_WARP if has_residual else _READ_TWICE_BYTES_PER_WARP
+        default_warps = min(16, max(1, row_block(n) * dtype.itemsize // per_warp))
     if store_hint is None:
         store_hint = _READ_TWICE_STORE_POLICY if read_twice else ""
     runs = _check_runs(_segment_runs(n, dtype, 1 if held else rows) if runs is None else runs, layout)
@@ -293,11 +301,13 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
 
 def _reads_twice(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, shared_row: bool,
                  rows_per_program: Optional[int], hold_16bit: Optional[bool]) -> bool:
-    """Whether a forward launch reads its rows twice by default: RMSNorm without a residual, one
-    whole row per program, a block of ``_READ_TWICE_ROW_BYTES`` (see there)."""
-    return (is_rms and not has_residual and not shared_row and not hold_16bit
+    """Whether a forward launch reads its rows twice by default: RMSNorm, one whole row per program,
+    a block of ``_READ_TWICE_ROW_BYTES``, or ``_READ_TWICE_RESIDUAL_ROW_BYTES`` with a residual
+    (see there)."""
+    return (is_rms and not shared_row and not hold_16bit
             and forward_config(n, is_rms, has_residual)[0] == 1 and rows_per_program in (None, 1)
-            and row_block(n) * dtype.itemsize in _READ_TWICE_ROW_BYTES)
+            and row_block(n) * dtype.itemsize in (_READ_TWICE_RESIDUAL_ROW_BYTES if has_residual
+                                                  else _READ_TWICE_ROW_BYTES))
 
 
 def _segment_runs(n: int, dtype: torch.dtype, rows: int = 1) -> int:
