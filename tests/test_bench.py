@@ -16,8 +16,8 @@ from treefold.bench import accuracy, cases, plots, report
 from treefold.bench.cases import CASES, CASES_BY_NAME, Shape, select_cases
 from treefold.bench.check import CheckConfig, render_check, run_check
 from treefold.bench.progress import Progress
-from treefold.bench.providers import (Impl, LigerProvider, Provider, QuackProvider, TorchProvider,
-                                      TreefoldProvider, Unsupported, parse_peers)
+from treefold.bench.providers import (HuggingFaceProvider, Impl, LigerProvider, Provider, QuackProvider,
+                                      TorchProvider, TreefoldProvider, Unsupported, parse_peers)
 from treefold.bench.runner import BenchConfig, run_bench, summarize
 from treefold.bench.timing import CpuTimer, count_distinct, host_overhead_us, interleaved_us
 
@@ -457,8 +457,31 @@ def test_liger_and_quack_calls(monkeypatch):
     assert values.shape == (2, cases.TOP_K) and idx.dtype == torch.int32
 
 
+def test_hugging_face_peer_runs_the_model_code_where_it_is_not_torchs_call():
+    hf = HuggingFaceProvider()
+    s = Shape(3, 64, "bf16")
+    gen = torch.Generator().manual_seed(0)
+
+    def inputs(name, shape=s):
+        return CASES_BY_NAME[name].make_inputs(shape, CPU, gen)
+
+    i = inputs("rms_norm", s)
+    got = hf.build(CASES_BY_NAME["rms_norm"], i, s).fn()
+    x = i["x"].float()
+    want = i["weight"] * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cases.RMS_EPS)).to(i["x"].dtype)
+    assert torch.equal(got, want)  # the float32 row cast back before the weight, as Llama's RMSNorm
+    i = inputs("rms_norm+residual", s)
+    y, h = hf.build(CASES_BY_NAME["rms_norm+residual"], i, s).fn()
+    assert torch.equal(h, i["x"] + i["residual"]) and torch.equal(y, cases.hf_llama_rms_norm(h, i["weight"]))
+    # backward cases differentiate the same code; elsewhere the models call torch: no row of their own
+    assert hf.build(CASES_BY_NAME["rms_norm.bwd"], inputs("rms_norm", s), s) is not None
+    for name in ("layer_norm", "softmax", "sum", "sample.top_p"):
+        assert hf.build(CASES_BY_NAME[name], {}, s) is None
+
+
 def test_parse_peers():
     assert parse_peers("torch, compile,torch") == ["torch", "compile"]
+    assert parse_peers("hf,quack") == ["hf", "quack"]
     with pytest.raises(ValueError, match="unknown peer.*cub"):
         parse_peers("torch,cub")
 

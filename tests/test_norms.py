@@ -1027,6 +1027,20 @@ def test_runs_refusals():
             plan(16384, runs=bad)
 
 
+def test_launch_choices_of_other_types_are_checked_after_a_cached_plan():
+    # the plans are cached; an equal value of another type (2.0, True) must not hit a checked 2's entry
+    def plan(**kw):
+        return ops._forward_plan(16384, torch.bfloat16, True, False, True, False, False, True, False, None, None,
+                                 **kw)
+    assert plan(runs=2)[2]["RUNS"] == 2
+    with pytest.raises(ValueError, match="norm: runs must be a power of two from 1 to 512 \\(groups per segment\\), "
+                                         "got 2.0"):
+        plan(runs=2.0)
+    with pytest.raises(ValueError, match="got True"):
+        ops._forward_plan(16384, torch.bfloat16, True, False, True, False, False, True, False, None, None, runs=1)
+        plan(runs=True)
+
+
 def test_store_hint_defaults_to_rows_read_twice():
     def plan(n, **kw):
         return ops._forward_plan(n, torch.bfloat16, True, False, True, False, False, True, False, None, None,

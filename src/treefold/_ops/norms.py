@@ -64,17 +64,28 @@ _RMS_RESIDUAL_ROW_4096_WARPS = 4
 #: had 4 warps already.
 _WIDE_ROW = 8192
 _WIDE_ROW_ELEMENTS_PER_THREAD = 64
-#: RMSNorm rows without a residual whose on-chip block is this many bytes are read a second time
-#: after their reduction rather than held (``read_twice``), by one warp per
-#: ``_READ_TWICE_BYTES_PER_WARP`` of the block (two 16-byte vectors per thread: 32 registers,
-#: four programs of 16 warps per SM; at most 16 warps where read_twice is asked of longer rows),
-#: the first read kept in L2 (evict-last) for the second (evict-first). The loop Inductor generates for torch.compile's RMSNorm at these shapes is built
-#: the same way (blocks of 2048 or 4096 with 16 warps, the first read evict-last), and beat the
-#: held rows. H200, bits equal, three interleaved rounds (``results/h200-probe-read-twice-warps.txt``):
-#: 16384 x 8192 bf16 95.2-95.6% of the roof -> 97.6-98.2% (16 warps; 95.3% without evict-last),
-#: 32768 x 4096 bf16 95.4-95.9 -> 97.6-98.1 (8 warps), 8192 x 4096 bf16 83.2-84.4 -> 84.7-86.3,
-#: 8192 x 4096 float32 89.4-90.0 -> 93.0-93.5 (16 warps). Blocks of 32 KiB keep the row held:
-#: 4096 x 16384 read twice by 32 warps 85.0% against 90.1-90.6 held by 8.
+#: RMSNorm rows whose on-chip block is ``_READ_TWICE_ROW_BYTES`` are read a second time after their
+#: reduction rather than held (``read_twice``), by one warp per ``_READ_TWICE_BYTES_PER_WARP`` of
+#: the block (two 16-byte vectors per thread: 32 registers, four programs of 16 warps per SM; at
+#: most 16 warps where read_twice is asked of longer rows), the first read kept in L2
+#: (``_READ_TWICE_READ_POLICY``) for the second (evict-first). Inductor builds torch.compile's
+#: RMSNorm at these shapes the same way (blocks of 2048 or 4096 with 16 warps, the first read
+#: evict-last, ``results/inductor-norms/``), and it beat the held rows. H200, bits equal, three
+#: interleaved rounds (``results/h200-probe-read-twice-warps.txt``): 16384 x 8192 bf16 95.2-95.6%
+#: of the roof -> 97.6-98.2% (16 warps; 95.3% without evict-last), 32768 x 4096 bf16 95.4-95.9 ->
+#: 97.6-98.1 (8 warps), 8192 x 4096 bf16 83.2-84.4 -> 84.7-86.3, 8192 x 4096 float32 89.4-90.0 ->
+#: 93.0-93.5 (16 warps). Blocks of 32 KiB keep the row held: 4096 x 16384 read twice by 32 warps
+#: 85.0% against 90.1-90.6 held by 8.
+_READ_TWICE_ROW_BYTES = (8192, 16384)
+_READ_TWICE_BYTES_PER_WARP = 1024
+_READ_TWICE_READ_POLICY = "evict_last"
+#: With a residual the row read again is h, read back from its own store (kept in L2), by one warp
+#: per ``_READ_TWICE_RESIDUAL_BYTES_PER_WARP``. H200, bits equal, three interleaved rounds
+#: (``results/h200-probe-read-twice-residual.txt``): 32768 x 4096 bf16 95.2-95.4% -> 96.8% at 4
+#: warps (95.1 at 8, 96.0-96.3 at 16), 8192 x 4096 90.0 -> 90.1-90.4; 16384 x 8192 keeps its held
+#: row (97.1-97.2 against 94.2-96.2 read twice at 4-16 warps).
+_READ_TWICE_RESIDUAL_ROW_BYTES = (8192,)
+_READ_TWICE_RESIDUAL_BYTES_PER_WARP = 2048
 #: Launches of fewer rows hold them: in decode batches (one wave of programs, bound by latency)
 #: the second read's trip to L2 is on the critical path. In CUDA graphs, three rounds
 #: (``results/h200-probe-read-twice-rows.txt``): 64 x 8192 bf16 2.28-2.48 us held against 2.66-2.77
@@ -82,16 +93,7 @@ _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: Flushed, 512 x 8192, 1024 x 8192 and 2048 x 4096 were 0.1-1.2 us faster held (7-14 us calls,
 #: where one launch ordered first in a round also read up to 2 us slower); 8192 x 4096 is the
 #: fewest rows measured to gain from the second read.
-_READ_TWICE_ROW_BYTES = (8192, 16384)
 _READ_TWICE_MIN_ROWS = 8192
-#: With a residual the row read again is h, read back from its own store (kept in L2). H200, bits
-#: equal, three interleaved rounds (``results/h200-probe-read-twice-residual.txt``): 32768 x 4096
-#: bf16 95.2-95.4% -> 96.8% at 4 warps (95.1 at 8, 96.0-96.3 at 16), 8192 x 4096 90.0 -> 90.1-90.4;
-#: 16384 x 8192 keeps its held row (97.1-97.2 against 94.2-96.2 read twice at 4-16 warps).
-_READ_TWICE_RESIDUAL_ROW_BYTES = (8192,)
-_READ_TWICE_RESIDUAL_BYTES_PER_WARP = 2048
-_READ_TWICE_BYTES_PER_WARP = 1024
-_READ_TWICE_READ_POLICY = "evict_last"
 #: Rows read twice store y with the L2 evict-first policy: 4096 x 16384 bf16 83.3-84.1% ->
 #: 84.8-85.4% of the roof on the H200, in two runs of three interleaved rounds each. The rows held
 #: on chip lost with it (RMSNorm 16384 x 8192 94.4% -> 93.5%, 32768 x 4096 96.5% -> 95.1%, with a
@@ -205,7 +207,7 @@ def _check_hold_16bit(hold_16bit: Optional[bool], dtype: torch.dtype) -> None:
         raise ValueError(f"norm: hold_16bit=True holds 16-bit rows, got {dtype}")
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)  # 2.0 is not 2: each is checked
 def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, has_weight: bool,
                   has_bias: bool, has_offset: bool, round_normalised: bool, store_stats: bool,
                   rows_per_program: Optional[int], num_warps: Optional[int],
@@ -218,25 +220,27 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
-    ``read_policy``: the eviction policy of the row reads ("" or "evict_first"; "evict_last" for
-    the first read of a row read twice; None: the default below).
+    ``read_policy``: the eviction policy of the row reads ("", "evict_first", or "evict_last" for
+    the first read of a row read twice; None: ``_READ_TWICE_READ_POLICY`` for rows read twice
+    without a residual, "" otherwise).
     ``fused_squares``: False keeps every product rounded on its own where ``_fuses_squares`` would
     contract the squares (the bits are the same either way); True only where it would (float16).
-    ``few_rows``: the launch has fewer than ``_READ_TWICE_MIN_ROWS`` rows (it holds them).
-    ``h_store_hint``: a row read twice with a residual reads h back; the eviction policy of h's
-    store ("", "evict_first" or "evict_last"; default ``_READ_TWICE_READ_POLICY``). Such rows take
-    one warp per ``_READ_TWICE_RESIDUAL_BYTES_PER_WARP`` of the block.
     ``read_twice``: each row read again after its reduction (LayerNorm: after each of its two;
-    with a residual, h read back from its store) instead of held through it (default:
-    ``_reads_twice``: rows of ``_READ_TWICE_ROW_BYTES``, with one warp per
-    ``_READ_TWICE_BYTES_PER_WARP`` of the row's block and the first read evict-last, unless given).
-    ``read_policy``: None takes ``_READ_TWICE_READ_POLICY`` for rows read twice, "" otherwise.
+    with a residual, h read back from its store) instead of held through it. Default
+    (``_reads_twice``): RMSNorm rows of ``_READ_TWICE_ROW_BYTES`` (``_READ_TWICE_RESIDUAL_ROW_BYTES``
+    with a residual) in launches of ``_READ_TWICE_MIN_ROWS`` rows or more, with one warp per
+    ``_READ_TWICE_BYTES_PER_WARP`` (``_READ_TWICE_RESIDUAL_BYTES_PER_WARP``) of the row's block
+    unless ``num_warps`` is given. LayerNorm holds its rows by default: read again it lost 5-38
+    points of the roof on the H200 (``results/h200-probe-read-twice-layernorm.txt``).
+    ``few_rows``: the launch has fewer than ``_READ_TWICE_MIN_ROWS`` rows.
+    ``h_store_hint``: a row read twice with a residual reads h back: the eviction policy of h's
+    store ("", "evict_first" or "evict_last"; None: ``_READ_TWICE_READ_POLICY``).
     ``hold_16bit``: a 16-bit row is held as loaded through the reductions and widened to float32
     again where it is used, instead of held as float32 (default: off; on the H200 it was slower at
     every shape measured, 84.6% -> 67.8% of the roof at 4096 x 16384 and 0.3-9 points elsewhere,
     ``benchmarks/results/h200-probe-hold-16bit.txt``).
-    ``store_hint``: the eviction policy of the stores of y and h ("" or "evict_first"; default:
-    ``_READ_TWICE_STORE_POLICY`` for rows read twice, none otherwise).
+    ``store_hint``: the eviction policy of the stores of y and of a held row's h ("" or
+    "evict_first"; default: ``_READ_TWICE_STORE_POLICY`` for rows read twice, none otherwise).
     ``max_registers``: a cap on the registers per thread (Triton's ``maxnreg``; its spills lost
     7-16 points at 4096 x 16384 on the H200, ``benchmarks/results/h200-probe-max-registers.txt``).
     ``runs``: each segment of the block cut into this many runs of lanes (a power of two dividing
@@ -418,7 +422,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
         _PREPARED[prepare_key] = (prepared, None if y2.dtype == x2.dtype else y2.dtype)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)  # 2.0 is not 2: each is checked
 def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out: bool, has_weight: bool,
                    has_offset: bool, round_normalised: bool, store_dres: bool, weight_grad: bool,
                    bias_grad: bool, rows_per_block: int, num_warps: Optional[int],

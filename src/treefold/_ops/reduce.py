@@ -238,7 +238,7 @@ def _node_level(n: int, rows: int, dtype: torch.dtype, partial_bytes: int, tunin
         node_segments=node_segments, node_stride=stride)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)  # 2.0 is not 2: each is checked
 def plan_sum(n: int, rows: int, dtype: torch.dtype, partial_bytes: int,
              tuning: SumTuning = _DEFAULT_SUM, interpreted: bool = False,
              dependent_launch: bool = False) -> tuple:
@@ -417,7 +417,7 @@ class ExtremeLevel:
     loads_in_flight: int
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)  # 2.0 is not 2: each is checked
 def plan_extreme(n: int, rows: int, tuning: ExtremeTuning = _DEFAULT_EXTREME,
                  interpreted: bool = False) -> tuple:
     """The launches of a max / min over ``rows`` rows of ``n`` elements (n, rows >= 1);

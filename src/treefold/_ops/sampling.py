@@ -219,7 +219,7 @@ def _sm_count(device: torch.device) -> int:
     return 4
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=512, typed=True)  # 2.0 is not 2: each is checked
 def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int] = None,
          programs_per_sm: Optional[int] = None, prefetch: Optional[bool] = None) -> Plan:
     """Segments of ``width`` tokens, ``segments_per_program`` of them per program. The programs

@@ -246,7 +246,7 @@ def _auto_strategy(op: int, backward: bool, n: int, rows: int, sms: int, concurr
     return "online"
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)  # 2.0 is not 2: each is checked
 def plan(op: int, backward: bool, n: int, rows: int, sms: int, item_size: int = 2, strategy: str = "auto",
          tuning: Tuning = _DEFAULT_TUNING, fn: str = "softmax", dependent_launch: bool = False,
          concurrent: bool = True) -> Plan:

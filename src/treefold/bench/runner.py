@@ -19,7 +19,7 @@ from .accuracy import wrong_output
 from .cases import HOST_OVERHEAD, CASES_BY_NAME, Case, Shape, to_float64, select_cases
 from .env import machine_info, short_error
 from .progress import Progress
-from .providers import Impl, Provider, TreefoldProvider, Unsupported, make_providers
+from .providers import PEER_NAMES, Impl, Provider, TreefoldProvider, Unsupported, make_providers
 from .roofs import measure_copy_roof
 from .timing import CpuTimer, CudaTimer, count_distinct, cuda_graph_us, host_overhead_us
 
@@ -36,7 +36,7 @@ class BenchConfig:
     ops: list[str] = field(default_factory=list)
     shapes: str = "llm"
     dtype: str | None = None
-    peers: list[str] = field(default_factory=lambda: ["torch", "hf", "compile", "liger", "quack"])
+    peers: list[str] = field(default_factory=lambda: list(PEER_NAMES))
     backward: bool = False
     cpu: bool = False
     out: str = "out/bench"

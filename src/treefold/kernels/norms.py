@@ -175,8 +175,8 @@ def norm_forward_kernel(
             rather than hold float32 copies: half the registers for the row; RMSNorm then reads
             the weight after its reduction, as with READ_TWICE (a launch choice, slower on the
             H200 wherever measured; the bits do not change).
-        STORE_POLICY: eviction policy of the stores of y and h ("" or "evict_first"; a launch
-            choice, the bits do not change).
+        STORE_POLICY: eviction policy of the stores of y and of h when not READ_TWICE ("" or
+            "evict_first"; a launch choice, the bits do not change).
         H_STORE_POLICY: READ_TWICE with a residual: the eviction policy of h's store, which the
             second read reads back ("", "evict_first" or "evict_last"; a launch choice).
         RUNS: the block is ``[ROWS, segments, RUNS, LANES // RUNS]``, each segment cut into RUNS
