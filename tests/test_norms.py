@@ -1293,6 +1293,31 @@ def test_gpu_bits_independent_of_batch_position_and_launch(n, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n,dtype", [(4096, torch.bfloat16), (8192, torch.bfloat16), (4096, torch.float32),
+                                     (5120, torch.float16)])
+def test_gpu_large_batches_read_twice_give_the_bits_of_small_ones(n, dtype):
+    # launches of _READ_TWICE_MIN_ROWS rows or more read rows of 8 and 16 KiB twice, smaller ones
+    # hold them: a row's bits must not depend on which its batch took
+    m = ops._READ_TWICE_MIN_ROWS
+    x = randn((m, n), dtype, seed=n).cuda()
+    r = randn((m, n), dtype, seed=n + 1).cuda()
+    w = weight_like(n, dtype).cuda()
+    assert ops._forward_plan(n, dtype, True, False, True, False, False, True, False, None, None)[2]["READ_TWICE"]
+    full = treefold.rms_norm(x, w)
+    full_y, full_h = treefold.rms_norm(x, w, residual=r)
+    for i in (0, 1, m - 37):
+        assert_bits(treefold.rms_norm(x[i:i + 37], w), full[i:i + 37])
+        y, h = treefold.rms_norm(x[i:i + 37], w, residual=r[i:i + 37])
+        assert_bits(y, full_y[i:i + 37])
+        assert_bits(h, full_h[i:i + 37])
+    xi, ri = x.clone(), r.clone()  # in place, h read back from the residual's memory
+    treefold.fused_add_rms_norm_(xi, ri, w, 1e-6)
+    assert_bits(xi, full_y)
+    assert_bits(ri, full_h)
+    assert_bits(full[:64].cpu(), ref.rms_norm(x[:64].cpu(), w.cpu(), 1e-6)[0])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n", [5120, 14336, 16384, 65536])
 def test_gpu_rows_shared_among_programs_give_the_same_bits(n):
     m = 1000 if n <= 16384 else 64
