@@ -297,7 +297,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
         READ_POLICY=read_policy, READ_TWICE=bool(read_twice), HOLD_16BIT=bool(hold_16bit),
         **({"STORE_POLICY": store_hint} if store_hint else {}),
-        H_STORE_POLICY=h_store_hint,
+        # (h's store: its own policy where it is read back; "" without a residual, no h)
+        H_STORE_POLICY=h_store_hint if reads_h else store_hint if has_residual else "",
         **_runs_constexprs(runs),
         num_warps=num_warps or default_warps, **register_cap(max_registers),
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))

@@ -161,8 +161,9 @@ def norm_forward_kernel(
         LANES: C(N); LOG2_LANES its log2.
         GROUP: G(N, dtype of the normalised row), lanes per group; LOG2_GROUP its log2.
         SHARED_ROW: programs share rows (ROWS = 1); HELD: the segments each holds.
-        READ_POLICY: eviction policy of the reads of x and the residual ("" or "evict_first": a
-            launch choice; "evict_first" cost 3-4 points of the roof on the H200).
+        READ_POLICY: eviction policy of the first reads of x and the residual ("", "evict_first",
+            or "evict_last" for a row READ_TWICE reads again; a launch choice: "evict_first" cost
+            3-4 points of the roof on the H200).
         READ_TWICE: read the row again after its reduction (from L1 or L2; the last read
             "evict_first" whatever READ_POLICY says) and the weight then, rather than hold both
             through it: fewer registers, more programs per SM (a launch choice; the bits do not
@@ -175,10 +176,10 @@ def norm_forward_kernel(
             rather than hold float32 copies: half the registers for the row; RMSNorm then reads
             the weight after its reduction, as with READ_TWICE (a launch choice, slower on the
             H200 wherever measured; the bits do not change).
-        STORE_POLICY: eviction policy of the stores of y and of h when not READ_TWICE ("" or
-            "evict_first"; a launch choice, the bits do not change).
-        H_STORE_POLICY: READ_TWICE with a residual: the eviction policy of h's store, which the
-            second read reads back ("", "evict_first" or "evict_last"; a launch choice).
+        STORE_POLICY: eviction policy of the store of y ("" or "evict_first"; a launch choice,
+            the bits do not change).
+        H_STORE_POLICY: eviction policy of the store of h (HAS_RESIDUAL): STORE_POLICY's, or,
+            when READ_TWICE reads h back, "evict_last" to keep it in L2 (a launch choice).
         RUNS: the block is ``[ROWS, segments, RUNS, LANES // RUNS]``, each segment cut into RUNS
             runs of lanes (``run_tree_sum``); LOG2_RUNS its log2. 1: ``[ROWS, segments, 1, LANES]``.
             A launch choice: where Triton puts the warps, not the bits.
@@ -216,9 +217,7 @@ def norm_forward_kernel(
         r = tl.load(res_ptr + row4 * stride_res + col4, mask=mask, other=0.0,
                     eviction_policy=READ_POLICY).to(tl.float32)
         h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
-        # read twice, h is what is read again: its store takes the read policy
-        tl.store(h_ptr + row4 * stride_h + col4, h, mask=mask,
-                 eviction_policy=H_STORE_POLICY if READ_TWICE else STORE_POLICY)
+        tl.store(h_ptr + row4 * stride_h + col4, h, mask=mask, eviction_policy=H_STORE_POLICY)
         held = h
         v = h.to(tl.float32)
     if IS_RMS:
