@@ -6,12 +6,13 @@ the row in blocks of 2048 (4096 for float32) with 16 warps, reads it twice, the 
 evict-last (``results/probe-inductor-norms/``). Every variant checked bit for bit against its
 case's default first, then three interleaved rounds, do_bench median, L2 flushed.
 
-    python benchmarks/probe_read_twice_warps.py [OUT_DIR] [rows | residual | layernorm]   (CUDA)
+    python benchmarks/probe_read_twice_warps.py [OUT_DIR] [rows | residual | layernorm | ln1024]   (CUDA)
 
 With ``rows``: launches of fewer rows, which hold them by default: decode batches replayed from
 CUDA graphs (the bench's decode column) and batches near ``_READ_TWICE_MIN_ROWS``, flushed.
 With ``residual``: RMSNorm with a residual read twice (h read back from its store) at 4-16 warps;
-with ``layernorm``: LayerNorm read again for its centred squares and its output.
+with ``layernorm``: LayerNorm read again for its centred squares and its output; with ``ln1024``:
+LayerNorm 65536 x 1024 read twice with several rows per program.
 """
 import os
 import sys
@@ -74,12 +75,22 @@ LAYER_NORM_CASES = [("ln", m, n, {"default": {}, "twice 4w": dict(read_twice=Tru
                                                                                             rows_per_program=2),
                          "twice 4 rows 4w": dict(read_twice=True, rows_per_program=4, num_warps=4)})]
 
+#: ``ln1024``: LayerNorm 65536 x 1024 alone (where torch.compile led by 0.5-1 us), held with 8-32
+#: elements per thread (RMSNorm's rows of 1024 run best at 16: ``_RMS_ROWS_1024_ELEMENTS_PER_THREAD``),
+#: and read twice with several rows per program, against its default (eight rows of 8 warps, held,
+#: 32 elements per thread)
+LAYER_NORM_1024_CASES = [("ln", 65536, 1024, {"default": {}} | {
+    f"held {rows} rows {warps}w": dict(rows_per_program=rows, num_warps=warps)
+    for rows, warps in ((4, 8), (2, 4), (4, 4), (2, 8), (16, 16))} | {
+    f"twice {rows} rows {warps}w": dict(read_twice=True, rows_per_program=rows, num_warps=warps)
+    for rows, warps in ((2, 2), (4, 4))})]
+
 
 def main(out_dir, which=""):
     torch.manual_seed(0)
     path = (lambda name: os.path.join(out_dir, name)) if out_dir else (lambda name: "")
-    if which in ("residual", "layernorm"):
-        cases = RESIDUAL_CASES if which == "residual" else LAYER_NORM_CASES
+    if which in ("residual", "layernorm", "ln1024"):
+        cases = {"residual": RESIDUAL_CASES, "layernorm": LAYER_NORM_CASES, "ln1024": LAYER_NORM_1024_CASES}[which]
         check_and_time(row_op_variants(cases), path(f"probe-read-twice-{which}.json"))
         return
     if which == "rows":

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from treefold.bench import accuracy, cases, plots, report
+from treefold.bench import accuracy, cases, plots, report, runner
 from treefold.bench.cases import CASES, CASES_BY_NAME, Shape, select_cases
 from treefold.bench.check import CheckConfig, render_check, run_check
 from treefold.bench.progress import Progress
@@ -48,7 +48,7 @@ def fake_treefold(**override):
 
 
 def quick_config(tmp_path, ops, **kw):
-    base = dict(ops=ops, shapes="small", peers=["torch"], cpu=True, runs=3, host_calls=3,
+    base = dict(ops=ops, shapes="small", peers=["torch"], cpu=True, runs=3, rounds=2, host_calls=3,
                 out=str(tmp_path), name="t", roof_bytes=1 << 20)
     base.update(kw)
     return BenchConfig(**base)
@@ -252,6 +252,7 @@ def test_cpu_run_writes_json_and_markdown(tmp_path):
         assert r["gbs"] == pytest.approx(r["bytes"] / r["us"] / 1e3)
         assert r["pct_roof"] == pytest.approx(100 * r["gbs"] / roof)
         assert r["distinct"] == 1 and r["runs"] == 3
+        assert len(r["rounds_us"]) == 2 and r["us"] == pytest.approx(sum(r["rounds_us"]) / 2)
         acc = r["accuracy"]
         if case.outputs == "float":
             assert acc["relative_l2"] < 2.0 ** -6 and acc["nonfinite_mismatches"] == 0, r
@@ -278,6 +279,23 @@ def test_cpu_run_writes_json_and_markdown(tmp_path):
     assert "mismatched" in md and "invalid" in md
     assert "Torch eager is Hugging Face's sort-based top-p path with torch.multinomial." in md
     assert any(line.startswith("roof: ") for line in lines)
+
+
+def test_the_providers_of_a_shape_are_timed_round_robin():
+    order = []
+    calls = [runner._Timed({"provider": name, "status": "ok"}, None, None, name, None) for name in "abc"]
+
+    def timer(fn):
+        order.append(fn)
+        if fn == "b" and order.count("b") == 2:
+            raise RuntimeError("out of memory")
+        return float(len(order))
+
+    runner.time_rounds(calls, timer, rounds=3)
+    # b fails in round 2: its row says so, it is not timed again, and the others go on
+    assert order == ["a", "b", "c", "a", "b", "c", "a", "c"]
+    assert [c.times for c in calls] == [[1.0, 4.0, 7.0], [2.0], [3.0, 6.0, 8.0]]
+    assert calls[1].row["status"] == "error" and "out of memory" in calls[1].row["message"]
 
 
 def test_missing_treefold_op_skips_the_case(tmp_path):

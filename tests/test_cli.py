@@ -53,7 +53,7 @@ def test_without_gpu_nothing_runs(command, tmp_path, capsys):
 
 def test_bench_cpu_smoke_run(tmp_path, capsys):
     out_dir = tmp_path / "bench"
-    rc = main(["bench", "softmax", "--cpu", "--runs", "2", "--host-calls", "2", "--roof-gib", "0.01",
+    rc = main(["bench", "softmax", "--cpu", "--runs", "2", "--rounds", "2", "--host-calls", "2", "--roof-gib", "0.01",
                "--out", str(out_dir), "--name", "smoke"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -62,7 +62,9 @@ def test_bench_cpu_smoke_run(tmp_path, capsys):
     assert result["config"]["cpu"] and result["config"]["shapes"] == "small"
     assert (out_dir / "smoke.md").exists()
     assert f"reproduce: {result['command']}" in out
-    assert result["command"].startswith("treefold bench softmax --shapes small --peers torch --cpu --runs 2")
+    assert result["command"].startswith("treefold bench softmax --shapes small --peers torch --cpu --runs 2 "
+                                        "--rounds 2")
+    assert result["config"]["rounds"] == 2 and "median of 2 round(s)" in result["timing"]
     assert all(r["status"] == "ok" for r in result["results"]), result["results"]
     if any(r["provider"] == "treefold" for r in result["results"]):
         assert {r["label"] for r in result["results"]} == {"4x256", "3x1000"}
@@ -87,6 +89,8 @@ def test_bench_rejects_unknown_ops_and_peers(capsys):
     assert "unknown peer(s) cub" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "--runs", "0"])
+    with pytest.raises(SystemExit):
+        main(["bench", "--rounds", "0"])
     with pytest.raises(SystemExit):
         main(["bench", "--from-json", os.devnull])
 

@@ -50,6 +50,9 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--cpu", action="store_true", help="smoke test on the CPU: small shapes, wall-clock timing")
     bench.add_argument("--runs", type=_positive_int, default=20,
                        help="calls compared byte for byte for determinism (default 20)")
+    bench.add_argument("--rounds", type=_positive_int, default=3,
+                       help="timings per provider and shape, the providers timed round-robin; the median "
+                            "is reported (default 3)")
     bench.add_argument("--warmup", type=_positive_float, default=25.0, help="do_bench warm-up in ms (default 25)")
     bench.add_argument("--rep", type=_positive_float, default=100.0, help="do_bench timing window in ms (default 100)")
     bench.add_argument("--roof-gib", type=_positive_float, help="size of the roof copy's buffer in GiB "
@@ -129,7 +132,7 @@ def _bench(args, parser) -> int:
         shapes = "small"
     config = BenchConfig(
         ops=list(args.ops), shapes=shapes, dtype=args.dtype, peers=peers, backward=args.backward, cpu=args.cpu,
-        out=args.out, name=args.name, runs=args.runs, warmup_ms=args.warmup, rep_ms=args.rep,
+        out=args.out, name=args.name, runs=args.runs, rounds=args.rounds, warmup_ms=args.warmup, rep_ms=args.rep,
         roof_bytes=int(args.roof_gib * 2**30) if args.roof_gib else None, host=args.host,
         host_calls=args.host_calls or (20 if args.cpu else 2000), seed=args.seed, budget_s=args.budget)
     json_path = os.path.join(config.out, f"{config.name}.json")

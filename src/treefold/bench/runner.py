@@ -1,6 +1,7 @@
 """``treefold bench``: every selected case, shape and provider, measured in one run.
 
-Per (case, shape, provider): median time, GB/s of the case's declared bytes, % of the copy roof
+Per (case, shape, provider): median time (the median of ``rounds`` timings, every provider of a
+shape timed once per round, round-robin), GB/s of the case's declared bytes, % of the copy roof
 measured in the same run, accuracy against the float64 reference, and the number of distinct
 outputs over ``runs`` calls. A provider that cannot be imported is skipped with a line; one that
 refuses a shape or fails gets a row saying so; the run always goes on.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import shlex
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,6 +44,7 @@ class BenchConfig:
     out: str = "out/bench"
     name: str = "bench"
     runs: int = 20
+    rounds: int = 3
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
     roof_bytes: int | None = None
@@ -62,6 +65,8 @@ class BenchConfig:
             argv.append("--cpu")
         if self.runs != 20:
             argv += ["--runs", str(self.runs)]
+        if self.rounds != 3:
+            argv += ["--rounds", str(self.rounds)]
         if self.warmup_ms != 25.0 or self.rep_ms != 100.0:
             argv += ["--warmup", f"{self.warmup_ms:g}", "--rep", f"{self.rep_ms:g}"]
         if not self.host:
@@ -167,9 +172,21 @@ def _row(case: Case, shape: Shape, provider: Provider, status: str, **extra) -> 
     return row
 
 
-def measure(case: Case, shape: Shape, provider: Provider, base_inputs: dict, reference: Reference | None,
-            config: BenchConfig, timer: Callable, roof_gbs: float) -> dict | None:
-    """One row; None when the provider has no implementation of this case."""
+@dataclass
+class _Timed:
+    """A provider's call at one shape, built and called once, waiting for its timing rounds."""
+    row: dict
+    provider: Provider
+    impl: Impl
+    run: Callable[[], Any]
+    first: Any
+    times: list[float] = field(default_factory=list)
+
+
+def prepare(case: Case, shape: Shape, provider: Provider, base_inputs: dict,
+            reference: Reference | None) -> dict | _Timed | None:
+    """The provider's call built on its own copy of the inputs and called once; a finished row
+    when it cannot be (unsupported, failed), None when the provider has no implementation."""
     inputs = clone_inputs(case, base_inputs)
     failed = "unsupported" if provider.name in PEERS_WITH_LIMITS else "error"
     try:
@@ -184,44 +201,72 @@ def measure(case: Case, shape: Shape, provider: Provider, base_inputs: dict, ref
         run, first = make_runner(case, impl, reference.grad_outputs if reference else [])
     except Exception as e:
         return _row(case, shape, provider, failed, message=short_error(e), note=impl.note)
-    row = _row(case, shape, provider, "ok", note=impl.note)
-
-    def check_accuracy():
-        if reference is not None and impl.comparable:
-            try:
-                row["accuracy"] = case.accuracy(first, reference.value, impl.inputs)
-            except Exception as e:
-                row["accuracy"] = {"error": short_error(e)}
-
-    # Timed before the checks where the first output survives the timed calls: the checks copy
-    # to the host and synchronise, and a short kernel timed right after them ran up to 2x slow
-    # on the H200 while the clocks came back up (benchmarks/NOTES.md). An in-place op's first
-    # output is its mutated input, which the timed calls change again: checked first.
+    timed = _Timed(_row(case, shape, provider, "ok", note=impl.note), provider, impl, run, first)
+    # An in-place op's first output is its mutated input, which the timed calls change again:
+    # checked before they run. The others are checked after their timing (see time_rounds).
     if impl.mutates_input:
-        check_accuracy()
-    try:
-        us = timer(run)
-        if not impl.mutates_input:
-            row["distinct"] = count_distinct(run, config.runs)
+        _check_accuracy(case, timed, reference)
+    return timed
+
+
+def _check_accuracy(case: Case, timed: _Timed, reference: Reference | None) -> None:
+    if reference is not None and timed.impl.comparable:
+        try:
+            timed.row["accuracy"] = case.accuracy(timed.first, reference.value, timed.impl.inputs)
+        except Exception as e:
+            timed.row["accuracy"] = {"error": short_error(e)}
+
+
+def time_rounds(calls: list[_Timed], timer: Callable, rounds: int) -> None:
+    """Every call timed once per round, round-robin, ``rounds`` rounds: a provider timed alone,
+    one after the other, carries whatever drifted between the timings (clocks, the memory the
+    previous call left behind) into the comparison, and at the norms' large shapes that drift
+    (1-2%) is as large as the margins between the fastest providers. A call that fails stops
+    being timed and its row says why."""
+    for _ in range(rounds):
+        for timed in calls:
+            if timed.row["status"] != "ok":
+                continue
+            try:
+                timed.times.append(float(timer(timed.run)))
+            except Exception as e:
+                failed = "unsupported" if timed.row["provider"] in PEERS_WITH_LIMITS else "error"
+                timed.row.update(status=failed, message=short_error(e))
+
+
+def finish(case: Case, timed: _Timed, reference: Reference | None, config: BenchConfig, timer: Callable,
+           roof_gbs: float) -> dict:
+    """The row of a call whose rounds have run: its median round, the distinct outputs over
+    ``config.runs`` calls, its accuracy, and the CUDA graph time of decode-sized calls.
+
+    The checks copy to the host and synchronise, so they come after every timing round: a short
+    kernel timed right after them ran up to 2x slow on the H200 while the clocks came back up
+    (benchmarks/NOTES.md)."""
+    row, impl = timed.row, timed.impl
+    if row["status"] == "ok" and not impl.mutates_input:
+        try:
+            row["distinct"] = count_distinct(timed.run, config.runs)
             row["runs"] = config.runs
-    except Exception as e:
-        us = None
-        row.update(status=failed, message=short_error(e))
+        except Exception as e:
+            failed = "unsupported" if row["provider"] in PEERS_WITH_LIMITS else "error"
+            row.update(status=failed, message=short_error(e))
     if not impl.mutates_input:
-        check_accuracy()
+        _check_accuracy(case, timed, reference)
     wrong = wrong_output(row["accuracy"])
     if wrong:
-        wrong = f"wrong output ({wrong})" + (": not counted as a peer" if provider.is_peer else "")
+        wrong = f"wrong output ({wrong})" + (": not counted as a peer" if timed.provider.is_peer else "")
         row["note"] = "; ".join(x for x in (row["note"], wrong) if x)
-    del first
-    if us is None:
+    timed.first = None
+    if row["status"] != "ok" or not timed.times:
         return row
+    us = statistics.median(timed.times)
     row["us"] = us
+    row["rounds_us"] = list(timed.times)
     row["gbs"] = row["bytes"] / us / 1e3 if us > 0 else None
     row["pct_roof"] = 100.0 * row["gbs"] / roof_gbs if row["gbs"] and roof_gbs else None
     if isinstance(timer, CudaTimer) and row["bytes"] <= GRAPH_MAX_BYTES:
         try:
-            row["graph_us"] = cuda_graph_us(run)
+            row["graph_us"] = cuda_graph_us(timed.run)
         except Exception as e:  # a provider that cannot be captured: say so, keep the eager row
             torch.cuda.synchronize()
             row["note"] = "; ".join(x for x in (row["note"], f"not capturable in a CUDA graph: {short_error(e)}") if x)
@@ -334,8 +379,10 @@ def run_bench(config: BenchConfig, *, providers: list[Provider] | None = None, c
         "created": started.isoformat(timespec="seconds"),
         "command": config.command(),
         "config": {"ops": config.ops, "shapes": config.shapes, "dtype": config.dtype, "peers": config.peers,
-                   "backward": config.backward, "cpu": config.cpu, "runs": config.runs, "seed": config.seed},
-        "timing": timer.describe(),
+                   "backward": config.backward, "cpu": config.cpu, "runs": config.runs, "rounds": config.rounds,
+                   "seed": config.seed},
+        "timing": f"{timer.describe()}; the median of {config.rounds} round(s), the providers of a shape "
+                  f"timed round-robin",
         "machine": machine_info(device),
         "roof": roof.as_dict(),
         "providers": [{"name": p.name, "title": p.title, "version": p.version()} for p in ready],
@@ -367,16 +414,21 @@ def run_bench(config: BenchConfig, *, providers: list[Provider] | None = None, c
                 for _ in ready:
                     progress.done()
                 continue
+            built: list[dict | _Timed] = []
             for p in ready:
                 progress.begin(f"{label} {p.name}")
-                row = measure(case, shape, p, base, reference, config, timer, roof.gbs)
+                got = prepare(case, shape, p, base, reference)
                 progress.done()
-                if row is None:
-                    continue
+                if got is not None:
+                    built.append(got)
+            timed = [b for b in built if isinstance(b, _Timed)]
+            time_rounds(timed, timer, config.rounds)
+            for b in built:
+                row = finish(case, b, reference, config, timer, roof.gbs) if isinstance(b, _Timed) else b
                 if row["status"] != "ok":
-                    progress.log(f"{label} {p.name}: {row['status']}: {row['message']}")
+                    progress.log(f"{label} {row['provider']}: {row['status']}: {row['message']}")
                 rows.append(row)
-            del base, reference
+            del base, reference, built, timed
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             if checkpoint is not None:
