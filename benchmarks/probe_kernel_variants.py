@@ -1,0 +1,63 @@
+"""Launch choices of the norm forward timed by their kernels' durations (the profiler's, CUPTI,
+after an L2 flush: ``probe_kernel_times.kernel_us``), at the four shapes where a peer's kernel ran
+faster than treefold's (``results/h200-probe-kernel-times.txt``): RMSNorm 16384 x 8192 (compile
+126.0 us against 128.2), 4096 x 16384 (QuACK 67.5 against 68.0), float32 8192 x 4096 (compile 64.4
+against 64.9), LayerNorm 65536 x 1024 (compile 66.0 against 66.9). Every variant checked bit for
+bit against its case's default first; three interleaved rounds.
+
+    python benchmarks/probe_kernel_variants.py [OUT_DIR]   (CUDA)
+"""
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+from probe_kernel_times import kernel_us
+from probe_report import _bits, row_op_variants
+
+T16 = dict(read_twice=True, num_warps=16)
+CASES = [
+    ("rms", 16384, 8192, {"default": {}, "runs 1": dict(runs=1), "runs 4": dict(runs=4), "runs 64": dict(runs=64),
+                          "store plain": dict(store_hint=""), "twice 8w": dict(read_twice=True, num_warps=8),
+                          "held 8w": dict(read_twice=False, num_warps=8)}),
+    ("rms fp32", 8192, 4096, {"default": {}, "runs 16": dict(runs=16), "runs 128": dict(runs=128),
+                              "store plain": dict(store_hint=""), "twice 8w": dict(read_twice=True, num_warps=8)}),
+    ("rms", 4096, 16384, {"default": {}, "runs 4": dict(runs=4), "runs 64": dict(runs=64),
+                          "twice 8w": dict(read_twice=True, num_warps=8), "held 4w": dict(num_warps=4),
+                          "store first": dict(store_hint="evict_first")}),
+    ("ln", 65536, 1024, {"default": {}, "4 rows 4w": dict(rows_per_program=4, num_warps=4),
+                         "16 rows 16w": dict(rows_per_program=16, num_warps=16),
+                         "twice 4 rows 4w": dict(read_twice=True, rows_per_program=4, num_warps=4),
+                         "runs 1": dict(runs=1), "runs 32": dict(runs=32),
+                         "store first": dict(store_hint="evict_first"), "read first": dict(read_policy="evict_first")}),
+]
+
+
+def main(out_dir: str) -> None:
+    torch.manual_seed(0)
+    variants = row_op_variants(CASES)
+    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    first, unequal = {}, []
+    for name, (fn, _, case) in variants.items():
+        out = [t.clone() for t in fn() if t is not None]
+        if case not in first:
+            first[case] = out
+        elif not all(torch.equal(_bits(a), _bits(c)) for a, c in zip(out, first[case])):
+            unequal.append(name)
+    print("bits equal to the default in every case" if not unequal else f"NOT EQUAL: {unequal}")
+    times = {name: [] for name in variants}
+    for _ in range(3):
+        for name, (fn, _, _) in variants.items():
+            times[name].append(kernel_us(fn, cache)[0])
+    width = max(len(n) for n in times)
+    for name, ts in times.items():
+        print(f"{name:{width}s}  " + "  ".join(f"{t:7.2f}" for t in ts) + f"  median {statistics.median(ts):7.2f} us")
+    if out_dir:
+        with open(os.path.join(out_dir, "probe-kernel-variants.json"), "w") as f:
+            json.dump(dict(kernel_us=times, unequal=unequal), f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "")
