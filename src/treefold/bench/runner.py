@@ -172,6 +172,11 @@ def _row(case: Case, shape: Shape, provider: Provider, status: str, **extra) -> 
     return row
 
 
+def _failed(provider: str) -> str:
+    """The status of a row whose call raised: a peer with known limits refused the shape."""
+    return "unsupported" if provider in PEERS_WITH_LIMITS else "error"
+
+
 @dataclass
 class _Timed:
     """A provider's call at one shape, built and called once, waiting for its timing rounds."""
@@ -188,7 +193,7 @@ def prepare(case: Case, shape: Shape, provider: Provider, base_inputs: dict,
     """The provider's call built on its own copy of the inputs and called once; a finished row
     when it cannot be (unsupported, failed), None when the provider has no implementation."""
     inputs = clone_inputs(case, base_inputs)
-    failed = "unsupported" if provider.name in PEERS_WITH_LIMITS else "error"
+    failed = _failed(provider.name)
     try:
         impl = provider.build(case, inputs, shape)
     except Unsupported as e:
@@ -203,7 +208,7 @@ def prepare(case: Case, shape: Shape, provider: Provider, base_inputs: dict,
         return _row(case, shape, provider, failed, message=short_error(e), note=impl.note)
     timed = _Timed(_row(case, shape, provider, "ok", note=impl.note), provider, impl, run, first)
     # An in-place op's first output is its mutated input, which the timed calls change again:
-    # checked before they run. The others are checked after their timing (see time_rounds).
+    # checked before they run. The others are checked after their timing (see finish).
     if impl.mutates_input:
         _check_accuracy(case, timed, reference)
     return timed
@@ -230,8 +235,7 @@ def time_rounds(calls: list[_Timed], timer: Callable, rounds: int) -> None:
             try:
                 timed.times.append(float(timer(timed.run)))
             except Exception as e:
-                failed = "unsupported" if timed.row["provider"] in PEERS_WITH_LIMITS else "error"
-                timed.row.update(status=failed, message=short_error(e))
+                timed.row.update(status=_failed(timed.row["provider"]), message=short_error(e))
 
 
 def finish(case: Case, timed: _Timed, reference: Reference | None, config: BenchConfig, timer: Callable,
@@ -248,8 +252,7 @@ def finish(case: Case, timed: _Timed, reference: Reference | None, config: Bench
             row["distinct"] = count_distinct(timed.run, config.runs)
             row["runs"] = config.runs
         except Exception as e:
-            failed = "unsupported" if row["provider"] in PEERS_WITH_LIMITS else "error"
-            row.update(status=failed, message=short_error(e))
+            row.update(status=_failed(row["provider"]), message=short_error(e))
     if not impl.mutates_input:
         _check_accuracy(case, timed, reference)
     wrong = wrong_output(row["accuracy"])
