@@ -600,6 +600,44 @@ def test_a_peer_with_a_wrong_output_is_never_the_best_peer():
     assert summarize(rows[:2] + [row("quack", 16.8, right)])[0]["best_peer"] == "quack"
 
 
+def test_kernel_times_pick_their_own_best_peer():
+    def row(provider, us, kernel):
+        return {"case": "rms_norm", "label": "16384x8192", "shape": {"dtype": "bf16"}, "provider": provider,
+                "status": "ok", "us": us, "gbs": 1.0, "pct_roof": 1.0, "accuracy": None, "distinct": 1,
+                "runs": 20, "graph_us": None, "kernel_us": kernel, "note": ""}
+    # do_bench puts compile level with treefold; the kernels put it ahead
+    rows = [row("treefold", 130.3, 128.2), row("compile", 129.8, 126.0), row("quack", 136.0, 131.3),
+            row("liger", 125.0, None)]
+    (s,) = summarize(rows)
+    assert (s["best_peer"], s["best_kernel_peer"], s["best_kernel_peer_us"]) == ("liger", "compile", 126.0)
+    assert s["kernel_speedup_vs_best_peer"] == pytest.approx(126.0 / 128.2)
+    table = "\n".join(report.summary_table({"summary": [s]}))
+    assert "| 128.2 (compile 126.0; 0.983) |" in table
+    (s,) = summarize([row("treefold", 130.3, None), rows[1]])
+    assert s["treefold_kernel_us"] is None and s["kernel_speedup_vs_best_peer"] is None
+    assert "| - | - |" in "\n".join(report.summary_table({"summary": [s]}))
+
+
+def test_rounds_take_kernel_times_where_the_timer_gives_them():
+    calls = [runner._Timed({"provider": name, "status": "ok"}, None, None, name, None) for name in "ab"]
+    kernels = iter([5.0, None, 4.0, None, 6.0, None])
+    runner.time_rounds(calls, lambda fn: 10.0, rounds=3, kernel_timer=lambda fn: next(kernels))
+    assert [c.times for c in calls] == [[10.0] * 3, [10.0] * 3]
+    # a round whose profile recorded nothing adds no kernel time
+    assert [c.kernel_times for c in calls] == [[5.0, 4.0, 6.0], []]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU tier: the profiler's kernel durations")
+def test_gpu_kernel_time_is_the_kernels_alone():
+    from treefold.bench.timing import CudaTimer, kernel_us
+    x = torch.randn(1 << 26, device="cuda")
+    one = kernel_us(lambda: x.mul(2.0))
+    two = kernel_us(lambda: (x.mul(2.0), x.mul(3.0)))
+    # the flush is not counted: the kernel reads and writes 512 MiB, about 130 us on an H200
+    assert 0 < one <= CudaTimer()(lambda: x.mul(2.0))
+    assert two == pytest.approx(2 * one, rel=0.1)
+
+
 @pytest.mark.parametrize("accuracy, reason", [
     (None, ""),
     ({"error": "RuntimeError: boom"}, ""),

@@ -137,10 +137,18 @@ def summary_table(result: dict) -> list[str]:
             graph = fmt_us(s["treefold_graph_us"])
             if s.get("best_peer_graph"):
                 graph += f" ({s['best_peer_graph']} {fmt_us(s['best_peer_graph_us'])})"
+        kernel = "-"
+        if s.get("treefold_kernel_us"):
+            kernel = fmt_us(s["treefold_kernel_us"])
+            if s.get("best_kernel_peer"):
+                kernel += (f" ({s['best_kernel_peer']} {fmt_us(s['best_kernel_peer_us'])}; "
+                           f"{_num(s['kernel_speedup_vs_best_peer'], '.3f')})")
         rows.append([s["case"], s["label"], s["dtype"], *tf_cells, peer,
-                     _num(s["speedup_vs_best_peer"], ".2f"), graph, rel, ulp, fmt_distinct(s["distinct"], s["runs"])])
+                     _num(s["speedup_vs_best_peer"], ".2f"), kernel, graph, rel, ulp,
+                     fmt_distinct(s["distinct"], s["runs"])])
     return markdown_table(["op", "shape", "dtype", "treefold us", "GB/s", "% roof", "best peer", "speedup",
-                   "CUDA graph us (best peer)", "rel. L2", "max ulp", "distinct"], rows)
+                   "kernel us (best peer; speedup)", "CUDA graph us (best peer)", "rel. L2", "max ulp",
+                   "distinct"], rows)
 
 
 def detail_tables(result: dict) -> list[str]:
@@ -163,10 +171,11 @@ def detail_tables(result: dict) -> list[str]:
             remark = "; ".join(x for x in (r.get("message", ""), r.get("note", "")) if x)
             table.append([r["label"], r["shape"]["dtype"], r["provider"], r["status"], fmt_us(r["us"]),
                           fmt_gbs(r["gbs"]), _num(r["pct_roof"], ".1f"), vs,
+                          fmt_us(r["kernel_us"]) if r.get("kernel_us") else "-",
                           fmt_us(r["graph_us"]) if r.get("graph_us") else "-", rel, ulp,
                           fmt_distinct(r["distinct"], r["runs"]), remark.replace("|", "/")])
         lines += markdown_table(["shape", "dtype", "provider", "status", "us", "GB/s", "% roof", "time / treefold's",
-                         "CUDA graph us", "rel. L2", "max ulp", "distinct", "remark"], table)
+                         "kernel us", "CUDA graph us", "rel. L2", "max ulp", "distinct", "remark"], table)
     return lines
 
 
@@ -200,6 +209,10 @@ def render_markdown(result: dict) -> str:
         "- speedup: the best peer's time over treefold's (above 1, treefold is faster). A provider whose "
         "output is wrong (NaN or Inf where the reference has none, a relative L2 error above 0.05, a wrong "
         "index or token) is not counted as a peer; its row says so.",
+        "- kernel us: on a GPU, the sum of the durations the profiler (CUPTI) gives the call's kernels, "
+        "each call after the same L2 flush, the median of the rounds: do_bench's window holds 1-3 us "
+        "besides the kernels, which decides margins of a few percent; gaps between a call's kernels are "
+        "not in it. Its speedup is the best peer's kernel time over treefold's.",
         "- CUDA graph us: for calls moving at most 48 MiB (decode sizes), the device time per call with "
         "20 calls captured in one CUDA graph (no host cost, no L2 flush); their eager time is mostly the host's.",
         f"- Reproduce: `{result['command']}`",

@@ -23,7 +23,7 @@ from .env import machine_info, short_error
 from .progress import Progress
 from .providers import PEER_NAMES, Impl, Provider, TreefoldProvider, Unsupported, make_providers
 from .roofs import measure_copy_roof
-from .timing import CpuTimer, CudaTimer, count_distinct, cuda_graph_us, host_overhead_us
+from .timing import CpuTimer, CudaTimer, count_distinct, cuda_graph_us, host_overhead_us, kernel_us
 
 #: Providers whose failures mean "does not support this shape" rather than a bug worth flagging.
 PEERS_WITH_LIMITS = ("liger", "quack")
@@ -167,7 +167,8 @@ def _row(case: Case, shape: Shape, provider: Provider, status: str, **extra) -> 
     row = {"case": case.name, "kind": case.kind, "title": case.title, "backward": case.backward is not None,
            "label": case.label(shape), "shape": shape.as_dict(), "bytes": case.count_bytes(shape),
            "provider": provider.name, "status": status, "message": "", "note": "", "us": None, "gbs": None,
-           "pct_roof": None, "accuracy": None, "distinct": None, "runs": None, "graph_us": None}
+           "pct_roof": None, "accuracy": None, "distinct": None, "runs": None, "graph_us": None,
+           "kernel_us": None}
     row.update(extra)
     return row
 
@@ -186,6 +187,7 @@ class _Timed:
     run: Callable[[], Any]
     first: Any
     times: list[float] = field(default_factory=list)
+    kernel_times: list[float] = field(default_factory=list)
 
 
 def prepare(case: Case, shape: Shape, provider: Provider, base_inputs: dict,
@@ -222,18 +224,24 @@ def _check_accuracy(case: Case, timed: _Timed, reference: Reference | None) -> N
             timed.row["accuracy"] = {"error": short_error(e)}
 
 
-def time_rounds(calls: list[_Timed], timer: Callable, rounds: int) -> None:
+def time_rounds(calls: list[_Timed], timer: Callable, rounds: int,
+                kernel_timer: Callable[[Callable], float | None] | None = None) -> None:
     """Every call timed once per round, round-robin, ``rounds`` rounds: a provider timed alone,
     one after the other, carries whatever drifted between the timings (clocks, the memory the
     previous call left behind) into the comparison, and at the norms' large shapes that drift
-    (1-2%) is as large as the margins between the fastest providers. A call that fails stops
-    being timed and its row says why."""
+    (1-2%) is as large as the margins between the fastest providers. With ``kernel_timer``
+    (``timing.kernel_us`` on a GPU), each round also takes the call's kernel time. A call that
+    fails stops being timed and its row says why."""
     for _ in range(rounds):
         for timed in calls:
             if timed.row["status"] != "ok":
                 continue
             try:
                 timed.times.append(float(timer(timed.run)))
+                if kernel_timer is not None:
+                    kernel = kernel_timer(timed.run)
+                    if kernel is not None:
+                        timed.kernel_times.append(float(kernel))
             except Exception as e:
                 timed.row.update(status=_failed(timed.row["provider"]), message=short_error(e))
 
@@ -265,6 +273,9 @@ def finish(case: Case, timed: _Timed, reference: Reference | None, config: Bench
     us = statistics.median(timed.times)
     row["us"] = us
     row["rounds_us"] = list(timed.times)
+    if timed.kernel_times:
+        row["kernel_us"] = statistics.median(timed.kernel_times)
+        row["kernel_rounds_us"] = list(timed.kernel_times)
     row["gbs"] = row["bytes"] / us / 1e3 if us > 0 else None
     row["pct_roof"] = 100.0 * row["gbs"] / roof_gbs if row["gbs"] and roof_gbs else None
     if isinstance(timer, CudaTimer) and row["bytes"] <= GRAPH_MAX_BYTES:
@@ -287,6 +298,9 @@ def summarize(rows: list[dict]) -> list[dict]:
         tf = next((r for r in ok if r["provider"] == "treefold"), None)
         peers = [r for r in ok if r["provider"] != "treefold" and not wrong_output(r["accuracy"])]
         best = min(peers, key=lambda r: r["us"]) if peers else None
+        timed_kernels = [r for r in peers if r.get("kernel_us")]
+        best_kernel = min(timed_kernels, key=lambda r: r["kernel_us"]) if timed_kernels else None
+        tf_kernel = tf.get("kernel_us") if tf else None
         graphed = [r for r in peers if r.get("graph_us")]
         best_graph = min(graphed, key=lambda r: r["graph_us"]) if graphed else None
         treefold_row = next((r for r in group if r["provider"] == "treefold"), None)
@@ -300,6 +314,11 @@ def summarize(rows: list[dict]) -> list[dict]:
             "best_peer": best["provider"] if best else None, "best_peer_us": best["us"] if best else None,
             "best_peer_pct_roof": best["pct_roof"] if best else None,
             "speedup_vs_best_peer": best["us"] / tf["us"] if (tf and best) else None,
+            "treefold_kernel_us": tf_kernel,
+            "best_kernel_peer": best_kernel["provider"] if best_kernel else None,
+            "best_kernel_peer_us": best_kernel["kernel_us"] if best_kernel else None,
+            "kernel_speedup_vs_best_peer": best_kernel["kernel_us"] / tf_kernel if (tf_kernel and best_kernel)
+            else None,
             "treefold_graph_us": tf.get("graph_us") if tf else None,
             "best_peer_graph": best_graph["provider"] if best_graph else None,
             "best_peer_graph_us": best_graph["graph_us"] if best_graph else None,
@@ -425,7 +444,7 @@ def run_bench(config: BenchConfig, *, providers: list[Provider] | None = None, c
                 if got is not None:
                     built.append(got)
             timed = [b for b in built if isinstance(b, _Timed)]
-            time_rounds(timed, timer, config.rounds)
+            time_rounds(timed, timer, config.rounds, kernel_us if isinstance(timer, CudaTimer) else None)
             for b in built:
                 row = finish(case, b, reference, config, timer, roof.gbs) if isinstance(b, _Timed) else b
                 if row["status"] != "ok":

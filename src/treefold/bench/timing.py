@@ -8,6 +8,11 @@ Two timers share one interface (``timer(fn) -> microseconds``):
 - ``CpuTimer``: the median of wall-clock runs; used only by ``--cpu`` smoke runs, whose numbers
   describe the harness and the CPU path, not any GPU.
 
+``kernel_us`` sums the durations the profiler gives the call's kernels: do_bench's window between
+two events holds 1-3 us besides the kernels, and not the same for every way of launching the same
+kernel (benchmarks/NOTES.md), so where providers are within a few percent the kernels' own
+durations decide.
+
 ``cuda_graph_us`` times a call with the host out of the way: at decode sizes an eager call is
 bound by its Python and launch cost, and do_bench then measures the host, not the kernels.
 ``interleaved_us`` times several calls in rounds, the way launch choices are compared.
@@ -64,6 +69,38 @@ class CpuTimer:
 
     def describe(self) -> str:
         return f"wall clock on the CPU, median of {self.min_runs} to {self.max_runs} runs"
+
+
+def kernel_us(fn: Callable[[], Any], calls: int = 20) -> float | None:
+    """GPU time per call of ``fn``'s kernels alone: the durations the profiler (CUPTI) records for
+    every kernel and memory operation ``fn`` puts on the device, summed, over ``calls`` calls, each
+    after the L2 flush do_bench makes. Gaps between a call's kernels are not counted, so for a
+    call of several kernels this is less than its time. The flush's own kernels are known by
+    their names, taken from a profile of the flush alone (a call that launches a kernel of the
+    same name, an int8 fill, would lose it too). None when the profiler records nothing."""
+    import triton  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    driver = triton.runtime.driver.active
+    cache = driver.get_empty_cache_for_benchmark()
+
+    def device_events(run) -> list:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        return [e for e in prof.events() if e.device_time > 0]
+
+    flush_names = {e.name for e in device_events(lambda: driver.clear_cache(cache))}
+
+    def calls_after_flush():
+        for _ in range(calls):
+            driver.clear_cache(cache)
+            fn()
+
+    fn()
+    torch.cuda.synchronize()
+    events = [e for e in device_events(calls_after_flush) if e.name not in flush_names]
+    return sum(e.device_time for e in events) / calls if events else None
 
 
 def cuda_graph_us(fn: Callable[[], Any], calls: int = 20, replays: int = 21) -> float:
