@@ -626,6 +626,13 @@ def test_rounds_take_kernel_times_where_the_timer_gives_them():
     # a round whose profile recorded nothing adds no kernel time
     assert [c.kernel_times for c in calls] == [[5.0, 4.0, 6.0], []]
 
+    def profiler_fails(fn):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+    call = runner._Timed({"provider": "quack", "status": "ok", "note": ""}, None, None, "q", None)
+    runner.time_rounds([call], lambda fn: 10.0, rounds=2, kernel_timer=profiler_fails)
+    assert call.row["status"] == "ok" and call.times == [10.0, 10.0] and call.kernel_times == []
+    assert call.row["note"] == "no kernel time: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU tier: the profiler's kernel durations")
 def test_gpu_kernel_time_is_the_kernels_alone():

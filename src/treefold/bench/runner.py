@@ -238,12 +238,19 @@ def time_rounds(calls: list[_Timed], timer: Callable, rounds: int,
                 continue
             try:
                 timed.times.append(float(timer(timed.run)))
-                if kernel_timer is not None:
-                    kernel = kernel_timer(timed.run)
-                    if kernel is not None:
-                        timed.kernel_times.append(float(kernel))
             except Exception as e:
                 timed.row.update(status=_failed(timed.row["provider"]), message=short_error(e))
+                continue
+            if kernel_timer is not None:
+                try:
+                    kernel = kernel_timer(timed.run)
+                except Exception as e:  # the profiler, not the call: the row keeps its times
+                    kernel = None
+                    note = f"no kernel time: {short_error(e)}"
+                    if note not in timed.row.get("note", ""):
+                        timed.row["note"] = "; ".join(x for x in (timed.row.get("note", ""), note) if x)
+                if kernel is not None:
+                    timed.kernel_times.append(float(kernel))
 
 
 def finish(case: Case, timed: _Timed, reference: Reference | None, config: BenchConfig, timer: Callable,
