@@ -17,20 +17,13 @@ import torch
 from probe_kernel_times import kernel_us
 from probe_report import _bits, row_op_variants
 
-T16 = dict(read_twice=True, num_warps=16)
 CASES = [
-    ("rms", 16384, 8192, {"default": {}, "runs 1": dict(runs=1), "runs 4": dict(runs=4), "runs 64": dict(runs=64),
-                          "store plain": dict(store_hint=""), "twice 8w": dict(read_twice=True, num_warps=8),
-                          "held 8w": dict(read_twice=False, num_warps=8)}),
-    ("rms fp32", 8192, 4096, {"default": {}, "runs 16": dict(runs=16), "runs 128": dict(runs=128),
-                              "store plain": dict(store_hint=""), "twice 8w": dict(read_twice=True, num_warps=8)}),
+    ("rms", 16384, 8192, {"default": {}, "runs 4": dict(runs=4), "runs 64": dict(runs=64),
+                          "store plain": dict(store_hint=""), "twice 8w": dict(read_twice=True, num_warps=8)}),
+    ("rms fp32", 8192, 4096, {"default": {}, "runs 16": dict(runs=16), "store plain": dict(store_hint="")}),
     ("rms", 4096, 16384, {"default": {}, "runs 4": dict(runs=4), "runs 64": dict(runs=64),
-                          "twice 8w": dict(read_twice=True, num_warps=8), "held 4w": dict(num_warps=4),
                           "store first": dict(store_hint="evict_first")}),
-    ("ln", 65536, 1024, {"default": {}, "4 rows 4w": dict(rows_per_program=4, num_warps=4),
-                         "16 rows 16w": dict(rows_per_program=16, num_warps=16),
-                         "twice 4 rows 4w": dict(read_twice=True, rows_per_program=4, num_warps=4),
-                         "runs 1": dict(runs=1), "runs 32": dict(runs=32),
+    ("ln", 65536, 1024, {"default": {}, "runs 1": dict(runs=1), "runs 32": dict(runs=32),
                          "store first": dict(store_hint="evict_first"), "read first": dict(read_policy="evict_first")}),
 ]
 
