@@ -5,7 +5,7 @@ faster than treefold's (``results/h200-probe-kernel-times.txt``): RMSNorm 16384 
 against 64.9), LayerNorm 65536 x 1024 (compile 66.0 against 66.9). Every variant checked bit for
 bit against its case's default first; three interleaved rounds.
 
-    python benchmarks/probe_kernel_variants.py [OUT_DIR]   (CUDA)
+    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode]   (CUDA)
 """
 import json
 import os
@@ -28,9 +28,18 @@ CASES = [
 ]
 
 
-def main(out_dir: str) -> None:
+#: ``decode``: the bench's kernel time put torch.compile's 64 x 8192 at 2.1 us after the flush
+#: against treefold's 2.7 (``results/h200-norms-kernel-times.md``): one row per program, 4 warps
+DECODE_CASES = [("rms", 64, 8192, {"default": {}, "8w": dict(num_warps=8), "16w": dict(num_warps=16),
+                                   "twice 16w": dict(read_twice=True, num_warps=16),
+                                   "split 2": dict(segments_per_program=2)}),
+                ("rms", 64, 4096, {"default": {}, "8w": dict(num_warps=8), "twice 8w": dict(read_twice=True,
+                                                                                      num_warps=8)})]
+
+
+def main(out_dir: str, which: str = "") -> None:
     torch.manual_seed(0)
-    variants = row_op_variants(CASES)
+    variants = row_op_variants(DECODE_CASES if which == "decode" else CASES)
     cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     first, unequal = {}, []
     for name, (fn, _, case) in variants.items():
@@ -48,9 +57,9 @@ def main(out_dir: str) -> None:
     for name, ts in times.items():
         print(f"{name:{width}s}  " + "  ".join(f"{t:7.2f}" for t in ts) + f"  median {statistics.median(ts):7.2f} us")
     if out_dir:
-        with open(os.path.join(out_dir, "probe-kernel-variants.json"), "w") as f:
+        with open(os.path.join(out_dir, f"probe-kernel-variants{'-' + which if which else ''}.json"), "w") as f:
             json.dump(dict(kernel_us=times, unequal=unequal), f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "")
+    main(sys.argv[1] if len(sys.argv) > 1 else "", sys.argv[2] if len(sys.argv) > 2 else "")
