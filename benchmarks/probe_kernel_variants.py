@@ -1,5 +1,5 @@
 """Launch choices of the norm forward timed by their kernels' durations (the profiler's, CUPTI,
-after an L2 flush: ``probe_kernel_times.kernel_us``), at the four shapes where a peer's kernel ran
+after an L2 flush: ``treefold.bench.timing.kernel_us``, 50 calls), at the four shapes where a peer's kernel ran
 faster than treefold's (``results/h200-probe-kernel-times.txt``): RMSNorm 16384 x 8192 (compile
 126.0 us against 128.2), 4096 x 16384 (QuACK 67.5 against 68.0), float32 8192 x 4096 (compile 64.4
 against 64.9), LayerNorm 65536 x 1024 (compile 66.0 against 66.9). Every variant checked bit for
@@ -14,8 +14,8 @@ import sys
 
 import torch
 
-from probe_kernel_times import kernel_us
-from probe_report import _bits, row_op_variants
+from probe_report import check_bits, row_op_variants
+from treefold.bench.timing import kernel_us
 
 CASES = [
     ("rms", 16384, 8192, {"default": {}, "runs 4": dict(runs=4), "runs 64": dict(runs=64),
@@ -40,19 +40,11 @@ DECODE_CASES = [("rms", 64, 8192, {"default": {}, "8w": dict(num_warps=8), "16w"
 def main(out_dir: str, which: str = "") -> None:
     torch.manual_seed(0)
     variants = row_op_variants(DECODE_CASES if which == "decode" else CASES)
-    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    first, unequal = {}, []
-    for name, (fn, _, case) in variants.items():
-        out = [t.clone() for t in fn() if t is not None]
-        if case not in first:
-            first[case] = out
-        elif not all(torch.equal(_bits(a), _bits(c)) for a, c in zip(out, first[case])):
-            unequal.append(name)
-    print("bits equal to the default in every case" if not unequal else f"NOT EQUAL: {unequal}")
+    unequal = check_bits(variants)
     times = {name: [] for name in variants}
     for _ in range(3):
         for name, (fn, _, _) in variants.items():
-            times[name].append(kernel_us(fn, cache)[0])
+            times[name].append(kernel_us(fn, calls=50))
     width = max(len(n) for n in times)
     for name, ts in times.items():
         print(f"{name:{width}s}  " + "  ".join(f"{t:7.2f}" for t in ts) + f"  median {statistics.median(ts):7.2f} us")

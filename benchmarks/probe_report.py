@@ -193,11 +193,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
-def check_and_time(variants: dict, out_path: str = "", graphed: bool = False) -> None:
-    """Check every variant of ``row_op_variants`` bit for bit against its case's first, then time
-    them all (``time_against_roof``, three interleaved rounds, L2 flushed; with ``graphed``, the
-    device time per call of 20 calls captured in a CUDA graph, ``cuda_graph_us``, as the bench's
-    decode column) and write ``out_path``."""
+def check_bits(variants: dict) -> list[str]:
+    """The names of the variants of ``row_op_variants`` whose outputs differ, bit for bit, from the
+    first variant of their case; printed too."""
     unequal, first = [], {}
     for name, (fn, _, case) in variants.items():
         out = [t.clone() for t in fn() if t is not None]
@@ -206,6 +204,15 @@ def check_and_time(variants: dict, out_path: str = "", graphed: bool = False) ->
         elif not all(torch.equal(_bits(a), _bits(c)) for a, c in zip(out, first[case])):
             unequal.append(name)
     print("bits equal to the default in every case" if not unequal else f"NOT EQUAL: {unequal}")
+    return unequal
+
+
+def check_and_time(variants: dict, out_path: str = "", graphed: bool = False) -> None:
+    """Check every variant of ``row_op_variants`` bit for bit against its case's first, then time
+    them all (``time_against_roof``, three interleaved rounds, L2 flushed; with ``graphed``, the
+    device time per call of 20 calls captured in a CUDA graph, ``cuda_graph_us``, as the bench's
+    decode column) and write ``out_path``."""
+    unequal = check_bits(variants)
     if not graphed:
         time_against_roof({k: v[0] for k, v in variants.items()}, {k: v[1] for k, v in variants.items()}, out_path,
                           unequal=unequal)

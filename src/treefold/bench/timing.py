@@ -71,12 +71,16 @@ class CpuTimer:
         return f"wall clock on the CPU, median of {self.min_runs} to {self.max_runs} runs"
 
 
+#: The names of the kernels of do_bench's L2 flush, profiled once per process (``kernel_us``).
+_FLUSH_KERNELS: set[str] = set()
+
+
 def kernel_us(fn: Callable[[], Any], calls: int = 20) -> float | None:
     """GPU time per call of ``fn``'s kernels alone: the durations the profiler (CUPTI) records for
     every kernel and memory operation ``fn`` puts on the device, summed, over ``calls`` calls, each
     after the L2 flush do_bench makes. Gaps between a call's kernels are not counted, so for a
     call of several kernels this is less than its time. The flush's own kernels are known by
-    their names, taken from a profile of the flush alone (a call that launches a kernel of the
+    their names, taken from a profile of the flush alone, once (a call that launches a kernel of the
     same name, an int8 fill, would lose it too). None when the profiler records nothing."""
     import triton  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
@@ -90,7 +94,9 @@ def kernel_us(fn: Callable[[], Any], calls: int = 20) -> float | None:
             torch.cuda.synchronize()
         return [e for e in prof.events() if e.device_time > 0]
 
-    flush_names = {e.name for e in device_events(lambda: driver.clear_cache(cache))}
+    if not _FLUSH_KERNELS:
+        _FLUSH_KERNELS.update(e.name for e in device_events(lambda: driver.clear_cache(cache)))
+    flush_names = _FLUSH_KERNELS
 
     def calls_after_flush():
         for _ in range(calls):
