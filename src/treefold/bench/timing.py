@@ -79,7 +79,9 @@ def kernel_us(fn: Callable[[], Any], calls: int = 20) -> float | None:
     """GPU time per call of ``fn``'s kernels alone: the durations the profiler (CUPTI) records for
     every kernel and memory operation ``fn`` puts on the device, summed, over ``calls`` calls, each
     after the L2 flush do_bench makes. Gaps between a call's kernels are not counted, so for a
-    call of several kernels this is less than its time. The flush's own kernels are known by
+    call of several kernels this is less than its time; launches that overlap (programmatic
+    dependent launches: sampling, the split softmax) count the overlap twice, a dependent
+    kernel's wait for its producer included. The flush's own kernels are known by
     their names, taken from a profile of the flush alone, once (a call that launches a kernel of the
     same name, an int8 fill, would lose it too). None when the profiler records nothing."""
     import triton  # noqa: PLC0415
