@@ -5,8 +5,11 @@ do_bench times the window between two CUDA events around the call. At LayerNorm 
 65536 x 1024 that window was 1.5 us longer for treefold's public call than for its launch, while
 the profiler gave the kernel the same duration from both (``results/h200-probe-public-norms.txt``):
 so at these shapes the window measures more than the kernels. Here the kernels alone: the sum of
-the durations of every kernel a call launches (the flush's fill excluded), per call, over 50
-calls, for treefold and the peers built exactly as the bench builds them; three rounds.
+the durations of every kernel a call launches (``treefold.bench.timing.kernel_us``, the flush's
+kernels excluded), per call, over 50 calls, for treefold and the peers built exactly as the bench
+builds them; three rounds. (``results/h200-probe-kernel-times.txt`` was taken with this probe's
+own timer before the bench had one: the same sum, the flush's fill excluded by name, and a count
+of kernels per call beside it.)
 
     python benchmarks/probe_kernel_times.py [OUT_DIR]   (CUDA; peers from .peers/activate.sh)
 """
@@ -16,12 +19,12 @@ import statistics
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import treefold
 from treefold.bench.cases import CASES_BY_NAME, Shape
 from treefold.bench.providers import make_providers
 from treefold.bench.runner import load_providers, make_inputs, clone_inputs
+from treefold.bench.timing import kernel_us
 
 CASES = [("rms_norm", 16384, 8192, "bf16"), ("rms_norm", 65536, 1024, "bf16"), ("rms_norm", 4096, 16384, "bf16"),
          ("rms_norm", 8192, 4096, "fp32"), ("rms_norm", 8192, 4096, "bf16"), ("rms_norm", 32768, 4096, "bf16"),
@@ -30,21 +33,9 @@ CASES = [("rms_norm", 16384, 8192, "bf16"), ("rms_norm", 65536, 1024, "bf16"), (
 CALLS = 50
 
 
-def kernel_us(fn, cache) -> tuple[float, int]:
-    """(GPU time per call in us, kernels per call)."""
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            cache.zero_()
-            fn()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_time > 0 and "FillFunctor" not in e.name]
-    return sum(e.device_time for e in kernels) / CALLS, len(kernels) // CALLS
-
-
 def main(out_dir: str) -> None:
     device = torch.device("cuda")
     providers = load_providers(make_providers(["torch", "compile", "liger", "quack"], treefold), print)
-    cache = torch.empty(256 << 20, dtype=torch.int8, device=device)
     rows = []
     for name, m, n, dtype in CASES:
         case, shape = CASES_BY_NAME[name], Shape(m, n, dtype)
@@ -62,17 +53,14 @@ def main(out_dir: str) -> None:
             except Exception as e:  # a peer that refuses the shape
                 print(f"{name} {m}x{n} {dtype} {p.name}: {type(e).__name__}: {str(e)[:80]}")
         times = {k: [] for k in calls}
-        kernels = {}
         for _ in range(3):
             for k, fn in calls.items():
-                us, count = kernel_us(fn, cache)
-                times[k].append(us)
-                kernels[k] = count
+                times[k].append(kernel_us(fn, CALLS))
         label = f"{name} {m}x{n} {dtype}"
         for k, ts in times.items():
-            rows.append(dict(case=label, provider=k, us=ts, kernels=kernels[k]))
+            rows.append(dict(case=label, provider=k, us=ts))
             print(f"{label:32s} {k:9s} " + "  ".join(f"{t:7.2f}" for t in ts)
-                  + f"  median {statistics.median(ts):7.2f} us  ({kernels[k]} kernel(s) per call)")
+                  + f"  median {statistics.median(ts):7.2f} us")
         del base, calls
         torch.cuda.empty_cache()
     if out_dir:

@@ -67,7 +67,7 @@ _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: RMSNorm rows whose on-chip block is ``_READ_TWICE_ROW_BYTES`` are read a second time after their
 #: reduction rather than held (``read_twice``), by one warp per ``_READ_TWICE_BYTES_PER_WARP`` of
 #: the block (two 16-byte vectors per thread: 32 registers, four programs of 16 warps per SM; at
-#: most 16 warps where read_twice is asked of longer rows), the first read kept in L2
+#: most ``_READ_TWICE_MAX_WARPS`` where read_twice is asked of longer rows), the first read kept in L2
 #: (``_READ_TWICE_READ_POLICY``) for the second (evict-first). Inductor builds torch.compile's
 #: RMSNorm at these shapes the same way (blocks of 2048 or 4096 with 16 warps, the first read
 #: evict-last, ``results/inductor-norms/``), and it beat the held rows. H200, bits equal, three
@@ -78,6 +78,7 @@ _WIDE_ROW_ELEMENTS_PER_THREAD = 64
 #: 85.0% against 90.1-90.6 held by 8.
 _READ_TWICE_ROW_BYTES = (8192, 16384)
 _READ_TWICE_BYTES_PER_WARP = 1024
+_READ_TWICE_MAX_WARPS = 16
 _READ_TWICE_READ_POLICY = "evict_last"
 #: With a residual the row read again is h, read back from its own store (kept in L2), by one warp
 #: per ``_READ_TWICE_RESIDUAL_BYTES_PER_WARP``. H200, bits equal, three interleaved rounds
@@ -287,7 +288,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         default_warps = _warps_for(rows * layout["LANES"] * layout["SEGMENTS"])
     if read_twice and not held and rows == 1:
         per_warp = _READ_TWICE_RESIDUAL_BYTES_PER_WARP if has_residual else _READ_TWICE_BYTES_PER_WARP
-        default_warps = min(16, max(1, row_block(n) * dtype.itemsize // per_warp))
+        default_warps = min(_READ_TWICE_MAX_WARPS, max(1, row_block(n) * dtype.itemsize // per_warp))
     if store_hint is None:
         store_hint = _READ_TWICE_STORE_POLICY if read_twice else ""
     runs = _check_runs(_segment_runs(n, dtype, 1 if held else rows) if runs is None else runs, layout)

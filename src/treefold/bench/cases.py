@@ -344,8 +344,8 @@ class Case:
     reference: Callable[[dict], Any]          # float64, differentiable torch code
     eager: Callable[[dict], Any]              # the torch eager peer
     call_treefold: Callable[[Any, dict], Any]
-    hf_eager: Callable[[dict], Any] | None = None   # Hugging Face's model code, where it is not ``eager``
-    compile_source: Callable[[dict], Any] | None = None   # what torch.compile compiles (default: eager)
+    # Hugging Face's model code, where it is not ``eager``; torch.compile compiles it where given
+    hf_eager: Callable[[dict], Any] | None = None
     backward: Backward | None = None
     accuracy: Callable[[Any, Any, dict], dict] = accuracy_float
     whole_tensor: bool = False
@@ -411,7 +411,6 @@ def _cases() -> list[Case]:
         eager=lambda i: F.rms_norm(i["x"], (i["x"].shape[-1],), i["weight"], RMS_EPS),
         call_treefold=lambda tf, i: tf.rms_norm(i["x"], i["weight"], RMS_EPS),
         hf_eager=lambda i: hf_llama_rms_norm(i["x"], i["weight"]),
-        compile_source=lambda i: hf_llama_rms_norm(i["x"], i["weight"]),
         notes="torch eager is F.rms_norm; hf runs Hugging Face's Llama RMSNorm eagerly and "
               "torch.compile compiles it")
     add_rms_norm = Case(
@@ -420,7 +419,7 @@ def _cases() -> list[Case]:
         inputs_add_rms_norm, bytes_add_rms_norm,
         reference=_ref_add_rms_norm, eager=_eager_add_rms_norm,
         call_treefold=lambda tf, i: tf.rms_norm(i["x"], i["weight"], RMS_EPS, residual=i["residual"]),
-        hf_eager=_hf_add_rms_norm, compile_source=_hf_add_rms_norm, unary=False,
+        hf_eager=_hf_add_rms_norm, unary=False,
         notes="torch eager is the add then F.rms_norm; hf runs the add and Hugging Face's Llama "
               "RMSNorm eagerly and torch.compile compiles them")
     layer_norm = Case(

@@ -132,7 +132,8 @@ class HuggingFaceProvider(Provider):
 
 
 class CompileProvider(Provider):
-    """torch.compile of the case's torch code (Inductor, default mode, static shapes)."""
+    """torch.compile of the model code (Inductor, default mode, static shapes): Hugging Face's
+    where the case has it (``Case.hf_eager``), else the case's torch code."""
 
     name = "compile"
     title = "torch.compile"
@@ -152,7 +153,7 @@ class CompileProvider(Provider):
         return torch.__version__
 
     def build(self, case: Case, inputs: dict, shape: Shape) -> Impl | None:
-        compiled = torch.compile(case.compile_source or case.eager, dynamic=False)
+        compiled = torch.compile(case.hf_eager or case.eager, dynamic=False)
         return Impl(lambda: compiled(inputs), inputs)
 
 
