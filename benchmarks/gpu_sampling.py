@@ -13,9 +13,12 @@ top-k 50 + top-p 0.9 and min-p 0.05 sampling, plain temperature sampling and top
 torch.argmax, torch.topk, torch.multinomial and the Hugging Face sort-based warpers (written out
 below), and FlashInfer when it is installed.
 
-Three times per case: ``gpu`` is do_bench of the eager call (median, L2 flushed: the GPU time
+Four times per case: ``gpu`` is do_bench of the eager call (median, L2 flushed: the GPU time
 from the first kernel to the last, launch gaps included), ``graph`` is do_bench of the same call
-replayed from a CUDA graph, ``host`` is the wall time per eager call in a loop of calls with no
+replayed from a CUDA graph (the graph's own launch on the device included), ``kernel`` is the time
+during which the replayed call's kernels run, by the profiler's start and end of each, after the
+same flush (``treefold.bench.timing.kernel_us``: overlapping dependent launches count once, the
+graph's launch not at all), ``host`` is the wall time per eager call in a loop of calls with no
 synchronisation (what a decode loop pays without graphs). GB/s counts the logits read once; the
 roof is a 2 GiB device-to-device copy (read + write) measured in the same run.
 
@@ -37,6 +40,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import treefold  # noqa: E402
+from treefold.bench.timing import kernel_us  # noqa: E402
 from treefold.reference import sampling as reference  # noqa: E402
 
 VOCAB = 151936
@@ -256,11 +260,13 @@ def time_case(op: str, dtype, batch: int, impl: str, fn, nbytes: int, roof: floa
         replay = graphed(fn)
         row["graph_us"] = gpu_us(replay)
         row["graph_host_us"] = host_us(replay)
+        row["kernel_us"] = kernel_us(replay)
     row["gbps"] = nbytes / (row["gpu_us"] * 1e-6) / 1e9
     row["roof_pct"] = 100.0 * row["gbps"] / roof
     RESULTS["timings"].append(row)
     say(f"  {op:22s} {row['dtype']:8s} {batch:3d} {impl:26s} gpu {row['gpu_us']:9.1f} us  "
-        f"graph {row.get('graph_us', float('nan')):9.1f} us  host {row['host_us']:8.1f} us")
+        f"graph {row.get('graph_us', float('nan')):9.1f} us  kernel {row.get('kernel_us') or float('nan'):9.1f} us  "
+        f"host {row['host_us']:8.1f} us")
 
 
 def timings(roof: float) -> None:
@@ -326,6 +332,14 @@ def profile() -> None:
                 f"{k.split('_kernel')[0]} {v} us" for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])))
 
 
+def _speedup(base: dict, tf: dict) -> float:
+    """The baseline's time over treefold's, replayed from CUDA graphs where both were (at decode
+    sizes the eager times are mostly the host's), else eager."""
+    if base.get("graph_us") and tf.get("graph_us"):
+        return base["graph_us"] / tf["graph_us"]
+    return base["gpu_us"] / tf["gpu_us"]
+
+
 def table(roof: float) -> None:
     """One line per case: treefold's times, its share of the roof, the baseline and the ratio."""
     by = {}
@@ -333,9 +347,11 @@ def table(roof: float) -> None:
         by.setdefault((r["op"], r["dtype"], r["batch"]), {})[r["impl"]] = r
     say("")
     say(f"roof {roof:.0f} GB/s (2 GiB device-to-device copy, read + write); us = do_bench median "
-        f"of the eager call; graph = replayed from a CUDA graph; host = wall us per eager call")
-    say(f"{'op':21s} {'shape':15s} {'us':>7s} {'graph':>7s} {'host':>6s} {'GB/s':>5s} "
-        f"{'%roof':>5s} | {'vs torch':22s} {'us':>7s} {'graph':>7s} {'speedup':>8s}")
+        f"of the eager call; graph = replayed from a CUDA graph; kernel = the replayed call's kernels "
+        f"running (profiler); host = wall us per eager call")
+    say(f"{'op':21s} {'shape':15s} {'us':>7s} {'graph':>7s} {'kernel':>7s} {'host':>6s} {'GB/s':>5s} "
+        f"{'%roof':>5s} | {'vs torch':22s} {'us':>7s} {'graph':>7s} {'kernel':>7s} {'speedup':>8s}")
+    say("speedup: the baseline's graph time over treefold's")
     for (op, dtype, batch), impls in by.items():
         tf = next((r for k, r in impls.items() if k.startswith("treefold")), None)
         base = next((r for k, r in impls.items() if not k.startswith("treefold")
@@ -344,11 +360,12 @@ def table(roof: float) -> None:
             continue
         short = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
         line = (f"{op:21s} {short + ' ' + str(batch) + 'x' + str(VOCAB):15s} "
-                f"{tf['gpu_us']:7.1f} {tf.get('graph_us', math.nan):7.1f} {tf['host_us']:6.1f} "
+                f"{tf['gpu_us']:7.1f} {tf.get('graph_us', math.nan):7.1f} {tf.get('kernel_us') or math.nan:7.1f} "
+                f"{tf['host_us']:6.1f} "
                 f"{tf['gbps']:5.0f} {tf['roof_pct']:5.1f} |")
         if base:
             line += (f" {base['impl']:22s} {base['gpu_us']:7.1f} {base.get('graph_us', math.nan):7.1f}"
-                     f" {base['gpu_us'] / tf['gpu_us']:7.1f}x")
+                     f" {base.get('kernel_us') or math.nan:7.1f} {_speedup(base, tf):7.1f}x")
         if "flashinfer" in impls:
             line += f" (flashinfer {impls['flashinfer']['gpu_us']:.1f})"
         say(line)

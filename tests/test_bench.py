@@ -634,8 +634,22 @@ def test_rounds_take_kernel_times_where_the_timer_gives_them():
     assert call.row["note"] == "no kernel time: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
 
 
+@pytest.mark.parametrize("intervals, busy", [
+    ([], 0.0),
+    ([(2.0, 5.0)], 3.0),
+    ([(0.0, 1.0), (3.0, 4.5)], 2.5),                  # a gap between launches is not counted
+    ([(0.0, 4.0), (1.0, 6.0)], 6.0),                  # a dependent launch started early: once
+    ([(1.0, 6.0), (0.0, 4.0), (2.0, 3.0)], 6.0),      # any order; one inside another
+    ([(0.0, 2.0), (2.0, 3.0), (5.0, 5.0)], 3.0),      # touching; empty
+])
+def test_busy_time_counts_every_instant_once(intervals, busy):
+    from treefold.bench.timing import busy_us
+    assert busy_us(intervals) == busy
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU tier: the profiler's kernel durations")
 def test_gpu_kernel_time_is_the_kernels_alone():
+    import treefold
     from treefold.bench.timing import CudaTimer, kernel_us
     x = torch.randn(1 << 26, device="cuda")
     one = kernel_us(lambda: x.mul(2.0))
@@ -643,6 +657,11 @@ def test_gpu_kernel_time_is_the_kernels_alone():
     # the flush is not counted: the kernel reads and writes 512 MiB, about 130 us on an H200
     assert 0 < one <= CudaTimer()(lambda: x.mul(2.0))
     assert two == pytest.approx(2 * one, rel=0.1)
+    # six launches chained as sampling chains them (programmatic dependent launches): the
+    # overlap of a dependent kernel with its producer counts once, so no more than the sum
+    logits = torch.randn(64, 151936, device="cuda")
+    sampled = kernel_us(lambda: treefold.sample(logits, top_p=0.9, seed=1))
+    assert 0 < sampled <= CudaTimer()(lambda: treefold.sample(logits, top_p=0.9, seed=1))
 
 
 @pytest.mark.parametrize("accuracy, reason", [

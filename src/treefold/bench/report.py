@@ -209,10 +209,11 @@ def render_markdown(result: dict) -> str:
         "- speedup: the best peer's time over treefold's (above 1, treefold is faster). A provider whose "
         "output is wrong (NaN or Inf where the reference has none, a relative L2 error above 0.05, a wrong "
         "index or token) is not counted as a peer; its row says so.",
-        "- kernel us: on a GPU, the sum of the durations the profiler (CUPTI) gives the call's kernels, "
-        "each call after the same L2 flush, the median of the rounds: do_bench's window holds 1-3 us "
-        "besides the kernels, which decides margins of a few percent; gaps between a call's kernels are "
-        "not in it, and kernels that overlap (dependent launches) count the overlap twice. Its speedup is the best peer's kernel time over treefold's.",
+        "- kernel us: on a GPU, the time during which at least one of the call's kernels runs, by the "
+        "profiler's (CUPTI) start and end of each, each call after the same L2 flush, the median of the "
+        "rounds: do_bench's window holds 1-3 us besides the kernels, which decides margins of a few "
+        "percent. Gaps between a call's kernels are not in it; kernels that overlap (dependent launches) "
+        "count once. Its speedup is the best peer's kernel time over treefold's.",
         "- CUDA graph us: for calls moving at most 48 MiB (decode sizes), the device time per call with "
         "20 calls captured in one CUDA graph (no host cost, no L2 flush); their eager time is mostly the host's.",
         f"- Reproduce: `{result['command']}`",

@@ -75,16 +75,29 @@ class CpuTimer:
 _FLUSH_KERNELS: set[str] = set()
 
 
+def busy_us(intervals) -> float:
+    """The length of the union of ``(start, end)`` intervals: time covered by at least one of
+    them, an overlap counted once and a gap not at all."""
+    total, covered_to = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > covered_to:
+            total += end - max(start, covered_to)
+            covered_to = end
+    return total
+
+
 def kernel_us(fn: Callable[[], Any], calls: int = 20) -> float | None:
-    """GPU time per call of ``fn``'s kernels alone: the durations the profiler (CUPTI) records for
-    every kernel and memory operation ``fn`` puts on the device, summed, over ``calls`` calls, each
-    after the L2 flush do_bench makes. Gaps between a call's kernels are not counted, so for a
-    call of several kernels this is less than its time; launches that overlap (programmatic
-    dependent launches: sampling, the split softmax) count the overlap twice, a dependent
-    kernel's wait for its producer included. The flush's own kernels are known by
-    their names, taken from a profile of the flush alone, once (a call that launches a kernel of the
-    same name, an int8 fill, would lose it too). None when the profiler records nothing."""
+    """GPU time per call of ``fn``'s kernels alone: the time during which at least one of the
+    kernels and memory operations ``fn`` puts on the device runs, by the profiler's (CUPTI)
+    start and end of each, over ``calls`` calls, each after the L2 flush do_bench makes. Gaps
+    between a call's kernels are not counted (in an eager call of several launches they are
+    mostly the host's); launches that overlap (programmatic dependent launches: sampling, the
+    split softmax) count the overlap once, a dependent kernel's wait for its producer included.
+    For a call of one kernel this is that kernel's duration. The flush's own kernels are known by
+    their names, taken from a profile of the flush alone, once (a call that launches a kernel of
+    the same name, an int8 fill, would lose it too). None when the profiler records nothing."""
     import triton  # noqa: PLC0415
+    from torch.autograd import DeviceType  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
     driver = triton.runtime.driver.active
@@ -94,7 +107,7 @@ def kernel_us(fn: Callable[[], Any], calls: int = 20) -> float | None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             run()
             torch.cuda.synchronize()
-        return [e for e in prof.events() if e.device_time > 0]
+        return [e for e in prof.events() if e.device_type == DeviceType.CUDA and e.device_time > 0]
 
     if not _FLUSH_KERNELS:
         _FLUSH_KERNELS.update(e.name for e in device_events(lambda: driver.clear_cache(cache)))
@@ -108,7 +121,9 @@ def kernel_us(fn: Callable[[], Any], calls: int = 20) -> float | None:
     fn()
     torch.cuda.synchronize()
     events = [e for e in device_events(calls_after_flush) if e.name not in flush_names]
-    return sum(e.device_time for e in events) / calls if events else None
+    if not events:
+        return None
+    return busy_us((e.time_range.start, e.time_range.end) for e in events) / calls
 
 
 def cuda_graph_us(fn: Callable[[], Any], calls: int = 20, replays: int = 21) -> float:
