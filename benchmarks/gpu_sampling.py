@@ -18,7 +18,9 @@ from the first kernel to the last, launch gaps included), ``graph`` is do_bench 
 replayed from a CUDA graph (the graph's own launch on the device included), ``kernel`` is the time
 during which the replayed call's kernels run, by the profiler's start and end of each, after the
 same flush (``treefold.bench.timing.kernel_us``: overlapping dependent launches count once, the
-graph's launch not at all), ``host`` is the wall time per eager call in a loop of calls with no
+graph's launch not at all), ``clean`` the same after a flush that leaves the L2 clean (do_bench's
+zeroes 256 MB, and the call's first reads then write dirty lines back; this one reads another
+256 MB after the zeroing), ``host`` is the wall time per eager call in a loop of calls with no
 synchronisation (what a decode loop pays without graphs). GB/s counts the logits read once; the
 roof is a 2 GiB device-to-device copy (read + write) measured in the same run.
 
@@ -161,6 +163,19 @@ def host_us(fn, calls: int = 200) -> float:
     return (t1 - t0) / calls * 1e6
 
 
+_CLEAN = {}
+
+
+def clean_flush() -> None:
+    """Empty the L2 of the call's inputs and leave it clean: zero 256 MB (as do_bench does), then
+    read another 256 MB, which writes the zeroes' dirty lines back before the call."""
+    if not _CLEAN:
+        _CLEAN["zeros"] = torch.empty(1 << 26, dtype=torch.int32, device="cuda")
+        _CLEAN["other"] = torch.ones(1 << 26, dtype=torch.int32, device="cuda")
+    _CLEAN["zeros"].zero_()
+    _CLEAN["other"].sum()
+
+
 def graphed(fn):
     """fn captured in a CUDA graph (static inputs): returns replay."""
     side = torch.cuda.Stream()
@@ -261,11 +276,14 @@ def time_case(op: str, dtype, batch: int, impl: str, fn, nbytes: int, roof: floa
         row["graph_us"] = gpu_us(replay)
         row["graph_host_us"] = host_us(replay)
         row["kernel_us"] = kernel_us(replay)
+        row["kernel_clean_us"] = kernel_us(replay, flush=clean_flush)
     row["gbps"] = nbytes / (row["gpu_us"] * 1e-6) / 1e9
     row["roof_pct"] = 100.0 * row["gbps"] / roof
     RESULTS["timings"].append(row)
+    save()
     say(f"  {op:22s} {row['dtype']:8s} {batch:3d} {impl:26s} gpu {row['gpu_us']:9.1f} us  "
         f"graph {row.get('graph_us', float('nan')):9.1f} us  kernel {row.get('kernel_us') or float('nan'):9.1f} us  "
+        f"clean {row.get('kernel_clean_us') or float('nan'):9.1f} us  "
         f"host {row['host_us']:8.1f} us")
 
 
@@ -348,8 +366,9 @@ def table(roof: float) -> None:
     say("")
     say(f"roof {roof:.0f} GB/s (2 GiB device-to-device copy, read + write); us = do_bench median "
         f"of the eager call; graph = replayed from a CUDA graph; kernel = the replayed call's kernels "
-        f"running (profiler); host = wall us per eager call")
-    say(f"{'op':21s} {'shape':15s} {'us':>7s} {'graph':>7s} {'kernel':>7s} {'host':>6s} {'GB/s':>5s} "
+        f"running (profiler); clean = the same after a flush that leaves the L2 clean; host = wall us "
+        f"per eager call")
+    say(f"{'op':21s} {'shape':15s} {'us':>7s} {'graph':>7s} {'kernel':>7s} {'clean':>7s} {'host':>6s} {'GB/s':>5s} "
         f"{'%roof':>5s} | {'vs torch':22s} {'us':>7s} {'graph':>7s} {'kernel':>7s} {'speedup':>8s}")
     say("speedup: the baseline's graph time over treefold's")
     for (op, dtype, batch), impls in by.items():
@@ -361,6 +380,7 @@ def table(roof: float) -> None:
         short = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
         line = (f"{op:21s} {short + ' ' + str(batch) + 'x' + str(VOCAB):15s} "
                 f"{tf['gpu_us']:7.1f} {tf.get('graph_us', math.nan):7.1f} {tf.get('kernel_us') or math.nan:7.1f} "
+                f"{tf.get('kernel_clean_us') or math.nan:7.1f} "
                 f"{tf['host_us']:6.1f} "
                 f"{tf['gbps']:5.0f} {tf['roof_pct']:5.1f} |")
         if base:
@@ -391,13 +411,19 @@ def main() -> int:
     guarded("profile", profile)
     table(roof)
     RESULTS["seconds"] = time.time() - t0
+    save()
+    return 0
+
+
+def save() -> None:
+    """Write RESULTS to $OUT/sampling.json (after every timed case too: a run cut short by a time
+    limit keeps what it measured)."""
     out = os.environ.get("OUT")
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "sampling.json"), "w") as f:
             json.dump(RESULTS, f, indent=1, default=lambda v: None if isinstance(v, float)
                       and not math.isfinite(v) else str(v))
-    return 0
 
 
 if __name__ == "__main__":

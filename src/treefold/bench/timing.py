@@ -8,10 +8,10 @@ Two timers share one interface (``timer(fn) -> microseconds``):
 - ``CpuTimer``: the median of wall-clock runs; used only by ``--cpu`` smoke runs, whose numbers
   describe the harness and the CPU path, not any GPU.
 
-``kernel_us`` sums the durations the profiler gives the call's kernels: do_bench's window between
-two events holds 1-3 us besides the kernels, and not the same for every way of launching the same
-kernel (benchmarks/NOTES.md), so where providers are within a few percent the kernels' own
-durations decide.
+``kernel_us`` is the time during which the call's kernels run, by the profiler: do_bench's window
+between two events holds 1-3 us besides the kernels, and not the same for every way of launching
+the same kernel (benchmarks/NOTES.md), so where providers are within a few percent the kernels'
+own times decide.
 
 ``cuda_graph_us`` times a call with the host out of the way: at decode sizes an eager call is
 bound by its Python and launch cost, and do_bench then measures the host, not the kernels.
@@ -71,8 +71,8 @@ class CpuTimer:
         return f"wall clock on the CPU, median of {self.min_runs} to {self.max_runs} runs"
 
 
-#: The names of the kernels of do_bench's L2 flush, profiled once per process (``kernel_us``).
-_FLUSH_KERNELS: set[str] = set()
+#: The names of the kernels of each L2 flush ``kernel_us`` has used, profiled once per process.
+_FLUSH_KERNELS: dict[Any, set[str]] = {}
 
 
 def busy_us(intervals) -> float:
@@ -86,22 +86,31 @@ def busy_us(intervals) -> float:
     return total
 
 
-def kernel_us(fn: Callable[[], Any], calls: int = 20) -> float | None:
+def kernel_us(fn: Callable[[], Any], calls: int = 20, flush: Callable[[], Any] | None = None) -> float | None:
     """GPU time per call of ``fn``'s kernels alone: the time during which at least one of the
     kernels and memory operations ``fn`` puts on the device runs, by the profiler's (CUPTI)
     start and end of each, over ``calls`` calls, each after the L2 flush do_bench makes. Gaps
     between a call's kernels are not counted (in an eager call of several launches they are
     mostly the host's); launches that overlap (programmatic dependent launches: sampling, the
     split softmax) count the overlap once, a dependent kernel's wait for its producer included.
-    For a call of one kernel this is that kernel's duration. The flush's own kernels are known by
-    their names, taken from a profile of the flush alone, once (a call that launches a kernel of
-    the same name, an int8 fill, would lose it too). None when the profiler records nothing."""
+    For a call of one kernel this is that kernel's duration. ``flush``: another way to empty the
+    L2 before each call (do_bench's zeroes 256 MB and leaves the L2 full of dirty lines, which
+    the call's first reads write back). A flush's own kernels are known by their names, taken from
+    a profile of the flush alone, once per flush (a call that launches a kernel of the same name,
+    an int8 fill for do_bench's, would lose it too). None when the profiler records nothing."""
     import triton  # noqa: PLC0415
     from torch.autograd import DeviceType  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
-    driver = triton.runtime.driver.active
-    cache = driver.get_empty_cache_for_benchmark()
+    if flush is None:
+        driver = triton.runtime.driver.active
+        cache = driver.get_empty_cache_for_benchmark()
+        flush_key = "do_bench"
+
+        def flush():
+            driver.clear_cache(cache)
+    else:
+        flush_key = flush
 
     def device_events(run) -> list:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -109,13 +118,13 @@ def kernel_us(fn: Callable[[], Any], calls: int = 20) -> float | None:
             torch.cuda.synchronize()
         return [e for e in prof.events() if e.device_type == DeviceType.CUDA and e.device_time > 0]
 
-    if not _FLUSH_KERNELS:
-        _FLUSH_KERNELS.update(e.name for e in device_events(lambda: driver.clear_cache(cache)))
-    flush_names = _FLUSH_KERNELS
+    if flush_key not in _FLUSH_KERNELS:
+        _FLUSH_KERNELS[flush_key] = {e.name for e in device_events(flush)}
+    flush_names = _FLUSH_KERNELS[flush_key]
 
     def calls_after_flush():
         for _ in range(calls):
-            driver.clear_cache(cache)
+            flush()
             fn()
 
     fn()
