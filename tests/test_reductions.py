@@ -450,9 +450,9 @@ def test_bad_arguments_raise_with_the_function_and_the_value():
         (lambda: on_device.tree_sum_rows(x, tuning=SumTuning(num_warps=3)), ValueError,
          "tuning: num_warps must be a power of two >= 1, got 3"),
         (lambda: on_device.tree_sum_rows(x, tuning=SumTuning(runs=3)), ValueError,
-         "tuning: runs must be a power of two >= 1, got 3"),
+         r"tuning: runs must be a power of two from 1 to 1 \(groups per segment\), got 3"),
         (lambda: on_device.tree_sum_rows(x, tuning=SumTuning(runs=8)), ValueError,
-         "tuning: runs=8 cuts a segment of 4 lanes finer than its groups of 4: at most 1"),
+         r"tuning: runs must be a power of two from 1 to 1 \(groups per segment\), got 8"),
         (lambda: on_device.extreme_rows(x, True, tuning=ExtremeTuning(loads_in_flight=8)), ValueError,
          r"tuning: loads_in_flight must be one of \(1, 2, 4\), got 8"),
     ]

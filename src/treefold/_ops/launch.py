@@ -117,6 +117,16 @@ def warp_runs(lanes: int, group: int) -> int:
     return max(1, lanes // (WARP_LANES * group))
 
 
+def checked_runs(who: str, runs, lanes: int, group: int) -> int:
+    """``runs`` asked of a launch (``kernels.combine.run_tree_sum``'s RUNS) checked against its
+    segments of ``lanes`` lanes in groups of ``group``: a power of two from 1 to the groups per
+    segment, else a ValueError that names ``who`` and says the range."""
+    most = lanes // group
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1 or runs & (runs - 1) or runs > most:
+        raise ValueError(f"{who}: runs must be a power of two from 1 to {most} (groups per segment), got {runs!r}")
+    return runs
+
+
 def register_cap(max_registers) -> dict:
     """The launch option that caps registers per thread (``{"maxnreg": n}``), or none for None."""
     return {"maxnreg": max_registers} if max_registers else {}

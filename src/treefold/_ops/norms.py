@@ -22,7 +22,7 @@ from .. import backend, order
 from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
-from .launch import Launcher, check_eviction_policy, check_max_registers, register_cap, warp_runs
+from .launch import Launcher, check_eviction_policy, check_max_registers, checked_runs, register_cap, warp_runs
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
 MAX_ROW_LENGTH = 65536
@@ -342,11 +342,8 @@ def _segment_runs(n: int, dtype: torch.dtype, rows: int = 1) -> int:
 
 
 def _check_runs(runs, layout: dict) -> int:
-    """``runs`` checked against the row's block: a power of two from 1 to its groups per segment."""
-    most = layout["LANES"] // layout["GROUP"]
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1 or runs & (runs - 1) or runs > most:
-        raise ValueError(f"norm: runs must be a power of two from 1 to {most} (groups per segment), got {runs!r}")
-    return runs
+    """``runs`` checked against the row's block (``launch.checked_runs``)."""
+    return checked_runs("norm", runs, layout["LANES"], layout["GROUP"])
 
 
 def _runs_constexprs(runs: int) -> dict:

@@ -22,7 +22,7 @@ import torch
 from .. import backend, order
 from ..kernels import reduce as kernels
 from ..reference import reductions as reference
-from .launch import Launcher, PreparedPipeline, dependent_launch as _dependent_launch, warp_runs
+from .launch import Launcher, PreparedPipeline, checked_runs, dependent_launch as _dependent_launch, warp_runs
 
 _segment_sum = Launcher(kernels.segment_sum_kernel)
 _segment_extreme = Launcher(kernels.segment_extreme_kernel)
@@ -299,10 +299,7 @@ def plan_sum(n: int, rows: int, dtype: torch.dtype, partial_bytes: int,
 
         group = order.group(cur, cur_dtype if first else None)
         if first and tuning.runs is not None:
-            runs = _pow2("runs", tuning.runs)
-            if runs > lanes // group:
-                raise ValueError(f"tuning: runs={runs} cuts a segment of {lanes} lanes finer than its groups of "
-                                 f"{group}: at most {lanes // group}")
+            runs = checked_runs("tuning", tuning.runs, lanes, group)
         else:
             runs = _runs(lanes, group, rpp * spp, partial_bytes)
         levels.append(SumLevel(
