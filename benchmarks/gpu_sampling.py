@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import treefold  # noqa: E402
-from treefold.bench.timing import kernel_us  # noqa: E402
+from treefold.bench.timing import clean_flush, kernel_us  # noqa: E402
 from treefold.reference import sampling as reference  # noqa: E402
 
 VOCAB = 151936
@@ -161,19 +161,6 @@ def host_us(fn, calls: int = 200) -> float:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / calls * 1e6
-
-
-_CLEAN = {}
-
-
-def clean_flush() -> None:
-    """Empty the L2 of the call's inputs and leave it clean: zero 256 MB (as do_bench does), then
-    read another 256 MB, which writes the zeroes' dirty lines back before the call."""
-    if not _CLEAN:
-        _CLEAN["zeros"] = torch.empty(1 << 26, dtype=torch.int32, device="cuda")
-        _CLEAN["other"] = torch.ones(1 << 26, dtype=torch.int32, device="cuda")
-    _CLEAN["zeros"].zero_()
-    _CLEAN["other"].sum()
 
 
 def graphed(fn):

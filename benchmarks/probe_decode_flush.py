@@ -27,7 +27,7 @@ import torch
 import triton
 
 from treefold._ops import softmax as ops
-from treefold.bench.timing import cuda_graph_us
+from treefold.bench.timing import clean_flush, cuda_graph_us
 
 N = 151936
 ROWS = (1, 64)
@@ -69,20 +69,21 @@ def warm(i, k):
 
 class FlushTimer:
     """Median of ``reps`` event-timed calls, each after zeroing a 256 MB buffer and, with
-    ``clean``, reading another 256 MB buffer (so the L2 holds clean lines of neither input)."""
+    ``clean``, reading another 256 MB buffer (so the L2 holds clean lines of neither input:
+    ``timing.clean_flush``)."""
 
     def __init__(self, clean):
         self.clean = clean
-        self.zeros = torch.empty(1 << 26, dtype=torch.int32, device="cuda")
-        self.other = torch.ones(1 << 26, dtype=torch.int32, device="cuda")
+        self.zeros = None if clean else torch.empty(1 << 26, dtype=torch.int32, device="cuda")
 
     def __call__(self, fn):
         fn()
         times = []
         for _ in range(REPS):
-            self.zeros.zero_()
             if self.clean:
-                self.other.sum()
+                clean_flush()
+            else:
+                self.zeros.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()

@@ -291,7 +291,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         default_warps = min(_READ_TWICE_MAX_WARPS, max(1, row_block(n) * dtype.itemsize // per_warp))
     if store_hint is None:
         store_hint = _READ_TWICE_STORE_POLICY if read_twice else ""
-    runs = _check_runs(_segment_runs(n, dtype, 1 if held else rows) if runs is None else runs, layout)
+    runs = checked_runs("norm", _segment_runs(n, dtype, 1 if held else rows) if runs is None else runs,
+                        layout["LANES"], layout["GROUP"])
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
@@ -339,11 +340,6 @@ def _segment_runs(n: int, dtype: torch.dtype, rows: int = 1) -> int:
         return 1
     layout = row_layout(n, dtype)
     return warp_runs(layout["LANES"], layout["GROUP"])
-
-
-def _check_runs(runs, layout: dict) -> int:
-    """``runs`` checked against the row's block (``launch.checked_runs``)."""
-    return checked_runs("norm", runs, layout["LANES"], layout["GROUP"])
 
 
 def _runs_constexprs(runs: int) -> dict:
@@ -432,7 +428,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
     """The kernel's constexprs and options for one kind of backward launch (``max_registers``: a
     cap on the registers per thread, Triton's ``maxnreg``; at 16384 x 8192 on the H200 its spills
     took RMSNorm from 88% to 52% of the roof and LayerNorm from 78% to 19%; ``runs``: as the
-    forward pass's, ``_check_runs``)."""
+    forward pass's, ``launch.checked_runs``)."""
     if paired_sums and is_rms:
         raise ValueError("norm: paired_sums=True pairs LayerNorm's two row sums; RMSNorm's backward has one")
     check_max_registers("norm", max_registers)
@@ -442,7 +438,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
                       and row_block(n) == _BACKWARD_HOLD_16BIT_LAYER_NORM_BLOCK)
     _, default_warps, default_stages = backward_config(m, n)
     layout = row_layout(n, dtype)
-    runs = _check_runs(_segment_runs(n, dtype) if runs is None else runs, layout)
+    runs = checked_runs("norm", _segment_runs(n, dtype) if runs is None else runs, layout["LANES"], layout["GROUP"])
     # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
     stages = num_stages or (1 if prefetch else default_stages)
     return dict(

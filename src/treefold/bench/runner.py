@@ -173,6 +173,12 @@ def _row(case: Case, shape: Shape, provider: Provider, status: str, **extra) -> 
     return row
 
 
+def _add_note(row: dict, text: str) -> None:
+    """Append ``text`` to the row's note (once)."""
+    if text not in row.get("note", ""):
+        row["note"] = "; ".join(x for x in (row.get("note", ""), text) if x)
+
+
 def _failed(provider: str) -> str:
     """The status of a row whose call raised: a peer with known limits refused the shape."""
     return "unsupported" if provider in PEERS_WITH_LIMITS else "error"
@@ -246,9 +252,7 @@ def time_rounds(calls: list[_Timed], timer: Callable, rounds: int,
                     kernel = kernel_timer(timed.run)
                 except Exception as e:  # the profiler, not the call: the row keeps its times
                     kernel = None
-                    note = f"no kernel time: {short_error(e)}"
-                    if note not in timed.row.get("note", ""):
-                        timed.row["note"] = "; ".join(x for x in (timed.row.get("note", ""), note) if x)
+                    _add_note(timed.row, f"no kernel time: {short_error(e)}")
                 if kernel is not None:
                     timed.kernel_times.append(float(kernel))
 
@@ -273,7 +277,7 @@ def finish(case: Case, timed: _Timed, reference: Reference | None, config: Bench
     wrong = wrong_output(row["accuracy"])
     if wrong:
         wrong = f"wrong output ({wrong})" + (": not counted as a peer" if timed.provider.is_peer else "")
-        row["note"] = "; ".join(x for x in (row["note"], wrong) if x)
+        _add_note(row, wrong)
     timed.first = None
     if row["status"] != "ok" or not timed.times:
         return row
@@ -290,7 +294,7 @@ def finish(case: Case, timed: _Timed, reference: Reference | None, config: Bench
             row["graph_us"] = cuda_graph_us(timed.run)
         except Exception as e:  # a provider that cannot be captured: say so, keep the eager row
             torch.cuda.synchronize()
-            row["note"] = "; ".join(x for x in (row["note"], f"not capturable in a CUDA graph: {short_error(e)}") if x)
+            _add_note(row, f"not capturable in a CUDA graph: {short_error(e)}")
     return row
 
 

@@ -71,6 +71,20 @@ class CpuTimer:
         return f"wall clock on the CPU, median of {self.min_runs} to {self.max_runs} runs"
 
 
+_CLEAN_FLUSH_BUFFERS: dict[str, torch.Tensor] = {}
+
+
+def clean_flush() -> None:
+    """Empty the L2 of a call's inputs and leave it clean, on the current CUDA device: zero 256 MB
+    as do_bench's flush does, then read another 256 MB, which writes the zeroes' dirty lines back
+    before the call instead of during its first reads. A ``flush`` for ``kernel_us``."""
+    if not _CLEAN_FLUSH_BUFFERS:
+        _CLEAN_FLUSH_BUFFERS["zeros"] = torch.empty(1 << 26, dtype=torch.int32, device="cuda")
+        _CLEAN_FLUSH_BUFFERS["other"] = torch.ones(1 << 26, dtype=torch.int32, device="cuda")
+    _CLEAN_FLUSH_BUFFERS["zeros"].zero_()
+    _CLEAN_FLUSH_BUFFERS["other"].sum()
+
+
 #: The names of the kernels of each L2 flush ``kernel_us`` has used, profiled once per process.
 _FLUSH_KERNELS: dict[Any, set[str]] = {}
 
@@ -95,7 +109,7 @@ def kernel_us(fn: Callable[[], Any], calls: int = 20, flush: Callable[[], Any] |
     split softmax) count the overlap once, a dependent kernel's wait for its producer included.
     For a call of one kernel this is that kernel's duration. ``flush``: another way to empty the
     L2 before each call (do_bench's zeroes 256 MB and leaves the L2 full of dirty lines, which
-    the call's first reads write back). A flush's own kernels are known by their names, taken from
+    the call's first reads write back; ``clean_flush`` does not). A flush's own kernels are known by their names, taken from
     a profile of the flush alone, once per flush (a call that launches a kernel of the same name,
     an int8 fill for do_bench's, would lose it too). None when the profiler records nothing."""
     import triton  # noqa: PLC0415
