@@ -5,7 +5,11 @@ faster than treefold's (``results/h200-probe-kernel-times.txt``): RMSNorm 16384 
 against 64.9), LayerNorm 65536 x 1024 (compile 66.0 against 66.9). Every variant checked bit for
 bit against its case's default first; three interleaved rounds.
 
-    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode]   (CUDA)
+    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange]   (CUDA)
+
+``exchange``: the rows' trees with their levels between warps met in one exchange (the default
+where the loads are aligned, ``_ops.launch.tree_exchanges``) against every level its own
+(``tree_exchange=False``), at the bench's norm shapes.
 """
 import json
 import os
@@ -37,9 +41,17 @@ DECODE_CASES = [("rms", 64, 8192, {"default": {}, "8w": dict(num_warps=8), "16w"
                                                                                       num_warps=8)})]
 
 
+_ONE_BY_ONE = {"default": {}, "level by level": dict(tree_exchange=False)}
+EXCHANGE_CASES = [("rms", 16384, 8192, _ONE_BY_ONE), ("rms fp32", 8192, 4096, _ONE_BY_ONE),
+                  ("rms", 32768, 4096, _ONE_BY_ONE), ("rms", 8192, 4096, _ONE_BY_ONE),
+                  ("rms", 4096, 16384, _ONE_BY_ONE), ("rms+residual", 32768, 4096, _ONE_BY_ONE),
+                  ("ln", 8192, 4096, _ONE_BY_ONE), ("ln", 16384, 8192, _ONE_BY_ONE),
+                  ("rms", 64, 8192, _ONE_BY_ONE), ("rms", 1, 4096, _ONE_BY_ONE)]
+
+
 def main(out_dir: str, which: str = "") -> None:
     torch.manual_seed(0)
-    variants = row_op_variants(DECODE_CASES if which == "decode" else CASES)
+    variants = row_op_variants({"decode": DECODE_CASES, "exchange": EXCHANGE_CASES}.get(which, CASES))
     unequal = check_bits(variants)
     times = {name: [] for name in variants}
     for _ in range(3):

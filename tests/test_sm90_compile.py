@@ -149,3 +149,117 @@ def test_reduction_norm_and_sampling_kernels_compile_for_sm90():
     done = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert int(done.stdout.split("compiled")[-1]) >= 78, done.stdout  # every launch above
+
+
+# The norm forward kernel meets the levels of a row's trees that cross warps in one exchange
+# (``kernels.combine.halving_tree``), which pairs the same partials as level by level only when
+# every index bit of the exchanged axis is a warp bit. The launcher picks those levels from a model
+# of Triton's layout (``_ops.launch.block_bits``); this compiles launches of many shapes as the
+# launcher plans them and reads the layout of every reduction in the TTGIR: each reduction over an
+# axis of more than two (an exchange) must have its axis in warps alone, no register or lane bit
+# and no warp that holds other coordinates too.
+_EXCHANGE_SCRIPT = textwrap.dedent("""
+    import ast
+    import inspect
+    import re
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import treefold.backend as backend
+    from treefold._ops import launch, norms
+
+    captured = []
+
+    def record(self, grid, *args, **kwargs):
+        captured.append((self.kernel, args, kwargs))
+
+    launch.Launcher.__call__ = record
+    backend.use_kernel = lambda t: True
+    TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+    bf16 = lambda *s: torch.empty(*s, dtype=torch.bfloat16)  # noqa: E731 (nothing runs)
+    f32 = lambda *s: torch.empty(*s, dtype=torch.float32)  # noqa: E731
+    rms = lambda x, w, r=None, **o: norms.rms_norm_impl(x, w, r, 1e-6, 0.0, "llama", x.dtype, **o)  # noqa: E731
+    ln = lambda x, w, b, **o: norms.layer_norm_impl(x, w, b, 1e-5, **o)  # noqa: E731
+    rms(bf16(16384, 8192), bf16(8192))
+    rms(bf16(16384, 8192), bf16(8192), num_warps=32)
+    rms(bf16(16384, 8192), bf16(8192), runs=4)
+    rms(bf16(16384, 8192), bf16(8192), runs=1, num_warps=32)
+    rms(f32(8192, 4096), f32(4096))
+    rms(f32(8192, 4096), f32(4096), num_warps=32)
+    rms(bf16(32768, 4096), bf16(4096))
+    rms(bf16(32768, 4096), bf16(4096), bf16(32768, 4096))
+    rms(bf16(32768, 4096), f32(4096), f32(32768, 4096))
+    rms(bf16(4096, 16384), bf16(16384))
+    rms(bf16(65536, 1024), bf16(1024))
+    rms(bf16(8192, 1024), bf16(1024), rows_per_program=2, num_warps=8)
+    rms(bf16(64, 8192), bf16(8192))
+    rms(bf16(1, 4096), bf16(4096))
+    rms(bf16(64, 5120), bf16(5120))
+    rms(bf16(64, 14336), bf16(14336))
+    rms(bf16(8, 151936), bf16(151936))
+    rms(bf16(256, 32768), bf16(32768))
+    rms(torch.empty(64, 4096, dtype=torch.float16), torch.empty(4096, dtype=torch.float16))
+    ln(bf16(16384, 8192), bf16(8192), bf16(8192))
+    ln(bf16(8192, 4096), bf16(4096), bf16(4096))
+    ln(f32(256, 12288), f32(12288), f32(12288))
+    planned = len(captured)
+    # rows that Triton cannot load 16 bytes at a time: no exchange is planned
+    rms(bf16(64, 4095), bf16(4095))
+    rms(bf16(64, 4097)[:, 1:], bf16(4096))
+    unaligned = [kwargs.get("EXCHANGES") for _, _, kwargs in captured[planned:]]
+    assert unaligned == [None, None], unaligned
+
+    def bases(layout, shape, defs):
+        sliced = re.match(r"#ttg\\.slice<\\{dim = (\\d+), parent = (.*)\\}>$", layout)
+        if sliced:
+            d = int(sliced.group(1))
+            parent = bases(sliced.group(2), shape[:d] + [1] + shape[d:], defs)
+            return [[b[:d] + b[d + 1:] for b in kind] for kind in parent]
+        kind, body = defs[layout]
+        assert kind == "linear", layout  # the trees' reshapes give linear layouts
+        lists = dict(re.findall(r"(\\w+) = (\\[(?:[^\\[\\]]|\\[[^\\]]*\\])*\\])", body))
+        return [ast.literal_eval(lists[k]) for k in ("register", "lane", "warp")]
+
+    exchanges = 0
+    for kernel, args, kwargs in captured[:planned]:
+        params = list(inspect.signature(kernel.fn).parameters)
+        runtime = [p for p in params if p not in kwargs]
+        signature = {p: TYPES[v.dtype] if isinstance(v, torch.Tensor) else "fp32" if isinstance(v, float)
+                     else "i32" for p, v in zip(runtime, args)}
+        attrs = {(params.index(p),): [["tt.divisibility", 16]] for p, v in zip(runtime, args)
+                 if isinstance(v, torch.Tensor) or (isinstance(v, int) and v and v % 16 == 0)}
+        constexprs = {k: v for k, v in kwargs.items() if k in params}
+        signature.update({k: "constexpr" for k in constexprs})
+        options = {k: v for k, v in kwargs.items() if k not in params}
+        ttgir = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                               target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
+        defs = {m.group(1): (m.group(2), m.group(3)) for m in
+                re.finditer(r"^(#\\w+) = #ttg\\.(linear|blocked)<\\{(.*)\\}>\\s*$", ttgir, re.M)}
+        for m in re.finditer(r'"tt\\.reduce"\\([^)]*\\) <\\{axis = (\\d+) : i32\\}> \\(\\{\\n.*?\\}\\) : '
+                             r'\\(tensor<([0-9x]+)xf32, ([^\\n]*?)>\\) ->', ttgir, re.S):
+            axis, shape = int(m.group(1)), [int(v) for v in m.group(2).split("x")]
+            if shape[axis] <= 2:
+                continue
+            register, lane, warp = bases(m.group(3), shape, defs)
+            on_axis = [b for b in warp if b[axis]]
+            assert not any(b[axis] for b in register + lane), (kwargs, shape, axis, register, lane)
+            assert all(sum(1 for v in b if v) == 1 for b in on_axis), (kwargs, shape, axis, warp)
+            assert sorted(b[axis] for b in on_axis) == [1 << i for i in range(len(on_axis))], (kwargs, warp)
+            assert 1 << len(on_axis) == shape[axis], (kwargs, shape, axis, warp)
+            exchanges += 1
+    print("exchanges", exchanges)
+""")
+
+
+def test_norm_tree_exchanges_cross_warps_only():
+    ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("Triton's bundled ptxas is not available")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _EXCHANGE_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split("exchanges")[-1]) >= 15, done.stdout

@@ -127,6 +127,82 @@ def checked_runs(who: str, runs, lanes: int, group: int) -> int:
     return runs
 
 
+def _log2(value: int) -> int:
+    return value.bit_length() - 1
+
+
+def block_bits(shape: tuple, vector: int, num_warps: int) -> list:
+    """Where Triton 3.6 puts each index bit of a loaded block: for each dimension, from its lowest
+    bit up, "R" (a thread's registers), "L" (lanes of a warp) or "W" (warps).
+
+    For blocks whose last dimension is the contiguous one and whose loads are ``vector`` elements
+    wide (every address 16-byte aligned and every integer in them a multiple of 16), as the norm
+    forward kernel's ``[rows, segments, runs, lanes // runs]`` blocks are: Triton's default blocked
+    layout with sizePerThread ``vector`` on the last dimension and the order (last, 0, 1, ...):
+    the 32 lanes, then the warps, fill the last dimension first and then the others in order
+    (the last of them takes whatever is left), and the bits above them are registers again.
+    ``tests/test_sm90_compile.py`` checks this against the layouts Triton gives the norm kernels'
+    trees."""
+    rank = len(shape)
+    order = [rank - 1] + list(range(rank - 1))
+    per_thread = [1] * rank
+    per_thread[-1] = min(vector, shape[-1])
+    per_warp = [1] * rank
+    per_block = [1] * rank
+    lanes, warps = WARP_LANES, num_warps
+    for i, d in enumerate(order):
+        per_warp[d] = lanes if i == rank - 1 else min(lanes, max(1, shape[d] // per_thread[d]))
+        lanes //= per_warp[d]
+    for i, d in enumerate(order):
+        room = max(1, shape[d] // (per_thread[d] * per_warp[d]))
+        per_block[d] = warps if i == rank - 1 else min(warps, room)
+        warps //= per_block[d]
+    bits = []
+    for d in range(rank):
+        kinds = ["R"] * _log2(per_thread[d]) + ["L"] * _log2(per_warp[d]) + ["W"] * _log2(per_block[d])
+        kinds = kinds[:_log2(shape[d])]
+        bits.append(kinds + ["R"] * (_log2(shape[d]) - len(kinds)))
+    return bits
+
+
+def warp_levels(bits: list) -> tuple:
+    """(first, count): the longest run of at least two consecutive levels of a halving tree whose
+    index bits (``bits``, lowest first, as ``block_bits`` gives them) are all warp bits; its levels
+    go from the highest bit down. (0, 0) where there is none."""
+    levels = list(reversed(bits))
+    best = (0, 0)
+    level = 0
+    while level < len(levels):
+        end = level
+        while end < len(levels) and levels[end] == "W":
+            end += 1
+        if end - level >= 2 and end - level > best[1]:
+            best = (level, end - level)
+        level = max(end, level + 1)
+    return best
+
+
+def tree_exchanges(rows: int, segments: int, runs: int, lanes: int, group: int, vector: int,
+                   num_warps: int) -> Optional[tuple]:
+    """The levels of a row's trees (``kernels.norms.row_tree_sum``: over the runs, over a run's
+    groups, over the segments) that ``kernels.combine.halving_tree`` meets in one exchange between
+    warps, for a block ``[rows, segments, runs, lanes // runs]`` of rows grouped by ``group``
+    lanes and loaded ``vector`` elements at a time; None where they cannot be told (the
+    interpreter, whose sums take NumPy's order; loads narrower than the groups)."""
+    if INTERPRETED or vector != group:
+        return None
+    span = lanes // runs
+    bits = block_bits((rows, segments, runs, span), vector, num_warps)
+    return warp_levels(bits[2]), warp_levels(bits[3][_log2(group):]), warp_levels(bits[1])
+
+
+def aligned(tensors, integers) -> bool:
+    """Whether Triton compiles a launch with these tensors and integers as fully aligned: every
+    address a multiple of 16 bytes, every integer a multiple of 16 (``block_bits``' premise)."""
+    return (all(t.data_ptr() % 16 == 0 for t in tensors if t is not None)
+            and all(v % 16 == 0 for v in integers))
+
+
 def register_cap(max_registers) -> dict:
     """The launch option that caps registers per thread (``{"maxnreg": n}``), or none for None."""
     return {"maxnreg": max_registers} if max_registers else {}

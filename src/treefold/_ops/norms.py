@@ -22,7 +22,8 @@ from .. import backend, order
 from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
-from .launch import Launcher, check_eviction_policy, check_max_registers, checked_runs, register_cap, warp_runs
+from .launch import (Launcher, aligned, check_eviction_policy, check_max_registers, checked_runs, register_cap,
+                     tree_exchanges, warp_runs)
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
 MAX_ROW_LENGTH = 65536
@@ -217,7 +218,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
                   read_twice: Optional[bool] = None,
                   hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
                   max_registers: Optional[int] = None, runs: Optional[int] = None,
-                  few_rows: bool = False, h_store_hint: Optional[str] = None) -> tuple[int, int, dict]:
+                  few_rows: bool = False, h_store_hint: Optional[str] = None,
+                  loads_vectors: bool = False, tree_exchange: Optional[bool] = None) -> tuple[int, int, dict]:
     """(rows per program, programs per row, the kernel's constexprs and options) for one kind of
     forward launch. ``segments_per_program`` (a power of two) shares each row among programs
     holding that many segments each (0: whole rows); it excludes ``rows_per_program``.
@@ -246,7 +248,11 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     7-16 points at 4096 x 16384 on the H200, ``benchmarks/results/h200-probe-max-registers.txt``).
     ``runs``: each segment of the block cut into this many runs of lanes (a power of two dividing
     C(N) / G(N, dtype); ``combine.run_tree_sum``): with runs of 32 vectors, Triton gives the warps
-    to the segments (default: ``_segment_runs``)."""
+    to the segments (default: ``_segment_runs``).
+    ``loads_vectors``: the launch's rows are loaded 16 bytes at a time (``launch.aligned``, and every row
+    tensor of one element size): the trees of whole rows then meet their levels between warps in
+    one exchange each (``launch.tree_exchanges``; the same bits) unless ``tree_exchange`` is False
+    (every level its own exchange, as the interpreter and unaligned rows have them)."""
     default_rows, default_warps = forward_config(n, is_rms, has_residual)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -293,6 +299,11 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         store_hint = _READ_TWICE_STORE_POLICY if read_twice else ""
     runs = checked_runs("norm", _segment_runs(n, dtype, 1 if held else rows) if runs is None else runs,
                         layout["LANES"], layout["GROUP"])
+    num_warps = num_warps or default_warps
+    exchanges = None
+    if loads_vectors and not held and tree_exchange is not False:
+        exchanges = tree_exchanges(rows, layout["SEGMENTS"], runs, layout["LANES"], layout["GROUP"],
+                                   16 // dtype.itemsize, num_warps)
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
@@ -301,8 +312,8 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         **({"STORE_POLICY": store_hint} if store_hint else {}),
         # (h's store: its own policy where it is read back; "" without a residual, no h)
         H_STORE_POLICY=h_store_hint if reads_h else store_hint if has_residual else "",
-        **_runs_constexprs(runs),
-        num_warps=num_warps or default_warps, **register_cap(max_registers),
+        **_runs_constexprs(runs), EXCHANGES=exchanges,
+        num_warps=num_warps, **register_cap(max_registers),
         enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
 
 
@@ -375,12 +386,13 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    fused_squares: Optional[bool] = None, read_twice: Optional[bool] = None,
                    hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
                    max_registers: Optional[int] = None, runs: Optional[int] = None,
-                   h_store_hint: Optional[str] = None, prepare_key=None) -> None:
+                   h_store_hint: Optional[str] = None, tree_exchange: Optional[bool] = None,
+                   prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
 
     ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,
     ``fused_squares``, ``read_twice``, ``hold_16bit``, ``store_hint``, ``max_registers``,
-    ``runs`` and ``h_store_hint``
+    ``runs``, ``h_store_hint`` and ``tree_exchange``
     override the heuristic (``_forward_plan``; the bits do not change).
     ``prepare_key``: keep the prepared launch under this key in
     ``_PREPARED`` (no statistics; the slots are x, residual, weight, bias, y, h, those given, in
@@ -389,11 +401,14 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     """
     m, n = x2.shape
     w, b = _dense(w), _dense(b)
+    row_tensors = tuple(t for t in (x2, res2, y2, h2) if t is not None)
+    loads_vectors = (len({t.element_size() for t in row_tensors}) == 1
+                     and aligned(row_tensors + (w, b), (n, *(t.stride(0) for t in row_tensors))))
     rows, programs_per_row, plan = _forward_plan(
         n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
         offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
         read_policy, fused_squares, read_twice, hold_16bit, store_hint, max_registers, runs,
-        m < _READ_TWICE_MIN_ROWS, h_store_hint)
+        m < _READ_TWICE_MIN_ROWS, h_store_hint, loads_vectors, tree_exchange)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:

@@ -39,8 +39,41 @@ def start_dependent_launch(WAIT_FOR_PRIOR: tl.constexpr, RELEASE_DEPENDENTS: tl.
 
 
 @triton.jit
+def halving_tree(x, OUTER: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr, INNER: tl.constexpr,
+                 EXCHANGE: tl.constexpr = None):
+    """Halving-tree sum over the middle axis of an ``[OUTER, WIDTH, INNER]`` block (index j takes
+    j + WIDTH / 2, then WIDTH / 4, ...); returns ``[OUTER, INNER]``.
+
+    Each level is a ``tl.sum`` over an axis of two, one combine of the two halves, except the
+    levels EXCHANGE = (first, count) (None or count 0: none), which are one ``tl.sum`` over an axis of
+    2 ** count. That is the same pairs in the same order when those levels' index bits are all
+    warp bits of the block's layout, and only then: Triton reduces the warps' partials of such an
+    axis in one trip through shared memory, each output's partials read by 2 ** count consecutive
+    lanes (lane k the partial of axis index k) and met by butterfly shuffles from the highest
+    offset down, so index k meets k + 2 ** (count - 1) first, as the explicit levels pair them
+    (float addition commutes, so both lanes of a pair hold the same sum). The explicit levels
+    cost a trip through shared memory and two barriers each (sm_90, RMSNorm 16384 x 8192 at 16
+    warps: 11 barriers, 5 with the exchange). Callers ask for it only where the launcher knows the
+    layout (``_ops.launch.tree_exchange``) and never interpreted: Triton's interpreter sums an
+    axis in NumPy's order.
+    """
+    if EXCHANGE is None:
+        for level in tl.static_range(LOG2_WIDTH):
+            x = tl.sum(tl.reshape(x, [OUTER, 2, WIDTH >> (level + 1), INNER]), axis=1)
+    else:
+        FIRST: tl.constexpr = EXCHANGE[0]
+        COUNT: tl.constexpr = EXCHANGE[1]
+        for level in tl.static_range(LOG2_WIDTH):
+            if COUNT == 0 or level < FIRST or level >= FIRST + COUNT:
+                x = tl.sum(tl.reshape(x, [OUTER, 2, WIDTH >> (level + 1), INNER]), axis=1)
+            elif level == FIRST:
+                x = tl.sum(tl.reshape(x, [OUTER, 1 << COUNT, WIDTH >> (level + COUNT), INNER]), axis=1)
+    return tl.reshape(x, [OUTER, INNER])
+
+
+@triton.jit
 def tree_sum(x, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr,
-             GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr):
+             GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, EXCHANGE: tl.constexpr = None):
     """Grouped halving-tree sum over the last axis of a ``[ROWS, WIDTH]`` block; returns ``[ROWS]``.
 
     Args:
@@ -50,20 +83,21 @@ def tree_sum(x, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexp
         LOG2_WIDTH: log2(WIDTH).
         GROUP: lanes per group, ``2 ** LOG2_GROUP`` (``treefold.order.group``), at most WIDTH.
         LOG2_GROUP: log2(GROUP).
+        EXCHANGE: levels of the tree over the groups met in one exchange between warps
+            (``halving_tree``).
     """
     GROUPS: tl.constexpr = WIDTH // GROUP
     x = tl.reshape(x, [ROWS, GROUPS, GROUP])
     for level in tl.static_range(LOG2_GROUP):
         x = tl.sum(tl.reshape(x, [ROWS, GROUPS, 2, GROUP >> (level + 1)]), axis=2)
-    x = tl.reshape(x, [ROWS, GROUPS])
-    for level in tl.static_range(LOG2_WIDTH - LOG2_GROUP):
-        x = tl.sum(tl.reshape(x, [ROWS, 2, GROUPS >> (level + 1)]), axis=1)
+    x = halving_tree(tl.reshape(x, [ROWS, GROUPS, 1]), ROWS, GROUPS, LOG2_WIDTH - LOG2_GROUP, 1, EXCHANGE)
     return tl.reshape(x, [ROWS])
 
 
 @triton.jit
 def run_tree_sum(x, SEGS: tl.constexpr, RUNS: tl.constexpr, LOG2_RUNS: tl.constexpr, SPAN: tl.constexpr,
-                 GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, LOG2_SPAN_GROUPS: tl.constexpr):
+                 GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, LOG2_SPAN_GROUPS: tl.constexpr,
+                 RUN_EXCHANGE: tl.constexpr = None, SPAN_EXCHANGE: tl.constexpr = None):
     """``tree_sum`` over the C = RUNS * SPAN lanes of each segment of a ``[SEGS, RUNS, SPAN]``
     block, in groups; returns ``[SEGS]``.
 
@@ -81,15 +115,16 @@ def run_tree_sum(x, SEGS: tl.constexpr, RUNS: tl.constexpr, LOG2_RUNS: tl.conste
     levels within a run are shuffles inside a warp, and only the segments' own tree crosses warps.
     A ``[SEGS, C]`` block spreads each segment over all the warps, and each thread carries one
     value per segment through the exchanges between warps.
+
+    RUN_EXCHANGE, SPAN_EXCHANGE: levels of the tree over the runs and of the tree over a run's
+    groups met in one exchange between warps (``halving_tree``).
     """
     SPAN_GROUPS: tl.constexpr = SPAN // GROUP
     x = tl.reshape(x, [SEGS * RUNS * SPAN_GROUPS, GROUP])
     for level in tl.static_range(LOG2_GROUP):
         x = tl.sum(tl.reshape(x, [SEGS * RUNS * SPAN_GROUPS, 2, GROUP >> (level + 1)]), axis=1)
-    x = tl.reshape(x, [SEGS, RUNS, SPAN_GROUPS])
-    for level in tl.static_range(LOG2_RUNS):
-        x = tl.sum(tl.reshape(x, [SEGS, 2, RUNS >> (level + 1), SPAN_GROUPS]), axis=1)
-    return tree_sum(tl.reshape(x, [SEGS, SPAN_GROUPS]), SEGS, SPAN_GROUPS, LOG2_SPAN_GROUPS, 1, 0)
+    x = halving_tree(tl.reshape(x, [SEGS, RUNS, SPAN_GROUPS]), SEGS, RUNS, LOG2_RUNS, SPAN_GROUPS, RUN_EXCHANGE)
+    return tree_sum(x, SEGS, SPAN_GROUPS, LOG2_SPAN_GROUPS, 1, 0, SPAN_EXCHANGE)
 
 
 @triton.jit

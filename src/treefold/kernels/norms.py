@@ -29,21 +29,32 @@ from .combine import arrive, round_to, run_tree_sum, tree_sum, wait_for_arrivals
 @triton.jit
 def row_tree_sum(v, ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
                  LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-                 RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0):
+                 RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0, EXCHANGES: tl.constexpr = None):
     """Sum of each row of a ``[ROWS, SEGMENTS, RUNS, LANES // RUNS]`` float32 block in the treefold
     order (each segment's lanes cut into RUNS runs, ``combine.run_tree_sum``).
 
     Each segment by the grouped tree (GROUP lanes per group), then the segment results by a plain
     halving tree. Padding (lanes past N, segments past S) must hold zeros, as the order pads with
-    the identity. Returns ``[ROWS]``.
+    the identity. Returns ``[ROWS]``. EXCHANGES: None, or the (first, count) levels of the tree
+    over the runs, over a run's groups and over the segments that are met in one exchange between
+    warps (``combine.halving_tree``; ``_ops.launch.tree_exchanges``).
     """
+    if EXCHANGES is None:
+        RUN_EXCHANGE: tl.constexpr = None
+        SPAN_EXCHANGE: tl.constexpr = None
+        SEGMENT_EXCHANGE: tl.constexpr = None
+    else:
+        RUN_EXCHANGE: tl.constexpr = EXCHANGES[0]
+        SPAN_EXCHANGE: tl.constexpr = EXCHANGES[1]
+        SEGMENT_EXCHANGE: tl.constexpr = EXCHANGES[2]
     if RUNS == 1:  # (run_tree_sum's order too; this form keeps the kernel one run compiled to before)
         seg = tree_sum(tl.reshape(v, [ROWS * SEGMENTS, LANES]), ROWS * SEGMENTS, LANES, LOG2_LANES,
-                       GROUP, LOG2_GROUP)
+                       GROUP, LOG2_GROUP, SPAN_EXCHANGE)
     else:
         seg = run_tree_sum(tl.reshape(v, [ROWS * SEGMENTS, RUNS, LANES // RUNS]), ROWS * SEGMENTS, RUNS, LOG2_RUNS,
-                           LANES // RUNS, GROUP, LOG2_GROUP, LOG2_LANES - LOG2_RUNS - LOG2_GROUP)
-    return tree_sum(tl.reshape(seg, [ROWS, SEGMENTS]), ROWS, SEGMENTS, LOG2_SEGMENTS, 1, 0)
+                           LANES // RUNS, GROUP, LOG2_GROUP, LOG2_LANES - LOG2_RUNS - LOG2_GROUP, RUN_EXCHANGE,
+                           SPAN_EXCHANGE)
+    return tree_sum(tl.reshape(seg, [ROWS, SEGMENTS]), ROWS, SEGMENTS, LOG2_SEGMENTS, 1, 0, SEGMENT_EXCHANGE)
 
 
 @triton.jit
@@ -66,7 +77,7 @@ def _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT: tl.constexpr, HAS_OF
 def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, target, ROWS: tl.constexpr,
                HELD: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr,
                LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
-               SHARED_ROW: tl.constexpr, RUNS: tl.constexpr, LOG2_RUNS: tl.constexpr):
+               SHARED_ROW: tl.constexpr, RUNS: tl.constexpr, LOG2_RUNS: tl.constexpr, EXCHANGES: tl.constexpr):
     """Row sums of a ``[ROWS, HELD, RUNS, LANES // RUNS]`` float32 block in the treefold order
     (``run_tree_sum``'s runs); returns ``[ROWS]``.
 
@@ -86,7 +97,8 @@ def _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, t
                       cache_modifier=".cg")
         return tree_sum(tl.reshape(seg, [1, SEGMENTS]), 1, SEGMENTS, LOG2_SEGMENTS, 1, 0)
     else:
-        return row_tree_sum(v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, RUNS, LOG2_RUNS)
+        return row_tree_sum(v, ROWS, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, RUNS, LOG2_RUNS,
+                            EXCHANGES)
 
 
 @triton.jit
@@ -113,6 +125,7 @@ def norm_forward_kernel(
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
     READ_TWICE: tl.constexpr = False, HOLD_16BIT: tl.constexpr = False, STORE_POLICY: tl.constexpr = "",
     RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0, H_STORE_POLICY: tl.constexpr = "",
+    EXCHANGES: tl.constexpr = None,
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -183,6 +196,9 @@ def norm_forward_kernel(
         RUNS: the block is ``[ROWS, segments, RUNS, LANES // RUNS]``, each segment cut into RUNS
             runs of lanes (``run_tree_sum``); LOG2_RUNS its log2. 1: ``[ROWS, segments, 1, LANES]``.
             A launch choice: where Triton puts the warps, not the bits.
+        EXCHANGES: None, or for whole rows (not SHARED_ROW) the levels of the row's trees met in one
+            exchange between warps (``row_tree_sum``): the same bits, chosen by the launcher from
+            the block's layout (``_ops.launch.tree_exchanges``); never with the interpreter.
     """
     SPAN: tl.constexpr = LANES // RUNS
     if SHARED_ROW:
@@ -223,7 +239,7 @@ def norm_forward_kernel(
     if IS_RMS:
         total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
                            ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW,
-                           RUNS, LOG2_RUNS)
+                           RUNS, LOG2_RUNS, EXCHANGES)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
         if READ_TWICE:
             v = _read_again(x_ptr, h_ptr, row4, col4, stride_x, stride_h, mask, "evict_first", HAS_RESIDUAL)
@@ -235,7 +251,7 @@ def norm_forward_kernel(
     else:
         total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
                            ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW,
-                           RUNS, LOG2_RUNS)
+                           RUNS, LOG2_RUNS, EXCHANGES)
         mean = tl.div_rn(total, n_float)
         if HOLD_16BIT:
             v = widen_again(held, rows)
@@ -246,7 +262,7 @@ def norm_forward_kernel(
         # the second exchange: its own half of the buffer, and the counter's second round
         total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
                               num_segments, 2 * programs_per_row, ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES,
-                              LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW, RUNS, LOG2_RUNS)
+                              LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW, RUNS, LOG2_RUNS, EXCHANGES)
         var = tl.div_rn(total_sq, n_float)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
         if HOLD_16BIT:
