@@ -5,7 +5,10 @@ faster than treefold's (``results/h200-probe-kernel-times.txt``): RMSNorm 16384 
 against 64.9), LayerNorm 65536 x 1024 (compile 66.0 against 66.9). Every variant checked bit for
 bit against its case's default first; three interleaved rounds.
 
-    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange]   (CUDA)
+    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange|held]   (CUDA)
+
+``held``: with the exchanges, launch choices that the trees' barriers had ruled out: rows held by
+more warps, rows read twice by more, LayerNorm rows shared by more warps.
 
 ``exchange``: the rows' trees with their levels between warps met in one exchange (the default
 where the loads are aligned, ``_ops.launch.tree_exchanges``) against every level its own
@@ -49,9 +52,30 @@ EXCHANGE_CASES = [("rms", 16384, 8192, _ONE_BY_ONE), ("rms fp32", 8192, 4096, _O
                   ("rms", 64, 8192, _ONE_BY_ONE), ("rms", 1, 4096, _ONE_BY_ONE)]
 
 
+HELD_CASES = [
+    ("rms fp32", 8192, 4096, {"default": {}, "held 16w": dict(read_twice=False, num_warps=16),
+                              "held 8w": dict(read_twice=False, num_warps=8), "twice 8w": dict(num_warps=8),
+                              "twice 32w": dict(num_warps=32)}),
+    ("rms", 4096, 16384, {"default": {}, "held 16w": dict(num_warps=16), "twice 16w": dict(read_twice=True,
+                                                                                            num_warps=16),
+                          "twice 32w": dict(read_twice=True, num_warps=32)}),
+    ("rms", 16384, 8192, {"default": {}, "twice 32w": dict(num_warps=32), "held 16w": dict(read_twice=False,
+                                                                                            num_warps=16),
+                          "runs 4": dict(runs=4)}),
+    ("ln", 65536, 1024, {"default": {}, "4 rows 8w": dict(rows_per_program=4, num_warps=8),
+                         "2 rows 4w": dict(rows_per_program=2, num_warps=4),
+                         "4 rows 4w": dict(rows_per_program=4, num_warps=4),
+                         "8 rows 16w": dict(rows_per_program=8, num_warps=16)}),
+    ("rms", 65536, 1024, {"default": {}, "8 rows 16w": dict(rows_per_program=8, num_warps=16),
+                          "2 rows 4w": dict(rows_per_program=2, num_warps=4)}),
+    ("rms", 64, 8192, {"default": {}, "8w": dict(num_warps=8), "16w": dict(num_warps=16),
+                       "twice 16w": dict(read_twice=True, num_warps=16)}),
+]
+
+
 def main(out_dir: str, which: str = "") -> None:
     torch.manual_seed(0)
-    variants = row_op_variants({"decode": DECODE_CASES, "exchange": EXCHANGE_CASES}.get(which, CASES))
+    variants = row_op_variants({"decode": DECODE_CASES, "exchange": EXCHANGE_CASES, "held": HELD_CASES}.get(which, CASES))
     unequal = check_bits(variants)
     times = {name: [] for name in variants}
     for _ in range(3):
