@@ -12,7 +12,7 @@ more warps, rows read twice by more, LayerNorm rows shared by more warps.
 
 ``exchange``: the rows' trees with their levels between warps met in one exchange (the default
 where the loads are aligned, ``_ops.launch.tree_exchanges``) against every level its own
-(``tree_exchange=False``), at the bench's norm shapes.
+(``tree_exchange=False``), at the bench's norm shapes, forward and backward.
 """
 import json
 import os
@@ -49,7 +49,9 @@ EXCHANGE_CASES = [("rms", 16384, 8192, _ONE_BY_ONE), ("rms fp32", 8192, 4096, _O
                   ("rms", 32768, 4096, _ONE_BY_ONE), ("rms", 8192, 4096, _ONE_BY_ONE),
                   ("rms", 4096, 16384, _ONE_BY_ONE), ("rms+residual", 32768, 4096, _ONE_BY_ONE),
                   ("ln", 8192, 4096, _ONE_BY_ONE), ("ln", 16384, 8192, _ONE_BY_ONE),
-                  ("rms", 64, 8192, _ONE_BY_ONE), ("rms", 1, 4096, _ONE_BY_ONE)]
+                  ("rms", 64, 8192, _ONE_BY_ONE), ("rms", 1, 4096, _ONE_BY_ONE),
+                  ("rms backward", 32768, 4096, _ONE_BY_ONE), ("rms backward", 16384, 8192, _ONE_BY_ONE),
+                  ("ln backward", 16384, 8192, _ONE_BY_ONE), ("ln backward", 8192, 4096, _ONE_BY_ONE)]
 
 
 HELD_CASES = [

@@ -439,11 +439,13 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
                    num_stages: Optional[int], unroll: Optional[int] = None,
                    prefetch: Optional[bool] = None, paired_sums: Optional[bool] = None,
                    hold_16bit: Optional[bool] = None, max_registers: Optional[int] = None,
-                   runs: Optional[int] = None) -> dict:
+                   runs: Optional[int] = None, loads_vectors: bool = False,
+                   tree_exchange: Optional[bool] = None) -> dict:
     """The kernel's constexprs and options for one kind of backward launch (``max_registers``: a
     cap on the registers per thread, Triton's ``maxnreg``; at 16384 x 8192 on the H200 its spills
     took RMSNorm from 88% to 52% of the roof and LayerNorm from 78% to 19%; ``runs``: as the
-    forward pass's, ``launch.checked_runs``)."""
+    forward pass's, ``launch.checked_runs``; ``loads_vectors`` and ``tree_exchange``: as the
+    forward pass's, for the row sums' trees)."""
     if paired_sums and is_rms:
         raise ValueError("norm: paired_sums=True pairs LayerNorm's two row sums; RMSNorm's backward has one")
     check_max_registers("norm", max_registers)
@@ -456,6 +458,12 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
     runs = checked_runs("norm", _segment_runs(n, dtype) if runs is None else runs, layout["LANES"], layout["GROUP"])
     # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
     stages = num_stages or (1 if prefetch else default_stages)
+    num_warps = num_warps or default_warps
+    exchanges = None
+    if loads_vectors and tree_exchange is not False:
+        # one row at a time (LayerNorm's paired sums stack their two rows in registers)
+        exchanges = tree_exchanges(1, layout["SEGMENTS"], runs, layout["LANES"], layout["GROUP"],
+                                   16 // dtype.itemsize, num_warps)
     return dict(
         IS_RMS=is_rms, HAS_DH_OUT=has_dh_out, HAS_WEIGHT=has_weight, HAS_OFFSET=has_offset,
         ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
@@ -463,8 +471,8 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         **layout, **_runs_constexprs(runs), UNROLL=unroll or BACKWARD_UNROLL,
         PREFETCH=bool(prefetch), STAGES=stages,
         PAIRED_SUMS=(not is_rms and row_block(n) <= _PAIRED_SUMS_MAX_BLOCK) if paired_sums is None
-        else bool(paired_sums), HOLD_16BIT=bool(hold_16bit),
-        num_warps=num_warps or default_warps, enable_fp_fusion=False, num_stages=stages,
+        else bool(paired_sums), HOLD_16BIT=bool(hold_16bit), EXCHANGES=exchanges,
+        num_warps=num_warps, enable_fp_fusion=False, num_stages=stages,
         **register_cap(max_registers))
 
 
@@ -475,7 +483,8 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
                     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
                     unroll: Optional[int] = None, prefetch: Optional[bool] = None,
                     paired_sums: Optional[bool] = None, hold_16bit: Optional[bool] = None,
-                    max_registers: Optional[int] = None, runs: Optional[int] = None) -> None:
+                    max_registers: Optional[int] = None, runs: Optional[int] = None,
+                    tree_exchange: Optional[bool] = None) -> None:
     """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs.
 
     ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
@@ -485,14 +494,17 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     ``_PAIRED_SUMS_MAX_BLOCK``) override
     ``backward_config`` (the bits do not change); ``hold_16bit`` holds a row's 16-bit dy and x
     through its sums and widens them again after (default: LayerNorm rows of
-    ``_BACKWARD_HOLD_16BIT_LAYER_NORM_BLOCK``).
+    ``_BACKWARD_HOLD_16BIT_LAYER_NORM_BLOCK``); ``tree_exchange``: as ``launch_forward``'s.
     """
     m, n = x2.shape
     w = _dense(w)
+    row_tensors = tuple(t for t in (dy2, dh2, x2, dx2, dres2) if t is not None)
+    loads_vectors = (len({t.element_size() for t in row_tensors}) == 1
+                     and aligned(row_tensors + (w, dw_part, db_part), (n, *(t.stride(0) for t in row_tensors))))
     plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
                           round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
                           rows_per_block, num_warps, num_stages, unroll, prefetch, paired_sums, hold_16bit,
-                          max_registers, runs)
+                          max_registers, runs, loads_vectors, tree_exchange)
     _backward_kernel(
         ((m + rows_per_block - 1) // rows_per_block,),
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,

@@ -335,7 +335,7 @@ def norm_backward_kernel(
     SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
     GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
     STAGES: tl.constexpr = 1, PAIRED_SUMS: tl.constexpr = True, HOLD_16BIT: tl.constexpr = False,
-    RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0,
+    RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0, EXCHANGES: tl.constexpr = None,
 ):
     """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
 
@@ -392,6 +392,8 @@ def norm_backward_kernel(
             normalised row (a launch choice; the bits do not change).
         RUNS, LOG2_RUNS: each segment of the block cut into RUNS runs of lanes, as in the forward
             pass (a launch choice).
+        EXCHANGES: the levels of the row sums' trees met in one exchange between warps, as in the
+            forward pass (a launch choice: the same bits).
     """
     SPAN: tl.constexpr = LANES // RUNS
     pid = tl.program_id(0).to(tl.int64)
@@ -428,7 +430,7 @@ def norm_backward_kernel(
         normalised, g = _normalised_and_g(dy, v, w, rstd, mean, mask, IS_RMS, HAS_WEIGHT)
         if IS_RMS:
             s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP,
-                                RUNS, LOG2_RUNS)
+                                RUNS, LOG2_RUNS, EXCHANGES)
             c_gn = tl.div_rn(s_gn, n_float)[:, None, None, None]
         else:
             if PAIRED_SUMS:
@@ -436,13 +438,13 @@ def norm_backward_kernel(
                 # level's exchange between threads shared by both sums
                 pair = tl.reshape(tl.permute(tl.join(g * normalised, g), (4, 0, 1, 2, 3)), [2, SEGMENTS, RUNS, SPAN])
                 sums = row_tree_sum(pair, 2, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, RUNS,
-                                    LOG2_RUNS)
+                                    LOG2_RUNS, EXCHANGES)
                 s_gn, s_g = tl.split(tl.permute(tl.reshape(sums, [2, 1]), (1, 0)))
             else:
                 s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP,
-                                    LOG2_GROUP, RUNS, LOG2_RUNS)
+                                    LOG2_GROUP, RUNS, LOG2_RUNS, EXCHANGES)
                 s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, RUNS,
-                                   LOG2_RUNS)
+                                   LOG2_RUNS, EXCHANGES)
             c_gn = tl.div_rn(s_gn, n_float)[:, None, None, None]
             c_g = tl.div_rn(s_g, n_float)[:, None, None, None]
         if HOLD_16BIT:
