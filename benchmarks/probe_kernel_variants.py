@@ -51,7 +51,8 @@ EXCHANGE_CASES = [("rms", 16384, 8192, _ONE_BY_ONE), ("rms fp32", 8192, 4096, _O
                   ("ln", 8192, 4096, _ONE_BY_ONE), ("ln", 16384, 8192, _ONE_BY_ONE),
                   ("rms", 64, 8192, _ONE_BY_ONE), ("rms", 1, 4096, _ONE_BY_ONE),
                   ("rms backward", 32768, 4096, _ONE_BY_ONE), ("rms backward", 16384, 8192, _ONE_BY_ONE),
-                  ("ln backward", 16384, 8192, _ONE_BY_ONE), ("ln backward", 8192, 4096, _ONE_BY_ONE)]
+                  ("ln backward", 16384, 8192, _ONE_BY_ONE),
+                  ("ln backward", 8192, 4096, {**_ONE_BY_ONE, "exchange": dict(tree_exchange=True)})]
 
 
 HELD_CASES = [

@@ -445,7 +445,8 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
     cap on the registers per thread, Triton's ``maxnreg``; at 16384 x 8192 on the H200 its spills
     took RMSNorm from 88% to 52% of the roof and LayerNorm from 78% to 19%; ``runs``: as the
     forward pass's, ``launch.checked_runs``; ``loads_vectors`` and ``tree_exchange``: as the
-    forward pass's, for the row sums' trees)."""
+    forward pass's, for the row sums' trees, except that paired sums take the exchange only when
+    ``tree_exchange`` is True)."""
     if paired_sums and is_rms:
         raise ValueError("norm: paired_sums=True pairs LayerNorm's two row sums; RMSNorm's backward has one")
     check_max_registers("norm", max_registers)
@@ -459,9 +460,13 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
     # a row loaded ahead in registers takes the place of the pipeline unless both are asked for
     stages = num_stages or (1 if prefetch else default_stages)
     num_warps = num_warps or default_warps
+    paired = (not is_rms and row_block(n) <= _PAIRED_SUMS_MAX_BLOCK) if paired_sums is None else bool(paired_sums)
     exchanges = None
-    if loads_vectors and tree_exchange is not False:
-        # one row at a time (LayerNorm's paired sums stack their two rows in registers)
+    if loads_vectors and (tree_exchange or (tree_exchange is None and not paired)):
+        # one row at a time (LayerNorm's paired sums stack their two rows in registers). Not by
+        # default for paired sums: LayerNorm 8192 x 4096 (paired, 16-bit rows held) ran 71.0 us
+        # with the exchange against 67.9 level by level on the H200, where unpaired rows gained
+        # (16384 x 8192: 223.8 -> 220.7; results/h200-probe-tree-exchange-2.txt)
         exchanges = tree_exchanges(1, layout["SEGMENTS"], runs, layout["LANES"], layout["GROUP"],
                                    16 // dtype.itemsize, num_warps)
     return dict(
@@ -470,8 +475,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED, BLOCK_ROWS=rows_per_block,
         **layout, **_runs_constexprs(runs), UNROLL=unroll or BACKWARD_UNROLL,
         PREFETCH=bool(prefetch), STAGES=stages,
-        PAIRED_SUMS=(not is_rms and row_block(n) <= _PAIRED_SUMS_MAX_BLOCK) if paired_sums is None
-        else bool(paired_sums), HOLD_16BIT=bool(hold_16bit), EXCHANGES=exchanges,
+        PAIRED_SUMS=paired, HOLD_16BIT=bool(hold_16bit), EXCHANGES=exchanges,
         num_warps=num_warps, enable_fp_fusion=False, num_stages=stages,
         **register_cap(max_registers))
 
