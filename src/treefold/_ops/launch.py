@@ -187,20 +187,15 @@ def tree_exchanges(rows: int, segments: int, runs: int, lanes: int, group: int, 
     """The levels of a row's trees (``kernels.norms.row_tree_sum``: over the runs, over a run's
     groups, over the segments) that ``kernels.combine.halving_tree`` meets in one exchange between
     warps, for a block ``[rows, segments, runs, lanes // runs]`` of rows grouped by ``group``
-    lanes and loaded ``vector`` elements at a time; None where they cannot be told (the
-    interpreter, whose sums take NumPy's order; loads narrower than the groups)."""
+    lanes and loaded ``vector`` elements at a time; None where no level is met so or where they
+    cannot be told (the interpreter, whose sums take NumPy's order; loads narrower than the
+    groups)."""
     if INTERPRETED or vector != group:
         return None
     span = lanes // runs
     bits = block_bits((rows, segments, runs, span), vector, num_warps)
-    return warp_levels(bits[2]), warp_levels(bits[3][_log2(group):]), warp_levels(bits[1])
-
-
-def aligned(tensors, integers) -> bool:
-    """Whether Triton compiles a launch with these tensors and integers as fully aligned: every
-    address a multiple of 16 bytes, every integer a multiple of 16 (``block_bits``' premise)."""
-    return (all(t.data_ptr() % 16 == 0 for t in tensors if t is not None)
-            and all(v % 16 == 0 for v in integers))
+    exchanges = warp_levels(bits[2]), warp_levels(bits[3][_log2(group):]), warp_levels(bits[1])
+    return exchanges if any(count for _, count in exchanges) else None
 
 
 def register_cap(max_registers) -> dict:

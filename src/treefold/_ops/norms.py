@@ -22,7 +22,7 @@ from .. import backend, order
 from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
-from .launch import (Launcher, aligned, check_eviction_policy, check_max_registers, checked_runs, register_cap,
+from .launch import (Launcher, check_eviction_policy, check_max_registers, checked_runs, register_cap,
                      tree_exchanges, warp_runs)
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
@@ -249,8 +249,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``runs``: each segment of the block cut into this many runs of lanes (a power of two dividing
     C(N) / G(N, dtype); ``combine.run_tree_sum``): with runs of 32 vectors, Triton gives the warps
     to the segments (default: ``_segment_runs``).
-    ``loads_vectors``: the launch's rows are loaded 16 bytes at a time (``launch.aligned``, and every row
-    tensor of one element size): the trees of whole rows then meet their levels between warps in
+    ``loads_vectors``: the launch's rows are loaded 16 bytes at a time (``_loads_vectors``): the trees of whole rows then meet their levels between warps in
     one exchange each (``launch.tree_exchanges``; the same bits) unless ``tree_exchange`` is False
     (every level its own exchange, as the interpreter and unaligned rows have them)."""
     default_rows, default_warps = forward_config(n, is_rms, has_residual)
@@ -378,6 +377,27 @@ def _dense(v: Optional[Tensor]) -> Optional[Tensor]:
     return v if v is None or v.is_contiguous() else v.contiguous()
 
 
+def _loads_vectors(n: int, strides: tuple, rows: tuple, vectors: tuple) -> bool:
+    """Whether a launch over these row tensors (None where absent; ``strides`` their row strides)
+    and per-column vectors loads its rows 16 bytes at a time, as Triton compiles it when every
+    address, N and each row stride is a multiple of 16, with every row tensor of one element size:
+    where the rows' trees may take the exchange between warps (``launch.tree_exchanges``). Every
+    address and integer OR-ed into one test."""
+    size = rows[0].dtype.itemsize
+    bits = n
+    for stride in strides:
+        bits |= stride
+    for t in rows:
+        if t is not None:
+            if t.dtype.itemsize != size:
+                return False
+            bits |= t.data_ptr()
+    for t in vectors:
+        if t is not None:
+            bits |= t.data_ptr()
+    return bits & 15 == 0
+
+
 def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: Optional[Tensor],
                    y2: Tensor, h2: Optional[Tensor], mean: Optional[Tensor], rstd: Optional[Tensor], *,
                    eps: float, offset: float, is_rms: bool, round_normalised: bool,
@@ -401,14 +421,15 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     """
     m, n = x2.shape
     w, b = _dense(w), _dense(b)
-    row_tensors = tuple(t for t in (x2, res2, y2, h2) if t is not None)
-    loads_vectors = (len({t.element_size() for t in row_tensors}) == 1
-                     and aligned(row_tensors + (w, b), (n, *(t.stride(0) for t in row_tensors))))
-    rows, programs_per_row, plan = _forward_plan(
-        n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
-        offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
-        read_policy, fused_squares, read_twice, hold_16bit, store_hint, max_registers, runs,
-        m < _READ_TWICE_MIN_ROWS, h_store_hint, loads_vectors, tree_exchange)
+    kind = (n, x2.dtype if res2 is None else res2.dtype, is_rms, res2 is not None, w is not None, b is not None,
+            offset != 0.0, round_normalised, rstd is not None, rows_per_program, num_warps, segments_per_program,
+            read_policy, fused_squares, read_twice, hold_16bit, store_hint, max_registers, runs,
+            m < _READ_TWICE_MIN_ROWS, h_store_hint)
+    strides = (x2.stride(0), 0 if res2 is None else res2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0))
+    rows, programs_per_row, plan = _forward_plan(*kind, True, tree_exchange)
+    # (the addresses are read only where the plan has an exchange to lose)
+    if plan["EXCHANGES"] is not None and not _loads_vectors(n, strides, (x2, res2, y2, h2), (w, b)):
+        rows, programs_per_row, plan = _forward_plan(*kind, False, tree_exchange)
     grid = ((m + rows - 1) // rows * programs_per_row,)
     segments = order.num_segments(n)
     if plan["SHARED_ROW"]:
@@ -419,8 +440,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
         part = arrivals = y2
     args = (x2, x2 if res2 is None else res2, x2 if w is None else w, x2 if b is None else b,
             y2, x2 if h2 is None else h2, y2 if mean is None else mean, y2 if rstd is None else rstd, part, arrivals,
-            m, n, float(n), eps, offset, segments, programs_per_row,
-            x2.stride(0), 0 if res2 is None else res2.stride(0), y2.stride(0), 0 if h2 is None else h2.stride(0))
+            m, n, float(n), eps, offset, segments, programs_per_row, *strides)
     if prepare_key is None:
         _forward_kernel(grid, *args, **plan)
         return
@@ -502,13 +522,14 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     """
     m, n = x2.shape
     w = _dense(w)
-    row_tensors = tuple(t for t in (dy2, dh2, x2, dx2, dres2) if t is not None)
-    loads_vectors = (len({t.element_size() for t in row_tensors}) == 1
-                     and aligned(row_tensors + (w, dw_part, db_part), (n, *(t.stride(0) for t in row_tensors))))
-    plan = _backward_plan(m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0,
-                          round_normalised, dres2 is not None, dw_part is not None, db_part is not None,
-                          rows_per_block, num_warps, num_stages, unroll, prefetch, paired_sums, hold_16bit,
-                          max_registers, runs, loads_vectors, tree_exchange)
+    kind = (m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0, round_normalised,
+            dres2 is not None, dw_part is not None, db_part is not None, rows_per_block, num_warps, num_stages,
+            unroll, prefetch, paired_sums, hold_16bit, max_registers, runs)
+    plan = _backward_plan(*kind, True, tree_exchange)
+    rows = (dy2, dh2, x2, dx2, dres2)
+    if plan["EXCHANGES"] is not None and not _loads_vectors(
+            n, tuple(0 if t is None else t.stride(0) for t in rows), rows, (w, dw_part, db_part)):
+        plan = _backward_plan(*kind, False, tree_exchange)
     _backward_kernel(
         ((m + rows_per_block - 1) // rows_per_block,),
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,
