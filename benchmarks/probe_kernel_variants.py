@@ -78,7 +78,8 @@ HELD_CASES = [
 
 def main(out_dir: str, which: str = "") -> None:
     torch.manual_seed(0)
-    variants = row_op_variants({"decode": DECODE_CASES, "exchange": EXCHANGE_CASES, "held": HELD_CASES}.get(which, CASES))
+    cases = {"decode": DECODE_CASES, "exchange": EXCHANGE_CASES, "held": HELD_CASES}.get(which, CASES)
+    variants = row_op_variants(cases)
     unequal = check_bits(variants)
     times = {name: [] for name in variants}
     for _ in range(3):

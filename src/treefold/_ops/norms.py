@@ -249,9 +249,10 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     ``runs``: each segment of the block cut into this many runs of lanes (a power of two dividing
     C(N) / G(N, dtype); ``combine.run_tree_sum``): with runs of 32 vectors, Triton gives the warps
     to the segments (default: ``_segment_runs``).
-    ``loads_vectors``: the launch's rows are loaded 16 bytes at a time (``_loads_vectors``): the trees of whole rows then meet their levels between warps in
-    one exchange each (``launch.tree_exchanges``; the same bits) unless ``tree_exchange`` is False
-    (every level its own exchange, as the interpreter and unaligned rows have them)."""
+    ``loads_vectors``: the launch's rows are loaded 16 bytes at a time (``_loads_vectors``): the
+    trees of whole rows then meet their levels between warps in one exchange each
+    (``launch.tree_exchanges``; the same bits) unless ``tree_exchange`` is False (every level its
+    own exchange, as the interpreter and unaligned rows have them)."""
     default_rows, default_warps = forward_config(n, is_rms, has_residual)
     layout = row_layout(n, dtype)
     segments = order.num_segments(n)
@@ -526,9 +527,9 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
             dres2 is not None, dw_part is not None, db_part is not None, rows_per_block, num_warps, num_stages,
             unroll, prefetch, paired_sums, hold_16bit, max_registers, runs)
     plan = _backward_plan(*kind, True, tree_exchange)
-    rows = (dy2, dh2, x2, dx2, dres2)
+    row_tensors = (dy2, dh2, x2, dx2, dres2)
     if plan["EXCHANGES"] is not None and not _loads_vectors(
-            n, tuple(0 if t is None else t.stride(0) for t in rows), rows, (w, dw_part, db_part)):
+            n, tuple(0 if t is None else t.stride(0) for t in row_tensors), row_tensors, (w, dw_part, db_part)):
         plan = _backward_plan(*kind, False, tree_exchange)
     _backward_kernel(
         ((m + rows_per_block - 1) // rows_per_block,),

@@ -45,8 +45,8 @@ def halving_tree(x, OUTER: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.con
     j + WIDTH / 2, then WIDTH / 4, ...); returns ``[OUTER, INNER]``.
 
     Each level is a ``tl.sum`` over an axis of two, one combine of the two halves, except the
-    levels EXCHANGE = (first, count) (None or count 0: none), which are one ``tl.sum`` over an axis of
-    2 ** count. That is the same pairs in the same order when those levels' index bits are all
+    levels EXCHANGE = (first, count) (None or count 0: none), which are one ``tl.sum`` over an
+    axis of 2 ** count. That is the same pairs in the same order when those levels' index bits are all
     warp bits of the block's layout, and only then: Triton reduces the warps' partials of such an
     axis in one trip through shared memory, each output's partials read by 2 ** count consecutive
     lanes (lane k the partial of axis index k) and met by butterfly shuffles from the highest
@@ -54,7 +54,7 @@ def halving_tree(x, OUTER: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.con
     (float addition commutes, so both lanes of a pair hold the same sum). The explicit levels
     cost a trip through shared memory and two barriers each (sm_90, RMSNorm 16384 x 8192 at 16
     warps: 11 barriers, 5 with the exchange). Callers ask for it only where the launcher knows the
-    layout (``_ops.launch.tree_exchange``) and never interpreted: Triton's interpreter sums an
+    layout (``_ops.launch.tree_exchanges``) and never interpreted: Triton's interpreter sums an
     axis in NumPy's order.
     """
     if EXCHANGE is None:
