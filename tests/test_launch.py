@@ -315,3 +315,31 @@ def test_launch_hooks_are_seen_however_they_are_installed(monkeypatch):
     monkeypatch.setattr(knobs.runtime, "launch_exit_hook", None)
     assert not launch_hooks_active()
     assert launched == []
+
+
+def test_block_bits_and_warp_levels_follow_tritons_layouts():
+    """The layout model behind the trees' exchange between warps (``launch.block_bits``), on
+    blocks whose layouts were read from Triton 3.6's TTGIR (``test_sm90_compile`` checks the
+    compiled kernels themselves): bits lowest first, "R" registers, "L" lanes, "W" warps."""
+    from treefold._ops.launch import block_bits, warp_levels
+    # RMSNorm 16384 x 8192 bf16, 16 warps: [rows, segments, runs, 256]; the warps go to the two
+    # segments, then to the runs' low bits; the runs' top bit is a register
+    rows, segments, runs, span = block_bits((1, 2, 16, 256), 8, 16)
+    assert (rows, segments, runs) == ([], ["W"], ["W", "W", "W", "R"])
+    assert span == ["R"] * 3 + ["L"] * 5
+    assert warp_levels(runs) == (1, 3) and warp_levels(segments) == (0, 0)
+    # float32 8192 x 4096, one run: lanes, then 16 warps, then a register over the 1024 groups
+    groups = block_bits((1, 1, 1, 4096), 4, 16)[3][2:]
+    assert groups == ["L"] * 5 + ["W"] * 4 + ["R"]
+    assert warp_levels(groups) == (1, 4)
+    # 4096 x 16384 bf16, 8 warps: four segments take two warp bits, the runs one
+    _, segments, runs, _ = block_bits((1, 4, 16, 256), 8, 8)
+    assert segments == ["W", "W"] and runs == ["W", "R", "R", "R"]
+    assert warp_levels(runs) == (0, 0) and warp_levels(segments) == (0, 2)
+    # eight rows of a warp each: no level of a row's tree crosses warps
+    assert block_bits((8, 1, 4, 256), 8, 8)[2] == ["R", "R"]
+    # more warps than the block has room for: the last dimension in order takes the rest
+    assert block_bits((1, 1, 2, 256), 8, 8)[2] == ["W"]
+    # a run of warp levels must be at least two long to be worth an exchange; the longest wins
+    assert warp_levels(["W", "R", "W", "W", "R", "W", "W", "W"]) == (0, 3)
+    assert warp_levels(["W"]) == (0, 0)
