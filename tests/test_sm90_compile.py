@@ -141,14 +141,22 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_reduction_norm_and_sampling_kernels_compile_for_sm90():
+def _compiled_run(script: str, timeout: int) -> str:
+    """The standard output of ``script`` run by this Python without Triton's interpreter (so that
+    its launches compile for sm_90); skips where Triton's bundled ptxas is missing, fails with the
+    end of its standard error where the script fails."""
     ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
     if not os.path.exists(ptxas):
         pytest.skip("Triton's bundled ptxas is not available")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split("compiled")[-1]) >= 78, done.stdout  # every launch above
+    return done.stdout
+
+
+def test_reduction_norm_and_sampling_kernels_compile_for_sm90():
+    out = _compiled_run(_SCRIPT, 600)
+    assert int(out.split("compiled")[-1]) >= 78, out  # every launch above
 
 
 # The norm kernels meet the levels of a row's trees that cross warps in one exchange
@@ -271,11 +279,5 @@ _EXCHANGE_SCRIPT = textwrap.dedent("""
 
 
 def test_norm_tree_exchanges_cross_warps_only():
-    ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        pytest.skip("Triton's bundled ptxas is not available")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _EXCHANGE_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split("exchanges")[-1]) >= 22, done.stdout
+    out = _compiled_run(_EXCHANGE_SCRIPT, 900)
+    assert int(out.split("exchanges")[-1]) >= 22, out
