@@ -1,0 +1,77 @@
+"""The norm forward kernel of another revision beside this tree's, in one process (CUDA): the same
+launcher, plans and inputs; only the kernel differs. Bits are compared first (a change of the
+kernel's code that is not a change of its order must keep them), then both are timed by their
+kernel's duration after the L2 flush (``timing.kernel_us``, 50 calls), in three interleaved rounds.
+
+    git show REV:src/treefold/kernels/norms.py > .tcache/base_norms.py        (here)
+    python benchmarks/ab_norm_kernels.py .tcache/base_norms.py [OUT_DIR]      (device, carry .tcache)
+
+The file is loaded as a module of ``treefold.kernels`` (its relative imports resolve there).
+"""
+import importlib.util
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+from probe_report import row_op_variants
+from treefold._ops import norms
+from treefold._ops.launch import Launcher
+from treefold.bench.timing import kernel_us
+
+#: The bench's norm forward shapes (``--shapes llm``): label, rows, length.
+CASES = [("rms", 8192, 4096), ("rms", 32768, 4096), ("rms", 16384, 8192), ("rms", 4096, 16384),
+         ("rms", 65536, 1024), ("rms", 64, 8192), ("rms", 1, 4096), ("rms fp32", 8192, 4096),
+         ("rms+residual", 32768, 4096), ("rms+residual", 1, 4096), ("ln", 8192, 4096), ("ln", 16384, 8192),
+         ("ln", 65536, 1024)]
+
+
+def base_launcher(path: str) -> Launcher:
+    spec = importlib.util.spec_from_file_location("treefold.kernels._base_norms", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return Launcher(module.norm_forward_kernel)
+
+
+def with_kernel(launcher: Launcher, fn):
+    def call():
+        saved = norms._forward_kernel
+        norms._forward_kernel = launcher
+        try:
+            return fn()
+        finally:
+            norms._forward_kernel = saved
+    return call
+
+
+def main(base_path: str, out_dir: str = "") -> None:
+    torch.manual_seed(0)
+    kernels = {"base": base_launcher(base_path), "tree": norms._forward_kernel}
+    variants = row_op_variants([(label, m, n, {"default": {}}) for label, m, n in CASES])
+    calls = {}
+    for name, (fn, _, case) in variants.items():
+        for who, launcher in kernels.items():
+            calls[f"{case} {who}"] = (case, with_kernel(launcher, fn))
+    unequal = []
+    for case in dict.fromkeys(c for c, _ in calls.values()):
+        outs = [[t.clone() for t in fn() if t is not None] for c, fn in calls.values() if c == case]
+        if not all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(outs[0], outs[1])):
+            unequal.append(case)
+    print("bits equal in every case" if not unequal else f"NOT EQUAL: {unequal}")
+    times = {name: [] for name in calls}
+    for _ in range(3):
+        for name, (_, fn) in calls.items():
+            times[name].append(kernel_us(fn, calls=50))
+    width = max(len(n) for n in times)
+    for name, ts in times.items():
+        print(f"{name:{width}s}  " + "  ".join(f"{t:7.2f}" for t in ts) + f"  median {statistics.median(ts):7.2f} us")
+    if out_dir:
+        with open(os.path.join(out_dir, "ab-norm-kernels.json"), "w") as f:
+            json.dump(dict(kernel_us=times, unequal=unequal), f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")
