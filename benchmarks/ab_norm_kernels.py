@@ -1,5 +1,5 @@
-"""The norm forward kernel of another revision beside this tree's, in one process (CUDA): the same
-launcher, plans and inputs; only the kernel differs. Bits are compared first (a change of the
+"""The norm kernels (forward and backward) of another revision beside this tree's, in one process
+(CUDA): the same launchers, plans and inputs; only the kernels differ. Bits are compared first (a change of the
 kernel's code that is not a change of its order must keep them), then both are timed by their
 kernel's duration after the L2 flush (``timing.kernel_us``, 50 calls), in three interleaved rounds.
 
@@ -25,36 +25,58 @@ from treefold.bench.timing import kernel_us
 CASES = [("rms", 8192, 4096), ("rms", 32768, 4096), ("rms", 16384, 8192), ("rms", 4096, 16384),
          ("rms", 65536, 1024), ("rms", 64, 8192), ("rms", 1, 4096), ("rms fp32", 8192, 4096),
          ("rms+residual", 32768, 4096), ("rms+residual", 1, 4096), ("ln", 8192, 4096), ("ln", 16384, 8192),
-         ("ln", 65536, 1024)]
+         ("ln", 65536, 1024), ("rms backward", 32768, 4096), ("rms backward", 16384, 8192),
+         ("ln backward", 8192, 4096), ("ln backward", 16384, 8192)]
 
 
-def base_launcher(path: str) -> Launcher:
+class _BaseLauncher:
+    """The base revision's kernel under this tree's launcher: constexprs it does not take are
+    dropped (N_POW2, then with ``n_float`` given back as N rather than 1/N)."""
+
+    # both kernels take ten tensors, then rows, n, n_float
+    N_FLOAT = 12
+
+    def __init__(self, kernel):
+        self.launcher = Launcher(kernel)
+        self.names = set(kernel.arg_names)
+
+    def __call__(self, grid, *args, **kwargs):
+        if kwargs.pop("N_POW2", False) and "N_POW2" not in self.names:
+            args = args[:self.N_FLOAT] + (1.0 / args[self.N_FLOAT],) + args[self.N_FLOAT + 1:]
+        option_names = {"num_warps", "num_stages", "maxnreg", "enable_fp_fusion", "launch_pdl"}
+        kwargs = {k: v for k, v in kwargs.items() if k in self.names or k in option_names}
+        return self.launcher(grid, *args, **kwargs)
+
+
+def base_launchers(path: str) -> tuple:
+    """(forward, backward) launchers of the kernels in ``path``."""
     spec = importlib.util.spec_from_file_location("treefold.kernels._base_norms", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return Launcher(module.norm_forward_kernel)
+    return _BaseLauncher(module.norm_forward_kernel), _BaseLauncher(module.norm_backward_kernel)
 
 
-def with_kernel(launcher: Launcher, fn):
+def with_kernels(launchers: tuple, fn):
+    """``fn`` run with the norm ops launching ``launchers`` (forward, backward)."""
     def call():
-        saved = norms._forward_kernel
-        norms._forward_kernel = launcher
+        saved = norms._forward_kernel, norms._backward_kernel
+        norms._forward_kernel, norms._backward_kernel = launchers
         try:
             return fn()
         finally:
-            norms._forward_kernel = saved
+            norms._forward_kernel, norms._backward_kernel = saved
     return call
 
 
 def main(base_path: str, out_dir: str = "") -> None:
     torch.manual_seed(0)
-    kernels = {"base": base_launcher(base_path), "tree": norms._forward_kernel}
+    kernels = {"base": base_launchers(base_path), "tree": (norms._forward_kernel, norms._backward_kernel)}
     variants = row_op_variants([(label, m, n, {"default": {}}) for label, m, n in CASES])
     calls = {}
     for name, (fn, _, case) in variants.items():
         for who, launcher in kernels.items():
-            calls[f"{case} {who}"] = (case, with_kernel(launcher, fn))
+            calls[f"{case} {who}"] = (case, with_kernels(launcher, fn))
     unequal = []
     for case in dict.fromkeys(c for c, _ in calls.values()):
         outs = [[t.clone() for t in fn() if t is not None] for c, fn in calls.values() if c == case]

@@ -43,13 +43,13 @@ def variants():
     BASE_NORMS set (a kernels/norms.py of another revision, ``ab_norm_kernels.py``), its kernel too."""
     import torch.nn.functional as F
 
-    from ab_norm_kernels import base_launcher, with_kernel
+    from ab_norm_kernels import base_launchers, with_kernels
 
     from treefold._ops import norms
     from treefold.bench.cases import hf_llama_rms_norm
 
     torch.manual_seed(0)
-    base = base_launcher(os.environ["BASE_NORMS"]) if os.environ.get("BASE_NORMS") else None
+    base = base_launchers(os.environ["BASE_NORMS"]) if os.environ.get("BASE_NORMS") else None
     out = []
     for label, dtype, m, n, options in [
         ("rms fp32 8192x4096", torch.float32, 8192, 4096, {"held 16w": dict(read_twice=False, num_warps=16)}),
@@ -71,7 +71,7 @@ def variants():
                         norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype, store_stats=False, **o))
             out.append((f"{label} {variant}", call))
         if base is not None:
-            out.append((f"{label} base", with_kernel(base, lambda x=x, w=w, b=b, label=label: (
+            out.append((f"{label} base", with_kernels(base, lambda x=x, w=w, b=b, label=label: (
                 norms.layer_norm_impl(x, w, b, 1e-5, store_stats=False) if label.startswith("ln") else
                 norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype, store_stats=False)))))
         if label.startswith("ln"):

@@ -5,7 +5,7 @@ faster than treefold's (``results/h200-probe-kernel-times.txt``): RMSNorm 16384 
 against 64.9), LayerNorm 65536 x 1024 (compile 66.0 against 66.9). Every variant checked bit for
 bit against its case's default first; three interleaved rounds.
 
-    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange|held]   (CUDA)
+    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange|held|warp]   (CUDA)
 
 ``held``: with the exchanges, launch choices that the trees' barriers had ruled out: rows held by
 more warps, rows read twice by more, LayerNorm rows shared by more warps.
@@ -76,9 +76,18 @@ HELD_CASES = [
 ]
 
 
+#: ``warp``: rows of 1024 each held by one warp of a one-row program, as Inductor's LayerNorm
+#: kernel holds them (65536 programs of 32 threads: no barrier, no shared memory; each warp loads
+#: the weight and bias itself), against the default's eight rows of eight warps
+_ONE_WARP = {"default": {}, "1 row 1w": dict(rows_per_program=1, num_warps=1),
+             "2 rows 2w": dict(rows_per_program=2, num_warps=2)}
+WARP_CASES = [("ln", 65536, 1024, _ONE_WARP), ("rms", 65536, 1024, _ONE_WARP)]
+
+
 def main(out_dir: str, which: str = "") -> None:
     torch.manual_seed(0)
-    cases = {"decode": DECODE_CASES, "exchange": EXCHANGE_CASES, "held": HELD_CASES}.get(which, CASES)
+    cases = {"decode": DECODE_CASES, "exchange": EXCHANGE_CASES, "held": HELD_CASES,
+             "warp": WARP_CASES}.get(which, CASES)
     variants = row_op_variants(cases)
     unequal = check_bits(variants)
     times = {name: [] for name in variants}

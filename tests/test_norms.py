@@ -178,6 +178,59 @@ def test_group_width_is_part_of_the_order():
         assert rstd.cpu().numpy().tobytes() == want.tobytes()
 
 
+def test_a_quotient_by_a_power_of_two_is_the_product_by_its_inverse():
+    """The kernels' means over rows of a power-of-two length multiply by 1/N (N_POW2) instead of
+    dividing: the same correctly rounded float32 for every total, subnormal quotients included."""
+    rng = np.random.default_rng(0)
+    totals = np.concatenate([
+        rng.standard_normal(20000) * np.float64(10.0) ** rng.uniform(-45, 38, 20000),
+        np.array([0.0, -0.0, np.inf, -np.inf, 1.4e-45, 3e-38, 1.17549435e-38, 3.4028235e38]),
+    ]).astype(np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        for log2_n in range(0, 21):
+            n = np.float32(2.0 ** log2_n)
+            assert (totals * (np.float32(1.0) / n)).tobytes() == (totals / n).tobytes(), n
+
+    def plan(n, dtype=torch.float32, is_rms=True):
+        return ops._forward_plan(n, dtype, is_rms, False, True, not is_rms, False, True, False, None, None)[2]
+    assert plan(4096)["N_POW2"] and plan(1)["N_POW2"] and not plan(4095)["N_POW2"] and not plan(5120)["N_POW2"]
+    # float16 RMSNorm lets products fuse into FMAs: a fused mean + eps would round once
+    assert plan(4096, torch.float16)["N_POW2"] is False
+    assert plan(4096, torch.float16, is_rms=False)["N_POW2"]
+    assert ops._backward_plan(64, 8192, torch.bfloat16, True, False, True, False, True, False, True, False, 8,
+                              None, None)["N_POW2"]
+
+
+@pytest.mark.parametrize("n", [2, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [1.0, 1e-21])
+def test_power_of_two_rows_match_reference_bits(n, dtype, scale):
+    """Rows whose means are products by 1/N, forward and backward, against the reference's
+    divisions; at a scale of 1e-21 the float32 statistics of float32 rows are subnormal."""
+    if dtype == torch.float16 and scale < 1:
+        pytest.skip("float16 holds no 1e-21")
+    x = (randn((6, n), torch.float64, seed=n, scale=scale) + (2 * scale if scale < 1 else 0.5)).to(dtype)
+    kernel_or_skip(x)
+    x.requires_grad_()
+    w, b = weight_like(n, dtype).requires_grad_(), randn(n, dtype, seed=5).requires_grad_()
+    y = treefold.rms_norm(x, w, 0.0 if scale < 1 else 1e-6)
+    assert_bits(y, ref.rms_norm(x, w, 0.0 if scale < 1 else 1e-6)[0])
+    dy = randn(y.shape, dtype, seed=9)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    _, _, rstd = ref.rms_norm(x, w, 0.0 if scale < 1 else 1e-6)
+    want_dx, _, want_dw = ref.rms_norm_backward(dy, x, w, rstd, x_dtype=dtype)
+    assert_bits(dx, want_dx)
+    assert_bits(dw, want_dw)
+    y = treefold.layer_norm(x, n, w, b, 0.0 if scale < 1 else 1e-5)
+    _, mean, rstd = ref.layer_norm(x, w, b, 0.0 if scale < 1 else 1e-5)
+    assert_bits(y, ref.layer_norm(x, w, b, 0.0 if scale < 1 else 1e-5)[0])
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+    want_dx, want_dw, want_db = ref.layer_norm_backward(dy, x, w, mean, rstd, bias_dtype=dtype)
+    assert_bits(dx, want_dx)
+    assert_bits(dw, want_dw)
+    assert_bits(db, want_db)
+
+
 @pytest.mark.parametrize("n", [33, 4095])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("casting", CASTINGS)

@@ -304,6 +304,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     if loads_vectors and not held and tree_exchange is not False:
         exchanges = tree_exchanges(rows, layout["SEGMENTS"], runs, layout["LANES"], layout["GROUP"],
                                    16 // dtype.itemsize, num_warps)
+    fuses = _fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares)
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
@@ -312,9 +313,20 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
         **({"STORE_POLICY": store_hint} if store_hint else {}),
         # (h's store: its own policy where it is read back; "" without a residual, no h)
         H_STORE_POLICY=h_store_hint if reads_h else store_hint if has_residual else "",
-        **_runs_constexprs(runs), EXCHANGES=exchanges,
-        num_warps=num_warps, **register_cap(max_registers),
-        enable_fp_fusion=_fuses_squares(is_rms, dtype) if fused_squares is None else bool(fused_squares))
+        **_runs_constexprs(runs), EXCHANGES=exchanges, N_POW2=_means_by_product(n, fuses),
+        num_warps=num_warps, **register_cap(max_registers), enable_fp_fusion=fuses)
+
+
+def _means_by_product(n: int, fuses: bool) -> bool:
+    """The kernels' N_POW2: a row's means taken as products by 1/N (``kernels.norms._over_n``, the
+    same bits as the division) where N is a power of two and the kernel's products are not fused
+    into FMAs (a fused mean + eps would round once where the order rounds twice)."""
+    return n & (n - 1) == 0 and not fuses
+
+
+def _n_float(n: int, plan: dict) -> float:
+    """The kernels' ``n_float`` argument: N, or 1/N (exact) with N_POW2."""
+    return 1.0 / n if plan["N_POW2"] else float(n)
 
 
 def _reads_twice(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, shared_row: bool,
@@ -441,7 +453,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
         part = arrivals = y2
     args = (x2, x2 if res2 is None else res2, x2 if w is None else w, x2 if b is None else b,
             y2, x2 if h2 is None else h2, y2 if mean is None else mean, y2 if rstd is None else rstd, part, arrivals,
-            m, n, float(n), eps, offset, segments, programs_per_row, *strides)
+            m, n, _n_float(n, plan), eps, offset, segments, programs_per_row, *strides)
     if prepare_key is None:
         _forward_kernel(grid, *args, **plan)
         return
@@ -497,7 +509,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         **layout, **_runs_constexprs(runs), UNROLL=unroll or BACKWARD_UNROLL,
         PREFETCH=bool(prefetch), STAGES=stages,
         PAIRED_SUMS=paired, HOLD_16BIT=bool(hold_16bit), EXCHANGES=exchanges,
-        num_warps=num_warps, enable_fp_fusion=False, num_stages=stages,
+        N_POW2=_means_by_product(n, False), num_warps=num_warps, enable_fp_fusion=False, num_stages=stages,
         **register_cap(max_registers))
 
 
@@ -536,7 +548,7 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
         dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,
         rstd if mean is None else mean, rstd, dx2, dx2 if dres2 is None else dres2,
         rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
-        m, n, float(n), offset,
+        m, n, _n_float(n, plan), offset,
         dy2.stride(0), 0 if dh2 is None else dh2.stride(0), x2.stride(0), dx2.stride(0),
         0 if dres2 is None else dres2.stride(0),
         **plan)

@@ -58,6 +58,19 @@ def row_tree_sum(v, ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: t
 
 
 @triton.jit
+def _over_n(total, n_float, N_POW2: tl.constexpr):
+    """total / N, correctly rounded. With ``N_POW2`` (N a power of two) ``n_float`` holds 1/N,
+    exact, and the product is the same correctly rounded quotient: scaling by a power of two
+    rounds only where the quotient is subnormal, and there to the same neighbour as the division.
+    It spares each row the division's reciprocal refinement and its slow-path check. (Only where
+    products are not fused into FMAs: the launcher sets N_POW2 so.)"""
+    if N_POW2:
+        return total * n_float
+    else:
+        return tl.div_rn(total, n_float)
+
+
+@triton.jit
 def _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT: tl.constexpr, HAS_OFFSET: tl.constexpr,
                   HAS_BIAS: tl.constexpr):
     """(w, b): the weight (plus ``offset`` with HAS_OFFSET) and the bias at columns ``col``, float32
@@ -125,7 +138,7 @@ def norm_forward_kernel(
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
     READ_TWICE: tl.constexpr = False, HOLD_16BIT: tl.constexpr = False, STORE_POLICY: tl.constexpr = "",
     RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0, H_STORE_POLICY: tl.constexpr = "",
-    EXCHANGES: tl.constexpr = None,
+    EXCHANGES: tl.constexpr = None, N_POW2: tl.constexpr = False,
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -157,7 +170,7 @@ def norm_forward_kernel(
             for LayerNorm); otherwise unused.
         rows: number of rows M.
         n: row length N.
-        n_float: N as a float (exact below 2^24), the divisor of the means.
+        n_float: N as a float (exact below 2^24), the divisor of the means; 1/N with N_POW2.
         eps: added to the mean square (variance) before the square root.
         offset: added to the weight (Gemma's 1 + w), used with HAS_OFFSET.
         num_segments: S(N).
@@ -199,6 +212,8 @@ def norm_forward_kernel(
         EXCHANGES: None, or for whole rows (not SHARED_ROW) the levels of the row's trees met in one
             exchange between warps (``row_tree_sum``): the same bits, chosen by the launcher from
             the block's layout (``_ops.launch.tree_exchanges``); never with the interpreter.
+        N_POW2: N is a power of two and ``n_float`` holds 1/N: the means are products, not
+            divisions (``_over_n``; the same bits).
     """
     SPAN: tl.constexpr = LANES // RUNS
     if SHARED_ROW:
@@ -240,7 +255,7 @@ def norm_forward_kernel(
         total = _row_total(v * v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
                            ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW,
                            RUNS, LOG2_RUNS, EXCHANGES)
-        rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(total, n_float) + eps))
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(_over_n(total, n_float, N_POW2) + eps))
         if READ_TWICE:
             v = _read_again(x_ptr, h_ptr, row4, col4, stride_x, stride_h, mask, "evict_first", HAS_RESIDUAL)
             w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, False)
@@ -252,7 +267,7 @@ def norm_forward_kernel(
         total = _row_total(v, part_ptr, arrivals_ptr, row_id, first_segment, num_segments, programs_per_row,
                            ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW,
                            RUNS, LOG2_RUNS, EXCHANGES)
-        mean = tl.div_rn(total, n_float)
+        mean = _over_n(total, n_float, N_POW2)
         if HOLD_16BIT:
             v = widen_again(held, rows)
         if READ_TWICE:
@@ -263,7 +278,7 @@ def norm_forward_kernel(
         total_sq = _row_total(d * d, part_ptr + rows * num_segments, arrivals_ptr, row_id, first_segment,
                               num_segments, 2 * programs_per_row, ROWS, HELD, SEGMENTS, LOG2_SEGMENTS, LANES,
                               LOG2_LANES, GROUP, LOG2_GROUP, SHARED_ROW, RUNS, LOG2_RUNS, EXCHANGES)
-        var = tl.div_rn(total_sq, n_float)
+        var = _over_n(total_sq, n_float, N_POW2)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
         if HOLD_16BIT:
             # (n, not rows: a third widening must not be merged with the second either)
@@ -336,6 +351,7 @@ def norm_backward_kernel(
     GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
     STAGES: tl.constexpr = 1, PAIRED_SUMS: tl.constexpr = True, HOLD_16BIT: tl.constexpr = False,
     RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0, EXCHANGES: tl.constexpr = None,
+    N_POW2: tl.constexpr = False,
 ):
     """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
 
@@ -364,7 +380,7 @@ def norm_backward_kernel(
         db_part_ptr: float32 [programs, n] bias-gradient partials (written with BIAS_GRAD).
         rows: number of rows M.
         n: row length N.
-        n_float: N as a float.
+        n_float: N as a float; 1/N with N_POW2.
         offset: added to the weight (used with HAS_OFFSET).
         stride_dy, stride_dh_out, stride_x, stride_dx, stride_dres: elements between rows.
         IS_RMS: RMSNorm when true, LayerNorm when false.
@@ -394,6 +410,7 @@ def norm_backward_kernel(
             pass (a launch choice).
         EXCHANGES: the levels of the row sums' trees met in one exchange between warps, as in the
             forward pass (a launch choice: the same bits).
+        N_POW2: as in the forward pass.
     """
     SPAN: tl.constexpr = LANES // RUNS
     pid = tl.program_id(0).to(tl.int64)
@@ -431,7 +448,7 @@ def norm_backward_kernel(
         if IS_RMS:
             s_gn = row_tree_sum(g * normalised, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP,
                                 RUNS, LOG2_RUNS, EXCHANGES)
-            c_gn = tl.div_rn(s_gn, n_float)[:, None, None, None]
+            c_gn = _over_n(s_gn, n_float, N_POW2)[:, None, None, None]
         else:
             if PAIRED_SUMS:
                 # the two row sums as one tree over a pair of rows: the same additions, each
@@ -445,8 +462,8 @@ def norm_backward_kernel(
                                     LOG2_GROUP, RUNS, LOG2_RUNS, EXCHANGES)
                 s_g = row_tree_sum(g, 1, SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP, RUNS,
                                    LOG2_RUNS, EXCHANGES)
-            c_gn = tl.div_rn(s_gn, n_float)[:, None, None, None]
-            c_g = tl.div_rn(s_g, n_float)[:, None, None, None]
+            c_gn = _over_n(s_gn, n_float, N_POW2)[:, None, None, None]
+            c_g = _over_n(s_g, n_float, N_POW2)[:, None, None, None]
         if HOLD_16BIT:
             # the row's sums are taken: dy and the normalised row again from the held 16-bit values
             dy = widen_again(dy_held, rows)
