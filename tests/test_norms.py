@@ -583,7 +583,8 @@ def test_forward_launch_defaults():
     assert ops.forward_config(4096, True) == (1, 8)  # RMSNorm: one row of 4096, 16 elements per thread
     assert ops.forward_config(1024, True) == (4, 8)  # four rows of 1024, 16 per thread ...
     assert ops.forward_config(1024, True, has_residual=True) == (4, 4)  # ... 32 with a residual
-    assert ops.forward_config(4096, False) == (1, 4)  # LayerNorm: one row, 4 warps, at 4096 and 8192
+    assert ops.forward_config(1024, False) == (2, 2)  # LayerNorm: a warp per row of 1024, two rows ...
+    assert ops.forward_config(4096, False) == (1, 4)  # ... one row, 4 warps, at 4096 and 8192
     assert ops.forward_config(8192, False) == (1, 4)
     assert ops.forward_config(16384, True) == (1, 8)  # wide rows: 64 elements per thread ...
     assert ops.forward_config(8192, True) == (1, 4)  # ... from a block of 8192 on

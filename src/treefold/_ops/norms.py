@@ -29,9 +29,14 @@ from .launch import (Launcher, check_eviction_policy, check_max_registers, check
 MAX_ROW_LENGTH = 65536
 
 #: Elements one forward program holds at most (rows are packed into a program up to this):
-#: RMSNorm and LayerNorm. On the H200, 1024-element rows ran best four to a program (tiles of
-#: 4096; eight to a program lost a quarter of the bandwidth).
-_FORWARD_TILE = {True: 4096, False: 8192}
+#: RMSNorm and LayerNorm. On the H200, RMSNorm's 1024-element rows ran best four to a program
+#: (tiles of 4096; eight to a program lost a quarter of the bandwidth). LayerNorm's run best a
+#: warp each in programs of two (tiles of 2048, 32 elements per thread), as Inductor runs them
+#: (a warp per program): 65536 x 1024 bf16 66.8 us -> 65.6 by the kernel's duration after the
+#: flush against eight rows of eight warps, one row of one warp 65.6, bits equal, three
+#: interleaved rounds (``results/h200-probe-one-warp-rows.txt``). Measured at 1024 only: rows of
+#: 2048 now take one program of 2 warps, shorter rows 2 warps for several.
+_FORWARD_TILE = {True: 4096, False: 2048}
 #: LayerNorm rows of 4096: one row per program, 4 warps (32 elements per thread); rows of 8192 get
 #: the same 4 warps from the wide-row rule below. On the H200, three interleaved rounds
 #: (``benchmarks/probe_minimal.py``): 8192 x 4096 bf16 82.1% of the roof against 73.3% for two rows
