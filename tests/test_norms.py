@@ -206,24 +206,25 @@ def test_a_quotient_by_a_power_of_two_is_the_product_by_its_inverse():
 @pytest.mark.parametrize("scale", [1.0, 1e-21])
 def test_power_of_two_rows_match_reference_bits(n, dtype, scale):
     """Rows whose means are products by 1/N, forward and backward, against the reference's
-    divisions; at a scale of 1e-21 the float32 statistics of float32 rows are subnormal."""
+    divisions; at a scale of 1e-21 (eps 0) the float32 statistics of float32 rows are subnormal."""
     if dtype == torch.float16 and scale < 1:
         pytest.skip("float16 holds no 1e-21")
+    rms_eps, ln_eps = (0.0, 0.0) if scale < 1 else (1e-6, 1e-5)
     x = (randn((6, n), torch.float64, seed=n, scale=scale) + (2 * scale if scale < 1 else 0.5)).to(dtype)
     kernel_or_skip(x)
     x.requires_grad_()
     w, b = weight_like(n, dtype).requires_grad_(), randn(n, dtype, seed=5).requires_grad_()
-    y = treefold.rms_norm(x, w, 0.0 if scale < 1 else 1e-6)
-    assert_bits(y, ref.rms_norm(x, w, 0.0 if scale < 1 else 1e-6)[0])
+    y = treefold.rms_norm(x, w, rms_eps)
+    want_y, _, rstd = ref.rms_norm(x, w, rms_eps)
+    assert_bits(y, want_y)
     dy = randn(y.shape, dtype, seed=9)
     dx, dw = torch.autograd.grad(y, (x, w), dy)
-    _, _, rstd = ref.rms_norm(x, w, 0.0 if scale < 1 else 1e-6)
     want_dx, _, want_dw = ref.rms_norm_backward(dy, x, w, rstd, x_dtype=dtype)
     assert_bits(dx, want_dx)
     assert_bits(dw, want_dw)
-    y = treefold.layer_norm(x, n, w, b, 0.0 if scale < 1 else 1e-5)
-    _, mean, rstd = ref.layer_norm(x, w, b, 0.0 if scale < 1 else 1e-5)
-    assert_bits(y, ref.layer_norm(x, w, b, 0.0 if scale < 1 else 1e-5)[0])
+    y = treefold.layer_norm(x, n, w, b, ln_eps)
+    want_y, mean, rstd = ref.layer_norm(x, w, b, ln_eps)
+    assert_bits(y, want_y)
     dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
     want_dx, want_dw, want_db = ref.layer_norm_backward(dy, x, w, mean, rstd, bias_dtype=dtype)
     assert_bits(dx, want_dx)

@@ -326,7 +326,7 @@ def _means_by_product(n: int, fuses: bool) -> bool:
     """The kernels' N_POW2: a row's means taken as products by 1/N (``kernels.norms._over_n``, the
     same bits as the division) where N is a power of two and the kernel's products are not fused
     into FMAs (a fused mean + eps would round once where the order rounds twice)."""
-    return n & (n - 1) == 0 and not fuses
+    return n > 0 and n & (n - 1) == 0 and not fuses
 
 
 def _n_float(n: int, plan: dict) -> float:
