@@ -550,8 +550,9 @@ def test_bits_independent_of_batch_position_and_launch(n):
 def test_rows_shared_among_programs_give_the_same_bits():
     # The interpreter runs programs one after another, so there a row is "shared" by one program
     # (the exchange through memory and the arrival counter, without waiting); the GPU tier shares
-    # rows among several. Rows of 2 and 3 segments (the 3 padded to 4 in the tree).
-    for n in (5120, 9000):
+    # rows among several. Rows of 2 and 3 segments (the 3 padded to 4 in the tree); 8192, a power
+    # of two, takes its means as products by 1/N.
+    for n in (5120, 8192, 9000):
         x = randn((5, n), torch.bfloat16, seed=n)
         kernel_or_skip(x)
         w, b = weight_like(n, torch.bfloat16), randn(n, torch.bfloat16, seed=4)
