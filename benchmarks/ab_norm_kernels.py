@@ -1,7 +1,8 @@
 """The norm kernels (forward and backward) of another revision beside this tree's, in one process
-(CUDA): the same launchers, plans and inputs; only the kernels differ. Bits are compared first (a change of the
-kernel's code that is not a change of its order must keep them), then both are timed by their
-kernel's duration after the L2 flush (``timing.kernel_us``, 50 calls), in three interleaved rounds.
+(CUDA): the same launchers, plans and inputs; only the kernels differ. Bits are compared first (a
+change of the kernels' code that is not a change of their order must keep them), then both are
+timed by their kernels' duration after the L2 flush (``timing.kernel_us``, 50 calls), in three
+interleaved rounds.
 
     git show REV:src/treefold/kernels/norms.py > .tcache/base_norms.py        (here)
     python benchmarks/ab_norm_kernels.py .tcache/base_norms.py [OUT_DIR]      (device, carry .tcache)
@@ -21,7 +22,7 @@ from treefold._ops import norms
 from treefold._ops.launch import Launcher
 from treefold.bench.timing import kernel_us
 
-#: The bench's norm forward shapes (``--shapes llm``): label, rows, length.
+#: The bench's norm shapes (``--shapes llm``), forward and backward: label, rows, length.
 CASES = [("rms", 8192, 4096), ("rms", 32768, 4096), ("rms", 16384, 8192), ("rms", 4096, 16384),
          ("rms", 65536, 1024), ("rms", 64, 8192), ("rms", 1, 4096), ("rms fp32", 8192, 4096),
          ("rms+residual", 32768, 4096), ("rms+residual", 1, 4096), ("ln", 8192, 4096), ("ln", 16384, 8192),
@@ -41,7 +42,7 @@ class _BaseLauncher:
         self.names = set(kernel.arg_names)
 
     def __call__(self, grid, *args, **kwargs):
-        if kwargs.pop("N_POW2", False) and "N_POW2" not in self.names:
+        if "N_POW2" not in self.names and kwargs.pop("N_POW2", False):
             args = args[:self.N_FLOAT] + (1.0 / args[self.N_FLOAT],) + args[self.N_FLOAT + 1:]
         option_names = {"num_warps", "num_stages", "maxnreg", "enable_fp_fusion", "launch_pdl"}
         kwargs = {k: v for k, v in kwargs.items() if k in self.names or k in option_names}
@@ -74,9 +75,9 @@ def main(base_path: str, out_dir: str = "") -> None:
     kernels = {"base": base_launchers(base_path), "tree": (norms._forward_kernel, norms._backward_kernel)}
     variants = row_op_variants([(label, m, n, {"default": {}}) for label, m, n in CASES])
     calls = {}
-    for name, (fn, _, case) in variants.items():
-        for who, launcher in kernels.items():
-            calls[f"{case} {who}"] = (case, with_kernels(launcher, fn))
+    for fn, _, case in variants.values():
+        for who, launchers in kernels.items():
+            calls[f"{case} {who}"] = (case, with_kernels(launchers, fn))
     unequal = []
     for case in dict.fromkeys(c for c, _ in calls.values()):
         outs = [[t.clone() for t in fn() if t is not None] for c, fn in calls.values() if c == case]
