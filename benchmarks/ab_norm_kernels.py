@@ -17,10 +17,10 @@ import sys
 
 import torch
 
-from probe_report import row_op_variants
+from probe_report import check_bits, row_op_variants, with_values
 from treefold._ops import norms
 from treefold._ops.launch import Launcher
-from treefold.bench.timing import kernel_us
+from treefold.bench.timing import interleaved_us, kernel_us
 
 #: The bench's norm shapes (``--shapes llm``), forward and backward: label, rows, length.
 CASES = [("rms", 8192, 4096), ("rms", 32768, 4096), ("rms", 16384, 8192), ("rms", 4096, 16384),
@@ -60,34 +60,18 @@ def base_launchers(path: str) -> tuple:
 
 def with_kernels(launchers: tuple, fn):
     """``fn`` run with the norm ops launching ``launchers`` (forward, backward)."""
-    def call():
-        saved = norms._forward_kernel, norms._backward_kernel
-        norms._forward_kernel, norms._backward_kernel = launchers
-        try:
-            return fn()
-        finally:
-            norms._forward_kernel, norms._backward_kernel = saved
-    return call
+    return with_values(norms, {"_forward_kernel": launchers[0], "_backward_kernel": launchers[1]}, fn)
 
 
 def main(base_path: str, out_dir: str = "") -> None:
     torch.manual_seed(0)
     kernels = {"base": base_launchers(base_path), "tree": (norms._forward_kernel, norms._backward_kernel)}
-    variants = row_op_variants([(label, m, n, {"default": {}}) for label, m, n in CASES])
-    calls = {}
-    for fn, _, case in variants.values():
+    variants = {}  # (check_bits compares each case's "tree" with its "base", listed first)
+    for fn, moved, case in row_op_variants([(label, m, n, {"default": {}}) for label, m, n in CASES]).values():
         for who, launchers in kernels.items():
-            calls[f"{case} {who}"] = (case, with_kernels(launchers, fn))
-    unequal = []
-    for case in dict.fromkeys(c for c, _ in calls.values()):
-        outs = [[t.clone() for t in fn() if t is not None] for c, fn in calls.values() if c == case]
-        if not all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(outs[0], outs[1])):
-            unequal.append(case)
-    print("bits equal in every case" if not unequal else f"NOT EQUAL: {unequal}")
-    times = {name: [] for name in calls}
-    for _ in range(3):
-        for name, (_, fn) in calls.items():
-            times[name].append(kernel_us(fn, calls=50))
+            variants[f"{case} {who}"] = (with_kernels(launchers, fn), moved, case)
+    unequal = check_bits(variants)
+    times = interleaved_us({name: v[0] for name, v in variants.items()}, lambda fn: kernel_us(fn, calls=50))
     width = max(len(n) for n in times)
     for name, ts in times.items():
         print(f"{name:{width}s}  " + "  ".join(f"{t:7.2f}" for t in ts) + f"  median {statistics.median(ts):7.2f} us")

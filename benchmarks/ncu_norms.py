@@ -7,7 +7,8 @@ Inductor's kernel for the same call (CUDA):
 
 Every variant is called (and compiled) first; then, between ``cudaProfilerStart`` and ``Stop``,
 each is called CALLS times in the order of ``variants()``, one kernel per call, so the profiled
-kernels map back to the variants by position (their names are checked). ncu flushes the caches
+kernels map back to the variants by position (the table prints each one's kernel name beside it,
+and refuses a count that does not match). ncu flushes the caches
 before each kernel it profiles, so DRAM bytes are a call's own: the question is whether treefold's
 kernel moves more bytes than Inductor's, or issues more instructions, or waits elsewhere.
 """
@@ -38,48 +39,41 @@ METRICS = [
 ]
 
 
+#: (row_op_variants label, rows, length, launch choices besides the default)
+CASES = [("rms fp32", 8192, 4096, {"held 16w": dict(read_twice=False, num_warps=16)}),
+         ("rms", 4096, 16384, {}), ("rms", 16384, 8192, {}), ("rms", 65536, 1024, {}), ("ln", 65536, 1024, {}),
+         ("rms", 64, 8192, {"twice 16w": dict(read_twice=True, num_warps=16)})]
+
+
 def variants():
-    """[(name, call)]: treefold's launch choices and torch.compile's kernel at each shape; with
-    BASE_NORMS set (a kernels/norms.py of another revision, ``ab_norm_kernels.py``), its kernel too."""
+    """[(name, call)]: treefold's launch choices (``probe_report.row_op_variants``) and
+    torch.compile's kernel for the same call at each shape; with BASE_NORMS set (a kernels/norms.py
+    of another revision, ``ab_norm_kernels.py``), the default launch with that revision's kernels too."""
     import torch.nn.functional as F
 
     from ab_norm_kernels import base_launchers, with_kernels
+    from probe_report import row_op_variants
 
-    from treefold._ops import norms
     from treefold.bench.cases import hf_llama_rms_norm
 
     torch.manual_seed(0)
     base = base_launchers(os.environ["BASE_NORMS"]) if os.environ.get("BASE_NORMS") else None
     out = []
-    for label, dtype, m, n, options in [
-        ("rms fp32 8192x4096", torch.float32, 8192, 4096, {"held 16w": dict(read_twice=False, num_warps=16)}),
-        ("rms 4096x16384", torch.bfloat16, 4096, 16384, {}),
-        ("rms 16384x8192", torch.bfloat16, 16384, 8192, {}),
-        ("rms 65536x1024", torch.bfloat16, 65536, 1024, {}),
-        ("ln 65536x1024", torch.bfloat16, 65536, 1024, {}),
-        ("rms 64x8192", torch.bfloat16, 64, 8192, {"twice 16w": dict(read_twice=True, num_warps=16)}),
-    ]:
+    for label, m, n, options in CASES:
+        found = row_op_variants([(label, m, n, {"default": {}, **options})])
+        out += [(name, fn) for name, (fn, _, _) in found.items()]
+        if base is not None:
+            out.append((f"{label} {m}x{n} base", with_kernels(base, next(iter(found.values()))[0])))
+        dtype = torch.float32 if label.endswith("fp32") else torch.bfloat16
         x = torch.randn(m, n, device="cuda").to(dtype)
         w = (1 + 0.1 * torch.randn(n, device="cuda")).to(dtype)
         b = (0.1 * torch.randn(n, device="cuda")).to(dtype)
-        for variant, o in {"default": {}, **options}.items():
-            if label.startswith("ln"):
-                call = (lambda o=o, x=x, w=w, b=b:
-                        norms.layer_norm_impl(x, w, b, 1e-5, store_stats=False, **o))
-            else:
-                call = (lambda o=o, x=x, w=w:
-                        norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype, store_stats=False, **o))
-            out.append((f"{label} {variant}", call))
-        if base is not None:
-            out.append((f"{label} base", with_kernels(base, lambda x=x, w=w, b=b, label=label: (
-                norms.layer_norm_impl(x, w, b, 1e-5, store_stats=False) if label.startswith("ln") else
-                norms.rms_norm_impl(x, w, None, 1e-6, 0.0, "llama", x.dtype, store_stats=False)))))
-        if label.startswith("ln"):
+        if label == "ln":
             source = lambda x=x, w=w, b=b, n=n: F.layer_norm(x, (n,), w, b, 1e-5)
         else:
             source = lambda x=x, w=w: hf_llama_rms_norm(x, w)
         torch._dynamo.reset()
-        out.append((f"{label} compile", torch.compile(source, dynamic=False)))
+        out.append((f"{label} {m}x{n} compile", torch.compile(source, dynamic=False)))
     return out
 
 

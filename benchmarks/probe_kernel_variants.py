@@ -78,7 +78,8 @@ HELD_CASES = [
 
 #: ``warp``: rows of 1024 each held by one warp of a one-row program, as Inductor's LayerNorm
 #: kernel holds them (65536 programs of 32 threads: no barrier, no shared memory; each warp loads
-#: the weight and bias itself), against the default's eight rows of eight warps
+#: the weight and bias itself), against the default of the time, eight rows of eight warps (the
+#: default now: two rows of two warps, ``_ops.norms._FORWARD_TILE``)
 _ONE_WARP = {"default": {}, "1 row 1w": dict(rows_per_program=1, num_warps=1),
              "2 rows 2w": dict(rows_per_program=2, num_warps=2)}
 WARP_CASES = [("ln", 65536, 1024, _ONE_WARP), ("rms", 65536, 1024, _ONE_WARP)]
