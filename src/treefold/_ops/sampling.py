@@ -87,8 +87,22 @@ SEARCH_SLOTS = 16
 #: the pre-list and the count pass (results/h200-ab-programs-per-sm.txt, 64 rows fp32): 8 per SM
 #: about 1 us faster on peaked rows, 7-17 us slower on flat ones; 6 (one wave of the histogram
 #: pass) and 4 slower everywhere.
-RACE_PROGRAMS_PER_SM = 8
 FILTER_PROGRAMS_PER_SM = 16
+#: The unfiltered race (greedy argmax, or plain sampling with the race noise): programs per SM,
+#: and whether it prefetches. H200, CUDA graph, kernel time after do_bench's flush, 64 rows of
+#: 151936, two runs (results/h200-probe-race-launch.txt, -2.txt; 4 to 32 per SM, segments of 512
+#: to 4096 tokens, 4 to 16 warps, prefetch on and off):
+#: - float32 greedy, a plain read, is best at 8 per SM with prefetch: 16.4 us (16 per SM 17.5-17.7,
+#:   24 and 32 per SM 16.0-16.1). A read of the logits costs that much after this flush, which
+#:   leaves 39 MB of dirty lines to write back: treefold's argmax took 17.4-17.5 us, torch.amax
+#:   23.7-23.9 (after a flush that leaves the L2 clean, greedy 12.9-13.1).
+#: - with the noise (Philox per token: compute-bound) 16 per SM: float32 29.4 -> 27.5-27.7 us.
+#: - 16-bit logits, greedy or not, at 16 per SM without prefetch: a segment is one 16-byte load
+#:   per thread, and 16 programs per SM keep as many bytes in flight as a prefetch would, without
+#:   its registers: bf16 sampling 30.8 -> 26.8-26.9 us, greedy 11.2-11.3 -> 10.6-10.7.
+#: One row (149 programs of one segment) is the same under every choice, 3.1-3.4 us greedy.
+RACE_PROGRAMS_PER_SM = 16
+RACE_PROGRAMS_PER_SM_FLOAT32_GREEDY = 8
 #: Segment width: next_pow2(n) clamped to [MIN_WIDTH, MAX_WIDTH]. At least one element per lane
 #: of a warp (no replicated elements), at most 8 per thread of 4 warps.
 MIN_WIDTH = 32
@@ -185,7 +199,8 @@ RESOLVE_WARPS_TOP_K_AND_MASKS = 8
 #: program reads more than one segment). On the H200, in a CUDA graph with L2 flushed, 151936
 #: logits: at 64 rows (5-9 segments per program) fp32 greedy 23.4 -> 20.8 us, top-k 50
 #: 114 -> 108, top-p 0.9 223 -> 203, min-p 150 -> 135 (bf16: 1-7%); at one row (one segment per
-#: program) it only adds a masked load: 0-1.3 us slower.
+#: program) it only adds a masked load: 0-1.3 us slower. (The unfiltered race on 16-bit logits
+#: never prefetches: RACE_PROGRAMS_PER_SM.)
 PREFETCH = None
 
 Scalar = Union[int, float]
@@ -483,7 +498,10 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
                   programs_per_row=programs_per_row, prefetch=prefetch, run=run)
     else:
         # no filter, or greedy with scalar filters (they never remove the top token): one race
-        g = plan(rows, n, x.device, programs_per_row, RACE_PROGRAMS_PER_SM, prefetch)
+        wide = x.element_size() == 4
+        g = plan(rows, n, x.device, programs_per_row,
+                 RACE_PROGRAMS_PER_SM_FLOAT32_GREEDY if greedy and wide else RACE_PROGRAMS_PER_SM,
+                 prefetch if prefetch is not None or wide else False)  # 16-bit: no prefetch, as above
         t, t_row = _param(temperature)
         s, s_stride, s_tensor = _random(0 if greedy else seed)
         o, o_stride, o_tensor = _random(0 if greedy else offset)
