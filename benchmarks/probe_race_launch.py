@@ -28,7 +28,7 @@ from treefold._ops import sampling as ops
 from treefold.bench.timing import clean_flush, kernel_us
 
 
-def race_plan(width=None, per_sm=8, warps=None, prefetch=None):
+def plan_with(width=None, per_sm=8, warps=None, prefetch=None):
     """A stand-in for ``sampling.plan`` giving the race these launch choices (None: plan's)."""
     def make(rows, n, device, programs_per_row=None, programs_per_sm=None, prefetch_asked=None):
         w = width or min(max(order.next_pow2(n), ops.MIN_WIDTH), ops.MAX_WIDTH)
@@ -43,18 +43,18 @@ def race_plan(width=None, per_sm=8, warps=None, prefetch=None):
 
 VARIANTS = {
     "default": None,
-    "4/SM": race_plan(per_sm=4),
-    "12/SM": race_plan(per_sm=12),
-    "16/SM": race_plan(per_sm=16),
-    "24/SM": race_plan(per_sm=24),
-    "32/SM": race_plan(per_sm=32),
-    "16/SM no prefetch": race_plan(per_sm=16, prefetch=False),
-    "w512 16/SM": race_plan(width=512, per_sm=16),
-    "w2048 4w 8/SM": race_plan(width=2048, per_sm=8),
-    "w2048 8w 8/SM": race_plan(width=2048, per_sm=8, warps=8),
-    "w2048 8w 4/SM": race_plan(width=2048, per_sm=4, warps=8),
-    "w4096 8w 4/SM": race_plan(width=4096, per_sm=4, warps=8),
-    "w4096 16w 2/SM": race_plan(width=4096, per_sm=2, warps=16),
+    "4/SM": plan_with(per_sm=4),
+    "12/SM": plan_with(per_sm=12),
+    "16/SM": plan_with(per_sm=16),
+    "24/SM": plan_with(per_sm=24),
+    "32/SM": plan_with(per_sm=32),
+    "16/SM no prefetch": plan_with(per_sm=16, prefetch=False),
+    "w512 16/SM": plan_with(width=512, per_sm=16),
+    "w2048 4w 8/SM": plan_with(width=2048, per_sm=8),
+    "w2048 8w 8/SM": plan_with(width=2048, per_sm=8, warps=8),
+    "w2048 8w 4/SM": plan_with(width=2048, per_sm=4, warps=8),
+    "w4096 8w 4/SM": plan_with(width=4096, per_sm=4, warps=8),
+    "w4096 16w 2/SM": plan_with(width=4096, per_sm=2, warps=16),
 }
 
 

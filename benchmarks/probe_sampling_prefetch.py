@@ -73,10 +73,8 @@ def main(out_dir):
             seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
             for config in CONFIGS:
                 race = CONFIGS[config] is not None and list(CONFIGS[config]) == ["temperature"]
-                race_per_sm = (ops.RACE_PROGRAMS_PER_SM_FLOAT32_GREEDY
-                               if CONFIGS[config]["temperature"] == 0.0 and dtype == torch.float32
-                               else ops.RACE_PROGRAMS_PER_SM) if race else None
-                g = ops.plan(batch, VOCAB, x.device, None, race_per_sm)
+                g = (ops.race_plan(batch, VOCAB, dtype, x.device, CONFIGS[config]["temperature"] == 0.0) if race
+                     else ops.plan(batch, VOCAB, x.device))
                 half = max(1, g.programs_per_row // 2)
                 cases[(str(dtype)[6:], batch, config)] = {
                     f"no prefetch, {g.programs_per_row}/row": caller(x, seeds, config, prefetch=False),

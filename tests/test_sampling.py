@@ -730,6 +730,24 @@ def test_every_output_and_buffer_is_written_before_it_is_read(device, poison_all
         assert torch.equal(got, want)
 
 
+def test_race_plans_by_dtype_and_noise():
+    """The unfiltered race's launch rule (``race_plan``): 16 programs per SM, 8 for float32
+    greedy, 16-bit logits without prefetch; what a caller asks for is used as given. On a machine
+    without a GPU the plan counts 4 SMs: one row of 151936 (149 segments of 1024) takes 32 or 64
+    programs' worth of segments."""
+    cpu = torch.device("cpu")
+
+    def race(dtype, greedy, **kw):
+        g = ops.race_plan(1, 151936, dtype, cpu, greedy, **kw)
+        return g.segments_per_program, g.programs_per_row, g.prefetch
+
+    assert race(torch.float32, True) == (5, 30, True)  # 8 per SM: 32 programs aimed at
+    assert race(torch.float32, False) == (3, 50, True)  # 16 per SM
+    assert race(torch.bfloat16, True) == race(torch.float16, False) == (3, 50, False)
+    assert race(torch.bfloat16, True, prefetch=True) == (3, 50, True)
+    assert race(torch.float32, True, programs_per_row=149, prefetch=False) == (1, 149, False)
+
+
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_segment_width_and_programs_never_change_a_result(device, monkeypatch):
     """Segment width, programs per row and where the sure-kept tokens race are launch choices:

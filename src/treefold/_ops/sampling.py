@@ -255,6 +255,16 @@ def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int
                 max(1, min(4, width // 256)), bool(prefetch))
 
 
+def race_plan(rows: int, n: int, dtype: torch.dtype, device: torch.device, greedy: bool,
+              programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None) -> Plan:
+    """``plan`` of the unfiltered race (``greedy``: no noise) by RACE_PROGRAMS_PER_SM's rule:
+    16 programs per SM, 8 for float32 greedy; 16-bit logits without prefetch. ``programs_per_row``
+    and ``prefetch`` as in ``plan`` (given, they are used as given)."""
+    wide = dtype.itemsize == 4
+    per_sm = RACE_PROGRAMS_PER_SM_FLOAT32_GREEDY if greedy and wide else RACE_PROGRAMS_PER_SM
+    return plan(rows, n, device, programs_per_row, per_sm, prefetch if prefetch is not None or wide else False)
+
+
 def _prelist_bins(top_k, top_p, min_p, programs: int, sms: int) -> int:
     """The histogram's pre-list bins for a call (0: none), by PRELIST_BINS' rule. A filter given
     as a per-row tensor may end some row's prefix in the pre-list; scalar ones that keep every
@@ -498,10 +508,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
                   programs_per_row=programs_per_row, prefetch=prefetch, run=run)
     else:
         # no filter, or greedy with scalar filters (they never remove the top token): one race
-        wide = x.element_size() == 4
-        g = plan(rows, n, x.device, programs_per_row,
-                 RACE_PROGRAMS_PER_SM_FLOAT32_GREEDY if greedy and wide else RACE_PROGRAMS_PER_SM,
-                 prefetch if prefetch is not None or wide else False)  # 16-bit: no prefetch, as above
+        g = race_plan(rows, n, x.dtype, x.device, greedy, programs_per_row, prefetch)
         t, t_row = _param(temperature)
         s, s_stride, s_tensor = _random(0 if greedy else seed)
         o, o_stride, o_tensor = _random(0 if greedy else offset)
