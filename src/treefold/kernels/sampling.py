@@ -682,13 +682,13 @@ def _fine_bin(y, m, lo, hi, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr)
 
 
 @triton.jit
-def _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, min_p, topk_on,
+def _plan_fine(cnt, lo, hi, count_above, mass_above, total, kk, p, min_p, topk_on,
                topp_on, minp_on, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
-    """``_plan`` inside bins lo..hi, over their FINE_BINS sub-bins, starting from the exact count
-    and fixed-point mass of the tokens before lo. Sub-bins are narrow, so the direct bounds on
-    their masses are tight. Returns the sub-bins [lo, hi] that can hold the boundary."""
+    """``_plan`` inside bins lo..hi, over their FINE_BINS sub-bins (``cnt``: the row's sub-bin
+    histogram), starting from the exact count and fixed-point mass of the tokens before lo.
+    Sub-bins are narrow, so the direct bounds on their masses are tight. Returns the sub-bins
+    [lo, hi] that can hold the boundary."""
     f = tl.arange(0, FINE_BINS)
-    cnt = tl.load(fine_ptr + row * FINE_BINS + f)
     cum = count_above.to(tl.int64) + tl.cumsum(cnt, 0).to(tl.int64)
     width = (hi - lo + 1).to(tl.float32) / FINE_BINS
     edge = lo.to(tl.float32) + f.to(tl.float32) * width
@@ -1712,46 +1712,67 @@ def _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_a
 
 
 @triton.jit
-def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_ptr, lo, hi, count_above,
+def _refine_block(block, flo, fhi, lo, hi, written, count_above, mass_above, kept_above, best_score, best_index,
+                  low, m, noise_scale, mp, minp_on, seed, stream, offset, list_ptr, row, list_stride,
+                  MODE: tl.constexpr, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
+    """One block of ``_refine``'s pass over the list (``block``: ``_list_block``'s values)."""
+    live, idx, x, key, y, w, w_fixed = block
+    f = _fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT)
+    sure = live & (f < flo)
+    inside = live & (f >= flo) & (f <= fhi)
+    survives = sure & ((minp_on == 0) | (w >= mp))
+    if FUSED_REDUCTIONS:
+        sure_count, sure_mass, sure_kept = tl.reduce(
+            (sure.to(tl.int32), tl.where(sure, w_fixed, 0), tl.where(survives, w_fixed, 0)), 0, _add_three)
+    else:
+        sure_count = tl.sum(sure.to(tl.int32), axis=0)
+        sure_mass = tl.sum(tl.where(sure, w_fixed, 0), axis=0)
+        sure_kept = tl.sum(tl.where(survives, w_fixed, 0), axis=0)
+    count_above += sure_count
+    mass_above += sure_mass
+    kept_above += sure_kept
+    if MODE == MODE_SAMPLE:
+        best_score, best_index = _race_listed(survives, y, idx, seed, stream, offset, noise_scale,
+                                              best_score, best_index)
+    else:
+        low = tl.minimum(low, tl.min(tl.where(survives, _composite(key, idx), INT64_MAX), axis=0))
+    written = _move_to_front(list_ptr, row, list_stride, written, idx, inside)
+    return written, count_above, mass_above, kept_above, best_score, best_index, low
+
+
+@triton.jit
+def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_counts, lo, hi, count_above,
             mass_above, kept_above, best_score, best_index, m, total, inv_t, noise_scale, kk, p, mp,
             topk_on, topp_on, minp_on, seed, stream, offset, MODE: tl.constexpr,
             BLOCK: tl.constexpr, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
             ALL_VALUES: tl.constexpr):
-    """Shorten a long list with the sub-bin histogram: listed tokens in sub-bins before the
-    boundary's are kept for sure (their exact mass and count join the sure-kept totals and, when
-    sampling, they race here), those after it are dropped, and those in the boundary sub-bins are
-    moved to the front of the list (in place: the write position never passes the read position).
+    """Shorten a long list with the sub-bin histogram (``fine_counts``): listed tokens in sub-bins
+    before the boundary's are kept for sure (their exact mass and count join the sure-kept totals
+    and, when sampling, they race here), those after it are dropped, and those in the boundary
+    sub-bins are moved to the front of the list (in place: the write position never passes the
+    read position).
+
+    The first block's indices and logits are loaded before the sub-bin plan, whose scans and
+    reductions then run while those loads are in flight (after them, the loads would wait for
+    the plan's barriers: two more round trips on the row's path).
 
     Returns (list length, count, mass and min-p mass of the sure-kept tokens, race winner so far,
     lowest composite key of the sure-kept tokens min-p keeps)."""
-    flo, fhi = _plan_fine(fine_ptr, row, lo, hi, count_above, mass_above, total, kk, p, mp, topk_on,
+    first = _list_block(x_ptr, row, stride_x, list_ptr, list_stride, 0, n_list, m, inv_t, BLOCK, ALL_VALUES)
+    flo, fhi = _plan_fine(fine_counts, lo, hi, count_above, mass_above, total, kk, p, mp, topk_on,
                           topp_on, minp_on, FINE_BINS, BINS_PER_NAT)
-    written = tl.full([], 0, tl.int32)
-    low = tl.full([], INT64_MAX, tl.int64)
-    start = tl.full([], 0, tl.int32)
+    written, count_above, mass_above, kept_above, best_score, best_index, low = _refine_block(
+        first, flo, fhi, lo, hi, tl.full([], 0, tl.int32), count_above, mass_above, kept_above, best_score,
+        best_index, tl.full([], INT64_MAX, tl.int64), m, noise_scale, mp, minp_on, seed, stream, offset,
+        list_ptr, row, list_stride, MODE, FINE_BINS, BINS_PER_NAT)
+    start = tl.full([], BLOCK, tl.int32)
     while start < n_list:  # a loop bound read from memory
-        live, idx, x, key, y, w, w_fixed = _list_block(x_ptr, row, stride_x, list_ptr, list_stride,
-                                                       start, n_list, m, inv_t, BLOCK, ALL_VALUES)
-        f = _fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT)
-        sure = live & (f < flo)
-        inside = live & (f >= flo) & (f <= fhi)
-        survives = sure & ((minp_on == 0) | (w >= mp))
-        if FUSED_REDUCTIONS:
-            sure_count, sure_mass, sure_kept = tl.reduce(
-                (sure.to(tl.int32), tl.where(sure, w_fixed, 0), tl.where(survives, w_fixed, 0)), 0, _add_three)
-        else:
-            sure_count = tl.sum(sure.to(tl.int32), axis=0)
-            sure_mass = tl.sum(tl.where(sure, w_fixed, 0), axis=0)
-            sure_kept = tl.sum(tl.where(survives, w_fixed, 0), axis=0)
-        count_above += sure_count
-        mass_above += sure_mass
-        kept_above += sure_kept
-        if MODE == MODE_SAMPLE:
-            best_score, best_index = _race_listed(survives, y, idx, seed, stream, offset, noise_scale,
-                                                  best_score, best_index)
-        else:
-            low = tl.minimum(low, tl.min(tl.where(survives, _composite(key, idx), INT64_MAX), axis=0))
-        written = _move_to_front(list_ptr, row, list_stride, written, idx, inside)
+        block = _list_block(x_ptr, row, stride_x, list_ptr, list_stride, start, n_list, m, inv_t, BLOCK,
+                            ALL_VALUES)
+        written, count_above, mass_above, kept_above, best_score, best_index, low = _refine_block(
+            block, flo, fhi, lo, hi, written, count_above, mass_above, kept_above, best_score, best_index, low,
+            m, noise_scale, mp, minp_on, seed, stream, offset, list_ptr, row, list_stride, MODE, FINE_BINS,
+            BINS_PER_NAT)
         start += BLOCK
     tl.debug_barrier()
     return written, count_above, mass_above, kept_above, best_score, best_index, low
@@ -1824,6 +1845,15 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     inv_t, noise_scale, valid_row, kk_raw, p, mp, s, stream, o = _row_setup(
         row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
         offset_stride, T_ROW, K_ROW, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
+    # The plan and the list lengths are loaded before the partials are reduced: a load after the
+    # reduction's barriers would wait for them, one more round trip on the row's path.
+    lo = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_LO)
+    hi = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_HI)
+    count_above = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_COUNT_ABOVE)
+    n_valid = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_VALID)
+    counts = tl.load(counter_ptr + row)
+    # the boundary bins' sub-bin histogram, for ``_refine`` (read whether or not the list is long)
+    fine_counts = tl.load(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS))
     q = tl.arange(0, PARTS_POW2)
     live = q < compact_programs
     # the partial winners of the sure-kept tokens raced in place (sampling only)
@@ -1832,16 +1862,11 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
         part_max_ptr, part_total_ptr, part_mass_ptr, part_kept_ptr, part_score_ptr, part_index_ptr,
         row * compact_programs + q, live, raced)
     total = total_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
-    lo = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_LO)
-    hi = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_HI)
-    count_above = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_COUNT_ABOVE)
-    n_valid = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_VALID)
     # as in ``_plan``: an absent filter arrives as k = n, p = 1, min_p = 0
     topk_on = kk_raw < n_valid
     topp_on = p < 1.0
     minp_on = mp > 0.0
     kk = tl.minimum(kk_raw, n_valid.to(tl.int64))
-    counts = tl.load(counter_ptr + row)
     n_list = (counts & 0xFFFFFFFF).to(tl.int32)
     kept_low = tl.full([], INT64_MAX, tl.int64)
     if valid_row & (n_valid > 0):
@@ -1858,7 +1883,7 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
         else:
             if n_list > SORT_SMALL:
                 n_list, count_above, mass_above, kept_above, best_score, best_index, kept_low = \
-                    _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_ptr, lo, hi,
+                    _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_counts, lo, hi,
                             count_above, mass_above, kept_above, best_score, best_index, m, total,
                             inv_t, noise_scale, kk, p, mp, topk_on, topp_on, minp_on, s, stream, o,
                             MODE, SEARCH_BLOCK, FINE_BINS, BINS_PER_NAT, ALL_VALUES)
