@@ -28,9 +28,16 @@ from treefold._ops import sampling as ops
 from treefold.bench.timing import clean_flush, kernel_us
 
 
+#: calls of the stand-ins for ``sampling.plan`` (each variant checks that its own was used)
+STAND_IN_CALLS = {"count": 0}
+
+
 def plan_with(width=None, per_sm=8, warps=None, prefetch=None):
-    """A stand-in for ``sampling.plan`` giving the race these launch choices (None: plan's)."""
-    def make(rows, n, device, programs_per_row=None, programs_per_sm=None, prefetch_asked=None):
+    """A stand-in for ``sampling.plan`` giving the race these launch choices (None: plan's own
+    width and warps, and prefetch when a program reads more than one segment); the programs per
+    row, per SM and prefetch that ``race_plan`` passes are overridden."""
+    def make(rows, n, device, programs_per_row=None, programs_per_sm=None, prefetch_passed=None):
+        STAND_IN_CALLS["count"] += 1
         w = width or min(max(order.next_pow2(n), ops.MIN_WIDTH), ops.MAX_WIDTH)
         segments = order.cdiv(n, w)
         ppr = max(1, min(segments, order.cdiv(per_sm * ops._sm_count(device), max(rows, 1))))
@@ -39,6 +46,20 @@ def plan_with(width=None, per_sm=8, warps=None, prefetch=None):
         pf = spp > 1 if prefetch is None else prefetch
         return ops.Plan(w, spp, ppr, order.next_pow2(ppr), warps or max(1, min(4, w // 256)), pf)
     return make
+
+
+def with_plan(stand_in, call):
+    """``call`` with ``sampling.plan`` swapped for ``stand_in``, failing if the stand-in was not
+    used (a race planned some other way would time the default under this variant's name)."""
+    swapped = with_values(ops, {"plan": stand_in}, call)
+
+    def run():
+        before = STAND_IN_CALLS["count"]
+        out = swapped()
+        if STAND_IN_CALLS["count"] == before:
+            raise RuntimeError("the race was not planned by the stand-in")
+        return out
+    return run
 
 
 VARIANTS = {
@@ -68,12 +89,11 @@ def cases():
                 def call(x=x, t=t, seeds=seeds):
                     return (ops.sample_rows(x, t, None, None, None, seeds, 0),)
                 key = (f"{batch} {str(dtype)[6:]} {mode}",)
-                out[key] = {name: (call if p is None else with_values(ops, {"plan": p}, call))
-                            for name, p in VARIANTS.items()}
-            # what reading these logits once costs elsewhere (not checked against the tokens)
+                out[key] = {name: (call if p is None else with_plan(p, call)) for name, p in VARIANTS.items()}
+            # what reading these logits once costs elsewhere (their row maxima checked equal)
             out[(f"{batch} {str(dtype)[6:]} reads",)] = {
                 "torch.amax": lambda x=x: (torch.amax(x, dim=1),),
-                "treefold argmax": lambda x=x: reduce_ops.extreme_rows(x, True)[1:],
+                "treefold argmax": lambda x=x: reduce_ops.extreme_rows(x, True)[:1],
             }
     return out
 

@@ -732,9 +732,9 @@ def test_every_output_and_buffer_is_written_before_it_is_read(device, poison_all
 
 def test_race_plans_by_dtype_and_noise():
     """The unfiltered race's launch rule (``race_plan``): 16 programs per SM, 8 for float32
-    greedy, 16-bit logits without prefetch; what a caller asks for is used as given. On a machine
-    without a GPU the plan counts 4 SMs: one row of 151936 (149 segments of 1024) takes 32 or 64
-    programs' worth of segments."""
+    greedy, 16-bit logits without prefetch; what a caller asks for is used as given. For a CPU
+    device the plan counts 4 SMs: one row of 151936 (149 segments of 1024) aims at 32 or 64
+    programs and gets 30 of 5 segments or 50 of 3."""
     cpu = torch.device("cpu")
 
     def race(dtype, greedy, **kw):

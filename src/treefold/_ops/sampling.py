@@ -82,26 +82,32 @@ TOP_K_KERNEL_MAX = SORT_MAX
 #: Bracket search: tokens per block and sub-intervals per pass.
 SEARCH_BLOCK = 1024
 SEARCH_SLOTS = 16
-#: Programs per SM aimed at by the row-parallel passes (4, 8, 16, 32 measured on the H200 at
-#: 1 and 64 rows of 151936): the race is best at 8, the filtered passes at 16. Re-measured with
-#: the pre-list and the count pass (results/h200-ab-programs-per-sm.txt, 64 rows fp32): 8 per SM
-#: about 1 us faster on peaked rows, 7-17 us slower on flat ones; 6 (one wave of the histogram
-#: pass) and 4 slower everywhere.
+#: Programs per SM aimed at by the filtered path's row passes (4, 8, 16, 32 measured on the H200
+#: at 1 and 64 rows of 151936): best at 16. Re-measured with the pre-list and the count pass
+#: (results/h200-ab-programs-per-sm.txt, 64 rows fp32): 8 per SM about 1 us faster on peaked rows,
+#: 7-17 us slower on flat ones; 6 (one wave of the histogram pass) and 4 slower everywhere. (The
+#: unfiltered race: RACE_PROGRAMS_PER_SM.)
 FILTER_PROGRAMS_PER_SM = 16
-#: The unfiltered race (greedy argmax, or plain sampling with the race noise): programs per SM,
-#: and whether it prefetches. H200, CUDA graph, kernel time after do_bench's flush, 64 rows of
-#: 151936, two runs (results/h200-probe-race-launch.txt, -2.txt; 4 to 32 per SM, segments of 512
-#: to 4096 tokens, 4 to 16 warps, prefetch on and off):
-#: - float32 greedy, a plain read, is best at 8 per SM with prefetch: 16.4 us (16 per SM 17.5-17.7,
-#:   24 and 32 per SM 16.0-16.1). A read of the logits costs that much after this flush, which
-#:   leaves 39 MB of dirty lines to write back: treefold's argmax took 17.4-17.5 us, torch.amax
-#:   23.7-23.9 (after a flush that leaves the L2 clean, greedy 12.9-13.1).
-#: - with the noise (Philox per token: compute-bound) 16 per SM: float32 29.4 -> 27.5-27.7 us.
-#: - 16-bit logits, greedy or not, at 16 per SM without prefetch: a segment is one 16-byte load
-#:   per thread, and 16 programs per SM keep as many bytes in flight as a prefetch would, without
-#:   its registers: bf16 sampling 30.8 -> 26.8-26.9 us, greedy 11.2-11.3 -> 10.6-10.7.
-#: One row (149 programs of one segment) is the same under every choice, 3.1-3.4 us greedy.
+#: The unfiltered race (greedy argmax, or plain sampling with the race noise; ``race_plan``):
+#: programs per SM, and whether it prefetches. H200, CUDA graph, 64 rows of 151936, two runs
+#: (results/h200-probe-race-launch.txt, -2.txt; 4 to 32 per SM, segments of 512 to 4096 tokens, 4
+#: to 16 warps, prefetch on and off), kernel time after do_bench's flush unless said:
+#: - float32 greedy, a plain read: 8 per SM with prefetch (RACE_PROGRAMS_PER_SM_FLOAT32_GREEDY),
+#:   16.4 us; 24 and 32 per SM were 0.3-0.4 us faster after this flush (16.0-16.1) and 0.6-0.9 us
+#:   slower after one that leaves the L2 clean (13.7-13.8 against 12.9-13.1); 16 per SM 17.5-17.7.
+#:   A read of these logits costs that much after do_bench's flush, whose dirty lines the 39 MB
+#:   read evicts and writes back: treefold's argmax took 17.4-17.5 us, torch.amax 23.7-23.9.
+#: - with the noise (Philox per token: compute-bound), 16 per SM: float32 29.4 -> 27.4-27.7 us.
+#: - 16-bit logits, greedy or not, at 16 per SM without prefetch (``race_plan``): a segment is one
+#:   16-byte load per thread, and 16 programs per SM keep as many bytes in flight as a prefetch
+#:   would, without its registers. bf16 sampling 30.8 (8 per SM) and 28.1-28.3 (16 with prefetch)
+#:   -> 26.8-26.9 us; greedy 11.2 (8 per SM) and 11.3-11.7 (16 with prefetch) -> 10.6-10.7, where
+#:   12 per SM with prefetch read 10.4 in both runs (12 without prefetch was not measured; one
+#:   rule for both kinds of race was kept).
+#: One row (149 programs of one segment) moves little under any of them: greedy 3.2-3.4 us at the
+#: default width, 2.9-3.7 across every variant.
 RACE_PROGRAMS_PER_SM = 16
+#: float32 greedy's exception to RACE_PROGRAMS_PER_SM (see there).
 RACE_PROGRAMS_PER_SM_FLOAT32_GREEDY = 8
 #: Segment width: next_pow2(n) clamped to [MIN_WIDTH, MAX_WIDTH]. At least one element per lane
 #: of a warp (no replicated elements), at most 8 per thread of 4 warps.
@@ -258,11 +264,14 @@ def plan(rows: int, n: int, device: torch.device, programs_per_row: Optional[int
 def race_plan(rows: int, n: int, dtype: torch.dtype, device: torch.device, greedy: bool,
               programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None) -> Plan:
     """``plan`` of the unfiltered race (``greedy``: no noise) by RACE_PROGRAMS_PER_SM's rule:
-    16 programs per SM, 8 for float32 greedy; 16-bit logits without prefetch. ``programs_per_row``
-    and ``prefetch`` as in ``plan`` (given, they are used as given)."""
-    wide = dtype.itemsize == 4
-    per_sm = RACE_PROGRAMS_PER_SM_FLOAT32_GREEDY if greedy and wide else RACE_PROGRAMS_PER_SM
-    return plan(rows, n, device, programs_per_row, per_sm, prefetch if prefetch is not None or wide else False)
+    RACE_PROGRAMS_PER_SM programs per SM (RACE_PROGRAMS_PER_SM_FLOAT32_GREEDY for float32 greedy),
+    and no prefetch for 16-bit logits. ``programs_per_row`` and ``prefetch``, when given, are used
+    as ``plan`` uses them."""
+    float32 = dtype == torch.float32
+    per_sm = RACE_PROGRAMS_PER_SM_FLOAT32_GREEDY if greedy and float32 else RACE_PROGRAMS_PER_SM
+    if prefetch is None and not float32:
+        prefetch = False
+    return plan(rows, n, device, programs_per_row, per_sm, prefetch)
 
 
 def _prelist_bins(top_k, top_p, min_p, programs: int, sms: int) -> int:

@@ -682,19 +682,19 @@ def _fine_bin(y, m, lo, hi, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr)
 
 
 @triton.jit
-def _plan_fine(cnt, lo, hi, count_above, mass_above, total, kk, p, min_p, topk_on,
+def _plan_fine(fine_counts, lo, hi, count_above, mass_above, total, kk, p, min_p, topk_on,
                topp_on, minp_on, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
-    """``_plan`` inside bins lo..hi, over their FINE_BINS sub-bins (``cnt``: the row's sub-bin
-    histogram), starting from the exact count and fixed-point mass of the tokens before lo.
+    """``_plan`` inside bins lo..hi, over their FINE_BINS sub-bins (``fine_counts``: the row's
+    sub-bin histogram), starting from the exact count and fixed-point mass of the tokens before lo.
     Sub-bins are narrow, so the direct bounds on their masses are tight. Returns the sub-bins
     [lo, hi] that can hold the boundary."""
     f = tl.arange(0, FINE_BINS)
-    cum = count_above.to(tl.int64) + tl.cumsum(cnt, 0).to(tl.int64)
+    cum = count_above.to(tl.int64) + tl.cumsum(fine_counts, 0).to(tl.int64)
     width = (hi - lo + 1).to(tl.float32) / FINE_BINS
     edge = lo.to(tl.float32) + f.to(tl.float32) * width
     lo_w = tl.exp(-(edge + width + BIN_EDGE_SLACK) / BINS_PER_NAT)
     hi_w = tl.minimum(tl.exp(-(edge - BIN_EDGE_SLACK) / BINS_PER_NAT), 1.0)
-    cf = cnt.to(tl.float32)
+    cf = fine_counts.to(tl.float32)
     base = mass_above.to(tl.float32) * (1.0 / FIXED_ONE)
     slack = FINE_MASS_SLACK * total
     lb = base + tl.cumsum(cf * lo_w, 0) - slack
@@ -1712,10 +1712,12 @@ def _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_a
 
 
 @triton.jit
-def _refine_block(block, flo, fhi, lo, hi, written, count_above, mass_above, kept_above, best_score, best_index,
-                  low, m, noise_scale, mp, minp_on, seed, stream, offset, list_ptr, row, list_stride,
-                  MODE: tl.constexpr, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
-    """One block of ``_refine``'s pass over the list (``block``: ``_list_block``'s values)."""
+def _refine_block(list_ptr, row, list_stride, block, flo, fhi, lo, hi, written, count_above, mass_above,
+                  kept_above, best_score, best_index, kept_low, m, noise_scale, mp, minp_on, seed, stream,
+                  offset, MODE: tl.constexpr, FINE_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
+    """One block of ``_refine``'s pass over the list (``block``: ``_list_block``'s values; flo..fhi
+    the boundary's sub-bins, ``written`` the tokens moved to the front so far). Returns the
+    running values after it, as ``_refine`` returns them (list length written so far first)."""
     live, idx, x, key, y, w, w_fixed = block
     f = _fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT)
     sure = live & (f < flo)
@@ -1735,9 +1737,9 @@ def _refine_block(block, flo, fhi, lo, hi, written, count_above, mass_above, kep
         best_score, best_index = _race_listed(survives, y, idx, seed, stream, offset, noise_scale,
                                               best_score, best_index)
     else:
-        low = tl.minimum(low, tl.min(tl.where(survives, _composite(key, idx), INT64_MAX), axis=0))
+        kept_low = tl.minimum(kept_low, tl.min(tl.where(survives, _composite(key, idx), INT64_MAX), axis=0))
     written = _move_to_front(list_ptr, row, list_stride, written, idx, inside)
-    return written, count_above, mass_above, kept_above, best_score, best_index, low
+    return written, count_above, mass_above, kept_above, best_score, best_index, kept_low
 
 
 @triton.jit
@@ -1761,21 +1763,21 @@ def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_counts, lo
     first = _list_block(x_ptr, row, stride_x, list_ptr, list_stride, 0, n_list, m, inv_t, BLOCK, ALL_VALUES)
     flo, fhi = _plan_fine(fine_counts, lo, hi, count_above, mass_above, total, kk, p, mp, topk_on,
                           topp_on, minp_on, FINE_BINS, BINS_PER_NAT)
-    written, count_above, mass_above, kept_above, best_score, best_index, low = _refine_block(
-        first, flo, fhi, lo, hi, tl.full([], 0, tl.int32), count_above, mass_above, kept_above, best_score,
-        best_index, tl.full([], INT64_MAX, tl.int64), m, noise_scale, mp, minp_on, seed, stream, offset,
-        list_ptr, row, list_stride, MODE, FINE_BINS, BINS_PER_NAT)
+    written, count_above, mass_above, kept_above, best_score, best_index, kept_low = _refine_block(
+        list_ptr, row, list_stride, first, flo, fhi, lo, hi, tl.full([], 0, tl.int32), count_above, mass_above,
+        kept_above, best_score, best_index, tl.full([], INT64_MAX, tl.int64), m, noise_scale, mp, minp_on, seed,
+        stream, offset, MODE, FINE_BINS, BINS_PER_NAT)
     start = tl.full([], BLOCK, tl.int32)
     while start < n_list:  # a loop bound read from memory
         block = _list_block(x_ptr, row, stride_x, list_ptr, list_stride, start, n_list, m, inv_t, BLOCK,
                             ALL_VALUES)
-        written, count_above, mass_above, kept_above, best_score, best_index, low = _refine_block(
-            block, flo, fhi, lo, hi, written, count_above, mass_above, kept_above, best_score, best_index, low,
-            m, noise_scale, mp, minp_on, seed, stream, offset, list_ptr, row, list_stride, MODE, FINE_BINS,
+        written, count_above, mass_above, kept_above, best_score, best_index, kept_low = _refine_block(
+            list_ptr, row, list_stride, block, flo, fhi, lo, hi, written, count_above, mass_above, kept_above,
+            best_score, best_index, kept_low, m, noise_scale, mp, minp_on, seed, stream, offset, MODE, FINE_BINS,
             BINS_PER_NAT)
         start += BLOCK
     tl.debug_barrier()
-    return written, count_above, mass_above, kept_above, best_score, best_index, low
+    return written, count_above, mass_above, kept_above, best_score, best_index, kept_low
 
 
 @triton.jit
@@ -1852,7 +1854,8 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     count_above = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_COUNT_ABOVE)
     n_valid = tl.load(plan_ptr + row * PLAN_SLOTS + PLAN_VALID)
     counts = tl.load(counter_ptr + row)
-    # the boundary bins' sub-bin histogram, for ``_refine`` (read whether or not the list is long)
+    # the boundary bins' sub-bin histogram, for ``_refine`` (read whether or not the list is long:
+    # ``segment_max_kernel`` clears it for every row in every mode, the compaction counts into it)
     fine_counts = tl.load(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS))
     q = tl.arange(0, PARTS_POW2)
     live = q < compact_programs
