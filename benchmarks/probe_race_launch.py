@@ -14,6 +14,7 @@ by do_bench's zeroing) in three interleaved rounds, and the kernel time of the r
 after that flush and after one that leaves the L2 clean (``treefold.bench.timing.kernel_us``).
 Writes OUT_DIR/probe-race-launch.json; prints a table last.
 """
+import dataclasses
 import json
 import os
 import sys
@@ -22,7 +23,6 @@ import torch
 
 from gpu_sampling import graphed, logits
 from probe_report import time_graphed_variants, with_values
-from treefold import order
 from treefold._ops import reduce as reduce_ops
 from treefold._ops import sampling as ops
 from treefold.bench.timing import clean_flush, kernel_us
@@ -32,19 +32,20 @@ from treefold.bench.timing import clean_flush, kernel_us
 STAND_IN_CALLS = {"count": 0}
 
 
+#: ``sampling.plan`` itself, without its cache (whose key does not hold the widths set below)
+_PLAN = ops.plan.__wrapped__
+
+
 def plan_with(width=None, per_sm=8, warps=None, prefetch=None):
     """A stand-in for ``sampling.plan`` giving the race these launch choices (None: plan's own
     width and warps, and prefetch when a program reads more than one segment); the programs per
-    row, per SM and prefetch that ``race_plan`` passes are overridden."""
+    row, per SM and prefetch that ``race_plan`` passes are overridden. The plan is ``plan``'s own,
+    made with MAX_WIDTH set to ``width`` and its warps replaced by ``warps``."""
     def make(rows, n, device, programs_per_row=None, programs_per_sm=None, prefetch_passed=None):
         STAND_IN_CALLS["count"] += 1
-        w = width or min(max(order.next_pow2(n), ops.MIN_WIDTH), ops.MAX_WIDTH)
-        segments = order.cdiv(n, w)
-        ppr = max(1, min(segments, order.cdiv(per_sm * ops._sm_count(device), max(rows, 1))))
-        spp = order.cdiv(segments, ppr)
-        ppr = order.cdiv(segments, spp)
-        pf = spp > 1 if prefetch is None else prefetch
-        return ops.Plan(w, spp, ppr, order.next_pow2(ppr), warps or max(1, min(4, w // 256)), pf)
+        g = with_values(ops, {"MAX_WIDTH": width or ops.MAX_WIDTH},
+                        lambda: _PLAN(rows, n, device, None, per_sm, prefetch))()
+        return dataclasses.replace(g, num_warps=warps) if warps else g
     return make
 
 
