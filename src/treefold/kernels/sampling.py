@@ -1425,20 +1425,38 @@ def _top_p_target(p, m_k):
 
 
 @triton.jit
-def _race_sure(x_ptr, row, stride_x, list_ptr, list_stride, n, n_sure, inv_t, seed, stream, offset,
-               noise_scale, best_score, best_index, BLOCK: tl.constexpr):
-    """The race among the sure-kept tokens that ``compact_kernel`` wrote from the end of the
-    list (positions n - 1 down to n - n_sure), merged into the winner so far (score, index)."""
-    start = tl.full([], 0, tl.int32)
+def _sure_block(x_ptr, row, stride_x, list_ptr, list_stride, n, start, n_sure, inv_t, seed, stream, offset,
+                noise_scale, BLOCK: tl.constexpr):
+    """Race entries (score, index) of the sure-kept tokens start .. start + BLOCK that
+    ``compact_kernel`` wrote from the end of the list (position n - 1 - j for the j-th); empty
+    entries score -inf with index INT64_MAX."""
+    j = start + tl.arange(0, BLOCK)
+    live = j < n_sure
+    idx = tl.load(list_ptr + row * list_stride + (n - 1 - j), mask=live, other=0).to(tl.int64)
+    x, finite, y = _logits_at(x_ptr, row, stride_x, idx, live, inv_t)
+    g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
+    return tl.where(live, y + g, float("-inf")), tl.where(live, idx, INT64_MAX)
+
+
+@triton.jit
+def _race_sure(first_score, first_index, x_ptr, row, stride_x, list_ptr, list_stride, n, n_sure, inv_t,
+               seed, stream, offset, noise_scale, best_score, best_index, BLOCK: tl.constexpr):
+    """The race among the sure-kept tokens, merged into the winner so far (score, index).
+    ``first_score``, ``first_index``: ``_sure_block``'s entries of the first block, which the
+    caller loads before the row's partials are reduced (after them, the two dependent loads of
+    the list and the logits would wait for the reduction's barriers). Later blocks meet the
+    first lane by lane (``_race_pick``: the order of the meetings does not matter), and the
+    lanes meet once at the end."""
+    lane_score = first_score
+    lane_index = first_index
+    start = tl.full([], BLOCK, tl.int32)
     while start < n_sure:  # a loop bound read from memory
-        j = start + tl.arange(0, BLOCK)
-        live = j < n_sure
-        idx = tl.load(list_ptr + row * list_stride + (n - 1 - j), mask=live, other=0).to(tl.int64)
-        x, finite, y = _logits_at(x_ptr, row, stride_x, idx, live, inv_t)
-        best_score, best_index = _race_listed(live, y, idx, seed, stream, offset, noise_scale,
-                                              best_score, best_index)
+        score, index = _sure_block(x_ptr, row, stride_x, list_ptr, list_stride, n, start, n_sure, inv_t,
+                                   seed, stream, offset, noise_scale, BLOCK)
+        lane_score, lane_index = _race_pick(lane_score, lane_index, score, index)
         start += BLOCK
-    return best_score, best_index
+    top, at = _winner(lane_score, lane_index, INT64_MAX)
+    return _race_pick(best_score, best_index, top, at)
 
 
 @triton.jit
@@ -1857,6 +1875,11 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     # the boundary bins' sub-bin histogram, for ``_refine`` (read whether or not the list is long:
     # ``segment_max_kernel`` clears it for every row in every mode, the compaction counts into it)
     fine_counts = tl.load(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS))
+    n_sure = (counts >> 32).to(tl.int32)
+    if MODE == MODE_SAMPLE:
+        # the first block of the sure-kept race, for the same reason (``_race_sure``)
+        sure_score, sure_index = _sure_block(x_ptr, row, stride_x, list_ptr, list_stride, n, 0, n_sure,
+                                             inv_t, s, stream, o, noise_scale, SEARCH_BLOCK)
     q = tl.arange(0, PARTS_POW2)
     live = q < compact_programs
     # the partial winners of the sure-kept tokens raced in place (sampling only)
@@ -1874,9 +1897,9 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     kept_low = tl.full([], INT64_MAX, tl.int64)
     if valid_row & (n_valid > 0):
         if MODE == MODE_SAMPLE:
-            best_score, best_index = _race_sure(x_ptr, row, stride_x, list_ptr, list_stride, n,
-                                                (counts >> 32).to(tl.int32), inv_t, s, stream, o,
-                                                noise_scale, best_score, best_index, SEARCH_BLOCK)
+            best_score, best_index = _race_sure(sure_score, sure_index, x_ptr, row, stride_x, list_ptr,
+                                                list_stride, n, n_sure, inv_t, s, stream, o, noise_scale,
+                                                best_score, best_index, SEARCH_BLOCK)
         # Shorten the boundary list first (top-k: gather the k-th neighbourhood; otherwise refine
         # by sub-bins), then resolve it: ranked pairwise when short, else sorted (top-k) or searched.
         if MODE == MODE_TOPK:
