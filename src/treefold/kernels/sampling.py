@@ -1813,7 +1813,7 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
                    SORT_LARGE: tl.constexpr,
                    SEARCH_BLOCK: tl.constexpr, SLOTS: tl.constexpr, FINE_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr, SURE_PARTIALS: tl.constexpr = True,
-                   WAIT_FOR_PRIOR: tl.constexpr = False, SORT_MID: tl.constexpr = False):
+                   SURE_LIST: tl.constexpr = True, WAIT_FOR_PRIOR: tl.constexpr = False, SORT_MID: tl.constexpr = False):
     """One program per row: when sampling, the race among the sure-kept tokens first; then the
     exact prefix boundary among the listed tokens, and the row's outputs. A list longer than
     SORT_SMALL is first shortened with the sub-bin histogram (``_refine``; not for MODE_TOPK,
@@ -1833,6 +1833,8 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
             RACE_PROGRAMS); read only in MODE_SAMPLE with SURE_PARTIALS.
         SURE_PARTIALS: those partial winners were written (False when no row can race in place:
             a scalar top_k <= SURE_LIST_MAX bounds every row's sure-kept tokens).
+        SURE_LIST: the compaction may have listed a row's sure-kept tokens for this pass to race
+            (MODE_SAMPLE; False when every row races them in place: nothing to load early).
         compact_programs: programs per row of ``compact_kernel`` (partials per row).
         temperature .. offset and their flags: as in ``compact_kernel``.
         token_ptr: int64 [rows] sampled tokens (MODE_SAMPLE; -1: no finite logit or an invalid
@@ -1876,7 +1878,8 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     # ``segment_max_kernel`` clears it for every row in every mode, the compaction counts into it)
     fine_counts = tl.load(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS))
     n_sure = (counts >> 32).to(tl.int32)
-    if MODE == MODE_SAMPLE:
+    RACE_LISTED_SURE: tl.constexpr = (MODE == MODE_SAMPLE) and SURE_LIST
+    if RACE_LISTED_SURE:
         # the first block of the sure-kept race, for the same reason (``_race_sure``)
         sure_score, sure_index = _sure_block(x_ptr, row, stride_x, list_ptr, list_stride, n, 0, n_sure,
                                              inv_t, s, stream, o, noise_scale, SEARCH_BLOCK)
@@ -1896,7 +1899,7 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
     n_list = (counts & 0xFFFFFFFF).to(tl.int32)
     kept_low = tl.full([], INT64_MAX, tl.int64)
     if valid_row & (n_valid > 0):
-        if MODE == MODE_SAMPLE:
+        if RACE_LISTED_SURE:
             best_score, best_index = _race_sure(sure_score, sure_index, x_ptr, row, stride_x, list_ptr,
                                                 list_stride, n, n_sure, inv_t, s, stream, o, noise_scale,
                                                 best_score, best_index, SEARCH_BLOCK)
