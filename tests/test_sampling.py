@@ -927,6 +927,37 @@ PRE_LIST_CASES = (("sample", dict(top_p=0.9, temperature=0.8)), ("sample", dict(
                   ("threshold", dict(min_p=0.1)), ("top_k", dict(top_k=10)))
 
 
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_sure_kept_race_over_many_blocks_gives_the_reference(device, monkeypatch):
+    """The resolve pass races a listed sure-kept set block by block (its first block loaded
+    before the row's partials), the blocks meeting lane by lane: with blocks of 8 and sure-kept
+    sets of hundreds, tied maxima in several blocks and lanes (a zero temperature: the race is a
+    greedy pick, the lowest index wins) and noisy races give the reference's tokens."""
+    monkeypatch.setattr(ops, "SEARCH_BLOCK", 8)
+    monkeypatch.setattr(ops, "SURE_LIST_MAX", 1 << 20)  # every row lists its sure-kept tokens
+    monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", 1 << 20)
+    g = torch.Generator().manual_seed(17)
+    x = torch.randn(3, 300, generator=g) * torch.tensor([[0.3], [1.0], [2.0]])
+    x[0, 290] = x[0, 9] = x[0, 150] = 1.5  # tied maxima far apart in the list
+    x[1, 77] = x[1, 3] = 4.0
+    seeds = torch.tensor([5, 6, 7])
+    xs = x.to(device)
+    ops.plan.cache_clear()
+    try:
+        for temperature in (torch.zeros(3), 0.8):
+            for config in (dict(top_p=0.99), dict(min_p=0.01), dict(top_p=0.9, min_p=0.05)):
+                args = (None, config.get("top_p"), config.get("min_p"))
+                t = temperature.to(device) if isinstance(temperature, torch.Tensor) else temperature
+                got = ops.sample_rows(xs, t, *args, seeds.to(device), 2, programs_per_row=3)
+                want = ref.sample(x, temperature, *args, seeds, 2)
+                assert torch.equal(got.cpu(), want), (temperature, config)
+                if isinstance(temperature, torch.Tensor):
+                    assert got.tolist()[:2] == [9, 3]
+    finally:
+        monkeypatch.undo()
+        ops.plan.cache_clear()
+
+
 @pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
 def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
     """Compiled, a race's (score, index) winner and the resolve pass's partials are each one
