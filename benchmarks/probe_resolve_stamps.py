@@ -57,10 +57,16 @@ def resolve_kernel('''),
     c1 = _clock() + (n_list * 0).to(tl.int64) + (best_index * 0)
     c2 = c1
     c3 = c1
+    r1 = c1
+    rm = c1
+    r2 = c1
     n_before = n_list
     if valid_row & (n_valid > 0):"""),
     ("""        # Shorten the boundary list first""", """        c2 = _clock() + (best_index * 0)
         c3 = c2
+        r1 = c2
+        rm = c2
+        r2 = c2
         # Shorten the boundary list first"""),
     ("""        ONE_CHUNK: tl.constexpr = MODE != MODE_TOPK
 """, """        c3 = _clock() + (n_list * 0).to(tl.int64) + (best_index * 0)
@@ -86,17 +92,59 @@ def apply_filter_kernel(""", """            tl.store(mass_ptr + row, 0.0)
         tl.store(thr_ptr + 8, n_before.to(tl.int64))
         tl.store(thr_ptr + 9, n_list.to(tl.int64))
         tl.store(thr_ptr + 10, (counts >> 32))
+        tl.store(thr_ptr + 11, r1)
+        tl.store(thr_ptr + 12, rm)
+        tl.store(thr_ptr + 13, r2)
 
 
 @triton.jit
 def apply_filter_kernel("""),
+]
+#: Stamps inside the sub-bin refinement (``_refine``): after its sub-bin plan (r1), after the first
+#: block's sums and race (rm, ``_refine_block`` returns it), after that block's list write (r2).
+_KERNEL_EDITS += [
+    ("""    flo, fhi = _plan_fine(fine_counts, lo, hi, count_above, mass_above, total, kk, p, mp, topk_on,
+                          topp_on, minp_on, FINE_BINS, BINS_PER_NAT)
+""", """    flo, fhi = _plan_fine(fine_counts, lo, hi, count_above, mass_above, total, kk, p, mp, topk_on,
+                          topp_on, minp_on, FINE_BINS, BINS_PER_NAT)
+    r1 = _clock() + (flo * 0).to(tl.int64) + (fhi * 0).to(tl.int64)
+"""),
+    ("""    written = _move_to_front(list_ptr, row, list_stride, written, idx, inside)
+    return written, count_above, mass_above, kept_above, best_score, best_index, kept_low
+""", """    rm = _clock() + (best_index * 0) + (kept_above * 0) + (kept_low * 0)
+    written = _move_to_front(list_ptr, row, list_stride, written, idx, inside)
+    return written, count_above, mass_above, kept_above, best_score, best_index, kept_low, rm
+"""),
+    ("""    written, count_above, mass_above, kept_above, best_score, best_index, kept_low = _refine_block(
+        list_ptr, row, list_stride, first,""", """    written, count_above, mass_above, kept_above, best_score, best_index, kept_low, rm = _refine_block(
+        list_ptr, row, list_stride, first,"""),
+    ("""    start = tl.full([], BLOCK, tl.int32)
+    while start < n_list:  # a loop bound read from memory
+        block = _list_block(""", """    r2 = _clock() + (written * 0).to(tl.int64)
+    start = tl.full([], BLOCK, tl.int32)
+    while start < n_list:  # a loop bound read from memory
+        block = _list_block("""),
+    ("""        written, count_above, mass_above, kept_above, best_score, best_index, kept_low = _refine_block(
+            list_ptr, row, list_stride, block,""", """        written, count_above, mass_above, kept_above, best_score, best_index, kept_low, rm_later = _refine_block(
+            list_ptr, row, list_stride, block,"""),
+    ("""    tl.debug_barrier()
+    return written, count_above, mass_above, kept_above, best_score, best_index, kept_low
+""", """    tl.debug_barrier()
+    return written, count_above, mass_above, kept_above, best_score, best_index, kept_low, r1, rm, r2
+"""),
+    ("""                n_list, count_above, mass_above, kept_above, best_score, best_index, kept_low = \\
+""", """                n_list, count_above, mass_above, kept_above, best_score, best_index, kept_low, r1, rm, r2 = \\
+"""),
 ]
 _OPS_EDITS = [
     ("""        outputs.get("thr", spare),""",
      """        outputs.get("thr", STAMPS.setdefault(dev, torch.zeros(16, dtype=torch.int64, device=dev))),"""),
     ("\nScalar = Union[int, float]\n", "\nSTAMPS = {}\nScalar = Union[int, float]\n"),
 ]
-PHASES = ["wait", "setup + partials", "sure race", "refine", "ranking + finish"]
+PHASES = ["wait", "setup + partials", "sure race", "refine: sub-bin plan", "refine: first block's sums and race",
+          "refine: its list write", "refine: later blocks", "ranking + finish"]
+#: The stamps' slots in the order of the phases' boundaries (c_entry, c0, c1, c2, r1, rm, r2, c3, c4).
+ORDER = [0, 1, 2, 3, 11, 12, 13, 4, 5]
 
 
 def _edit(path, edits):
@@ -131,7 +179,10 @@ def measure(out_dir):
     g = torch.Generator(device="cuda").manual_seed(0)
     cases = {"top-p 0.9": dict(top_p=0.9), "min-p 0.05": dict(min_p=0.05),
              "top-k 50 + top-p 0.9": dict(top_k=50, top_p=0.9), "top-k 50": dict(top_k=50)}
-    for rows, dtype in ((1, torch.float32), (64, torch.float32), (1, torch.bfloat16), (64, torch.bfloat16)):
+    shapes = ((1, torch.float32), (64, torch.float32), (1, torch.bfloat16), (64, torch.bfloat16))
+    if os.environ.get("STAMPS_QUICK"):  # top-p 0.9 on float32 rows alone
+        cases, shapes = {"top-p 0.9": cases["top-p 0.9"]}, shapes[:2]
+    for rows, dtype in shapes:
         x = (torch.randn(rows, 151936, device="cuda", generator=g) * 4.0).to(dtype)
         for label, kw in cases.items():
             if dtype != torch.float32 and label != "top-p 0.9":
@@ -162,7 +213,8 @@ def measure(out_dir):
                 replays.append(stamps.cpu().tolist())
             for tag, records in (("eager", eager), ("graph", replays)):
                 ns = statistics.median((r[7] - r[6]) / max(1, r[5] - r[0]) for r in records)
-                parts = [statistics.median(r[i + 1] - r[i] for r in records) * ns / 1000 for i in range(5)]
+                parts = [statistics.median(r[ORDER[i + 1]] - r[ORDER[i]] for r in records) * ns / 1000
+                         for i in range(len(PHASES))]
                 total = statistics.median(r[5] - r[0] for r in records) * ns / 1000
                 last = records[-1]
                 lines.append(f"{rows:3d} rows {label:22s} {tag}: resolve {total:6.2f} us = "
