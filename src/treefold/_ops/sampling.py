@@ -486,8 +486,9 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         **flags, MODE=mode, PARTS_POW2=g.parts_pow2, SORT_SMALL=pairwise_max,
         PAIR_CHUNK=min(PAIR_CHUNK, pairwise_max), SORT_LARGE=SORT_MAX,
         SEARCH_BLOCK=SEARCH_BLOCK, SLOTS=SEARCH_SLOTS, FINE_BINS=FINE_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, SURE_PARTIALS=sure_race, SURE_LIST=sure_list_max > 0,
-        SORT_MID=SORT_MID_LISTS, num_warps=RESOLVE_WARPS if mode == kernels.MODE_SAMPLE.value else RESOLVE_WARPS_TOP_K_AND_MASKS,
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, SURE_PARTIALS=sure_race,
+        SURE_LIST=sure_list_max > 0, SORT_MID=SORT_MID_LISTS,
+        num_warps=RESOLVE_WARPS if mode == kernels.MODE_SAMPLE.value else RESOLVE_WARPS_TOP_K_AND_MASKS,
         **last)
     return g
 
