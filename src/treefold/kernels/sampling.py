@@ -1407,12 +1407,19 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
 # ------------------------------------------------------------------------------------------
 
 @triton.jit
+def _race_entries(keep, y, idx, seed, stream, offset, noise_scale):
+    """Race entries (score, index) of listed tokens (scaled logits y, int64 indices idx): y - log(E)
+    for the tokens ``keep`` allows, (-inf, INT64_MAX) for the others."""
+    g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
+    return tl.where(keep, y + g, float("-inf")), tl.where(keep, idx, INT64_MAX)
+
+
+@triton.jit
 def _race_listed(keep, y, idx, seed, stream, offset, noise_scale, best_score, best_index):
     """Merge the race among listed tokens ``keep`` (scaled logits y, int64 indices idx) into the
     winner so far: the highest y - log(E), the lowest index on a tie. Returns (score, index)."""
-    g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
-    score = tl.where(keep, y + g, float("-inf"))
-    top, at = _winner(score, tl.where(keep, idx, INT64_MAX), INT64_MAX)
+    score, index = _race_entries(keep, y, idx, seed, stream, offset, noise_scale)
+    top, at = _winner(score, index, INT64_MAX)
     return _race_pick(best_score, best_index, top, at)
 
 
@@ -1427,15 +1434,13 @@ def _top_p_target(p, m_k):
 @triton.jit
 def _sure_block(x_ptr, row, stride_x, list_ptr, list_stride, n, start, n_sure, inv_t, seed, stream, offset,
                 noise_scale, BLOCK: tl.constexpr):
-    """Race entries (score, index) of the sure-kept tokens start .. start + BLOCK that
-    ``compact_kernel`` wrote from the end of the list (position n - 1 - j for the j-th); empty
-    entries score -inf with index INT64_MAX."""
+    """``_race_entries`` of the sure-kept tokens start .. start + BLOCK that ``compact_kernel``
+    wrote from the end of the list (position n - 1 - j for the j-th)."""
     j = start + tl.arange(0, BLOCK)
     live = j < n_sure
     idx = tl.load(list_ptr + row * list_stride + (n - 1 - j), mask=live, other=0).to(tl.int64)
     x, finite, y = _logits_at(x_ptr, row, stride_x, idx, live, inv_t)
-    g = tl.where(noise_scale > 0.0, _noise_at(idx, seed, stream, offset), 0.0)
-    return tl.where(live, y + g, float("-inf")), tl.where(live, idx, INT64_MAX)
+    return _race_entries(live, y, idx, seed, stream, offset, noise_scale)
 
 
 @triton.jit
@@ -1813,7 +1818,8 @@ def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, c
                    SORT_LARGE: tl.constexpr,
                    SEARCH_BLOCK: tl.constexpr, SLOTS: tl.constexpr, FINE_BINS: tl.constexpr,
                    BINS_PER_NAT: tl.constexpr, ALL_VALUES: tl.constexpr, SURE_PARTIALS: tl.constexpr = True,
-                   SURE_LIST: tl.constexpr = True, WAIT_FOR_PRIOR: tl.constexpr = False, SORT_MID: tl.constexpr = False):
+                   SURE_LIST: tl.constexpr = True, WAIT_FOR_PRIOR: tl.constexpr = False,
+                   SORT_MID: tl.constexpr = False):
     """One program per row: when sampling, the race among the sure-kept tokens first; then the
     exact prefix boundary among the listed tokens, and the row's outputs. A list longer than
     SORT_SMALL is first shortened with the sub-bin histogram (``_refine``; not for MODE_TOPK,
