@@ -32,12 +32,14 @@ def rng():
 @pytest.fixture
 def poison_allocations(monkeypatch):
     """Call it to make every later torch.empty / empty_like / new_empty return NaN (floats) or a
-    sentinel (integers), so that a result or a scratch buffer a kernel forgets to write (or reads
+    sentinel (integers; 0xA5 in each byte of unsigned ones), so that a result or a scratch buffer a kernel forgets to write (or reads
     before writing) cannot pass by luck. Take the references first: they allocate too."""
     real_empty, real_like, real_new = torch.empty, torch.empty_like, torch.Tensor.new_empty
 
     def fill(t):
-        return t.fill_(float("nan") if t.dtype.is_floating_point else -777)
+        if t.dtype.is_floating_point:
+            return t.fill_(float("nan"))
+        return t.fill_(-777 if t.dtype.is_signed else 0xA5)  # (0xA5: a workspace's bytes)
 
     def start():
         monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))

@@ -228,6 +228,59 @@ def test_prepared_eager_calls_give_the_same_bits_with_new_tensors():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(3, 4096), (2, 5, 1024), (64, 8192)])
+def test_prepared_training_norm_calls_give_the_same_bits_with_new_tensors(shape):
+    # rms_norm and layer_norm calls that need a gradient prepare their forward (which writes the
+    # statistics) and their eager backward (the kernel and the weight gradients' column sums) on
+    # the first call of a kind, and take them afterwards: outputs and gradients equal the
+    # ordinary launches' for new tensors at every step
+    import treefold
+    from treefold._ops import norms as norm_ops
+    torch.manual_seed(3)
+    norm_ops._PREPARED.clear()
+    n = shape[-1]
+    for step in range(3):
+        x = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) * (step + 1)).requires_grad_()
+        w = torch.nn.Parameter(torch.randn(n, device="cuda", dtype=torch.bfloat16))
+        b = torch.nn.Parameter(torch.randn(n, device="cuda", dtype=torch.bfloat16))
+        r = torch.randn(shape, device="cuda", dtype=torch.float32, requires_grad=True)
+        dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        dh = torch.randn(shape, device="cuda", dtype=torch.float32)
+        xd, wd, rd = x.detach(), w.detach(), r.detach()
+        y = treefold.rms_norm(x, w)
+        want_y, _, rstd = norm_ops.rms_norm_impl(xd, wd, None, 1e-6, 0.0, "llama", torch.bfloat16)
+        assert torch.equal(y, want_y)
+        dx, dw = torch.autograd.grad(y, (x, w), dy)
+        want_dx, _, want_dw = norm_ops.rms_norm_backward_impl(dy, None, xd, wd, rstd, 0.0, "llama", torch.bfloat16,
+                                                              None, True)
+        assert torch.equal(dx, want_dx) and torch.equal(dw, want_dw)
+        # with a float32 residual: h and y in float32, the residual's own gradient
+        y, h = treefold.rms_norm(x, w, residual=r)
+        want_y, want_h, rstd = norm_ops.rms_norm_impl(xd, wd, rd, 1e-6, 0.0, "llama", torch.float32)
+        assert torch.equal(y, want_y) and torch.equal(h, want_h)
+        grads = torch.autograd.grad((y, h), (x, w, r), (dy.float(), dh))
+        want_dx, want_dres, want_dw = norm_ops.rms_norm_backward_impl(
+            dy.float(), dh, want_h, wd, rstd, 0.0, "llama", torch.bfloat16, torch.float32, True)
+        for got, want in zip(grads, (want_dx, want_dw, want_dres)):
+            assert torch.equal(got, want)
+        y = treefold.layer_norm(x, (n,), w, b)
+        want_y, mean, rstd = norm_ops.layer_norm_impl(xd, wd, b.detach(), 1e-5)
+        assert torch.equal(y, want_y)
+        grads = torch.autograd.grad(y, (x, w, b), dy)
+        for got, want in zip(grads, norm_ops.layer_norm_backward_impl(dy, xd, wd, mean, rstd, True, torch.bfloat16)):
+            assert torch.equal(got, want)
+    # three forwards with statistics and three backwards kept, and the prepared ones launch
+    forward_keys = [k for k in norm_ops._PREPARED if k[0] != "backward" and k[-1]]
+    backward_keys = [k for k in norm_ops._PREPARED if k[0] == "backward"]
+    assert len(forward_keys) == 3 and len(backward_keys) == 3
+    for key in backward_keys:
+        if not key[1]:  # LayerNorm's: dx, dw, db in new outputs
+            dx, dw, db = norm_ops._PREPARED[key](dy, {"saved": xd, "weight": wd, "mean": mean, "rstd": rstd}, {})
+            want = norm_ops.layer_norm_backward_impl(dy, xd, wd, mean, rstd, True, torch.bfloat16)
+            assert torch.equal(dx, want[0]) and torch.equal(dw, want[1]) and torch.equal(db, want[2])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows,n", [(1, 151936), (64, 151936), (256, 131072), (300, 32768)])
 def test_prepared_calls_of_several_launches_give_the_same_bits(rows, n):
     # decode batches take "split" (two launches, the second a dependent launch on sm_90, and the

@@ -293,6 +293,61 @@ def test_eager_autograd_equals_the_registered_ops_bit_for_bit(residual):
             dx.sum().backward()
 
 
+@pytest.mark.skipif(not INTERPRETED or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
+@pytest.mark.parametrize("residual_dtype", [None, torch.bfloat16, torch.float32])
+def test_prepared_training_calls_through_the_interpreter(monkeypatch, poison_allocations, residual_dtype):
+    # a training call's prepared launches, with Launcher.prepare standing in: the forward that
+    # writes the statistics (through the eager autograd Function) and the backward's pipeline
+    # (the kernel and the weight gradients' column sums), made by a first call and then taken by
+    # calls with new tensors, give the ordinary path's bits in newly allocated outputs
+    from conftest import InterpretedPrepared, prepare_through_the_interpreter
+    prepare_through_the_interpreter(monkeypatch, ops)
+    poison_allocations()
+    shape, n = (2, 3, 40), 40
+    x, w = randn(shape, torch.bfloat16, seed=61), weight_like(n, torch.bfloat16)
+    r = None if residual_dtype is None else randn(shape, residual_dtype, seed=62)
+    key = ops._prepared_key(True, x, r, w, None, 1e-6, 0.0, "llama", None, None, True)
+    out_dtype = residual_dtype or torch.bfloat16
+    ops.rms_norm_impl(x, w, r, 1e-6, 0.0, "llama", out_dtype, prepare_key=key)
+    b = randn(n, torch.bfloat16, seed=63)
+    ln_key = ops._prepared_key(False, x, None, w, b, 1e-5, 0.0, "", None, n, True)
+    ops.layer_norm_impl(x, w, b, 1e-5, prepare_key=ln_key)
+    for step in range(3):
+        xs = (randn(shape, torch.bfloat16, seed=70 + step) * (step + 2)).requires_grad_()
+        ws = weight_like(n, torch.bfloat16, seed=73 + step).requires_grad_()
+        rs = None if r is None else randn(shape, residual_dtype, seed=76 + step).requires_grad_()
+        dy, dh = randn(shape, out_dtype, seed=79 + step), randn(shape, out_dtype, seed=82 + step)
+        want_y, want_h, rstd = ops.rms_norm_impl(xs.detach(), ws.detach(), None if rs is None else rs.detach(),
+                                                 1e-6, 0.0, "llama", out_dtype)
+        saved = xs.detach() if rs is None else want_h
+        backward_args = (dy, None if rs is None else dh, saved, ws.detach(), rstd, 0.0, "llama", torch.bfloat16,
+                         residual_dtype, True)
+        want_grads = ops.rms_norm_backward_impl(*backward_args)
+        launched = InterpretedPrepared.launched
+        got = ops.RmsNormFunction.apply(xs, ws, rs, 1e-6, 0.0, "llama", None, ops._PREPARED[key], None)
+        assert InterpretedPrepared.launched == launched + 1
+        for a, c in zip(got if rs is not None else (got,), (want_y, want_h)):
+            assert_bits(a, c)
+        # the backward as the Function calls it on a GPU: prepared by the first call, taken after
+        launched = InterpretedPrepared.launched
+        got_grads = ops.rms_norm_backward_eager(*backward_args)
+        assert InterpretedPrepared.launched == launched + (0 if step == 0 else 2)
+        for a, c in zip(got_grads, want_grads):
+            assert (a is None) == (c is None)
+            if a is not None:
+                assert_bits(a, c)
+        y_ln = ops.LayerNormFunction.apply(xs, ws, b, 1e-5, ops._PREPARED[ln_key], None)
+        want_ln, mean, rstd = ops.layer_norm_impl(xs.detach(), ws.detach(), b, 1e-5)
+        assert_bits(y_ln, want_ln)
+        ln_args = (dy.to(torch.bfloat16), xs.detach(), ws.detach(), mean, rstd, True, torch.bfloat16)
+        want_ln_grads = ops.layer_norm_backward_impl(*ln_args)
+        launched = InterpretedPrepared.launched
+        for a, c in zip(ops.layer_norm_backward_eager(*ln_args), want_ln_grads):
+            assert_bits(a, c)
+        assert InterpretedPrepared.launched == launched + (0 if step == 0 else 3)
+    assert sum(k[0] == "backward" for k in ops._PREPARED) == 2
+
+
 @pytest.mark.parametrize("n", [33, 4095])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layer_norm_backward_matches_reference_bits(n, dtype):

@@ -22,8 +22,8 @@ from .. import backend, order
 from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
-from .launch import (Launcher, check_eviction_policy, check_max_registers, checked_runs, register_cap,
-                     tree_exchanges, warp_runs)
+from .launch import (Launcher, PreparedPipeline, check_eviction_policy, check_max_registers, checked_runs,
+                     register_cap, tree_exchanges, warp_runs)
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
 MAX_ROW_LENGTH = 65536
@@ -432,10 +432,9 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     ``fused_squares``, ``read_twice``, ``hold_16bit``, ``store_hint``, ``max_registers``,
     ``runs``, ``h_store_hint`` and ``tree_exchange``
     override the heuristic (``_forward_plan``; the bits do not change).
-    ``prepare_key``: keep the prepared launch under this key in
-    ``_PREPARED`` (no statistics; the slots are x, residual, weight, bias, y, h, those given, in
-    that order); launches whose programs share rows are not prepared (their counters are new
-    for every call).
+    ``prepare_key``: keep the prepared launch under this key in ``_PREPARED`` (the slots are
+    x, residual, weight, bias, y, h, mean, rstd, those given, in that order); launches whose
+    programs share rows are not prepared (their counters are new for every call).
     """
     m, n = x2.shape
     w, b = _dense(w), _dense(b)
@@ -462,7 +461,7 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     if prepare_key is None:
         _forward_kernel(grid, *args, **plan)
         return
-    slots = tuple(t for t in (x2, res2, w, b, y2, h2) if t is not None)
+    slots = tuple(t for t in (x2, res2, w, b, y2, h2, mean, rstd) if t is not None)
     prepared = _forward_kernel.prepare(grid, args, plan, slots)
     if prepared is not None:
         if len(_PREPARED) >= _MAX_PREPARED:
@@ -526,8 +525,9 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
                     unroll: Optional[int] = None, prefetch: Optional[bool] = None,
                     paired_sums: Optional[bool] = None, hold_16bit: Optional[bool] = None,
                     max_registers: Optional[int] = None, runs: Optional[int] = None,
-                    tree_exchange: Optional[bool] = None) -> None:
-    """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs.
+                    tree_exchange: Optional[bool] = None, launches: Optional[list] = None) -> None:
+    """One launch of ``norm_backward_kernel``: ceil(M / rows_per_block) programs (``launches``:
+    append it there, to be prepared, instead of launching it).
 
     ``rows_per_block`` (a power of two) fixes the weight-gradient order: callers pass
     ``backward_config(m, n)[0]`` unless they mean to compute a different order. ``num_warps``,
@@ -548,15 +548,13 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     if plan["EXCHANGES"] is not None and not _loads_vectors(
             n, tuple(0 if t is None else t.stride(0) for t in row_tensors), row_tensors, (w, dw_part, db_part)):
         plan = _backward_plan(*kind, False, tree_exchange)
-    _backward_kernel(
-        ((m + rows_per_block - 1) // rows_per_block,),
-        dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,
-        rstd if mean is None else mean, rstd, dx2, dx2 if dres2 is None else dres2,
-        rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
-        m, n, _n_float(n, plan), offset,
-        dy2.stride(0), 0 if dh2 is None else dh2.stride(0), x2.stride(0), dx2.stride(0),
-        0 if dres2 is None else dres2.stride(0),
-        **plan)
+    args = (dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,
+            rstd if mean is None else mean, rstd, dx2, dx2 if dres2 is None else dres2,
+            rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
+            m, n, _n_float(n, plan), offset,
+            dy2.stride(0), 0 if dh2 is None else dh2.stride(0), x2.stride(0), dx2.stride(0),
+            0 if dres2 is None else dres2.stride(0))
+    _run(_backward_kernel, ((m + rows_per_block - 1) // rows_per_block,), args, plan, launches)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -569,11 +567,20 @@ def _column_sum_plan(parts: int, n: int) -> tuple[int, dict]:
                                         SOFT_BF16=backend.INTERPRETED, num_warps=4, enable_fp_fusion=False)
 
 
-def launch_column_sum(parts: Tensor, out: Tensor) -> None:
-    """``out[j] = treefold sum over i of parts[i, j]`` for contiguous float32 ``parts``."""
+def launch_column_sum(parts: Tensor, out: Tensor, launches: Optional[list] = None) -> None:
+    """``out[j] = treefold sum over i of parts[i, j]`` for contiguous float32 ``parts``
+    (``launches``: append the launch there, to be prepared, instead of launching it)."""
     p, n = parts.shape
     programs, plan = _column_sum_plan(p, n)
-    _column_sum_kernel((programs,), parts, out, p, n, **plan)
+    _run(_column_sum_kernel, (programs,), (parts, out, p, n), plan, launches)
+
+
+def _run(launcher: Launcher, grid: tuple, args: tuple, kwargs: dict, launches: Optional[list]) -> None:
+    """Launch now, or append ``(launcher, grid, args, kwargs)`` to ``launches`` for ``_prepare``."""
+    if launches is None:
+        launcher(grid, *args, **kwargs)
+    else:
+        launches.append((launcher, grid, args, kwargs))
 
 
 # --------------------------------------------------------------------------------------------
@@ -612,10 +619,14 @@ def rms_norm_impl(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor
 
 
 # ---- prepared eager launches ------------------------------------------------------------------
-# An eager rms_norm or layer_norm call (no gradient, not compiling) that was validated and launched
-# once keeps a prepared launch (``launch.PreparedLaunch``) per kind of call: the shapes, strides,
-# dtypes and devices of its tensors and the values of its other arguments. The same kind of call
-# again skips validation (every check depends on those alone) and only allocates and launches.
+# An eager rms_norm or layer_norm call (not compiling) that was validated and launched once keeps a
+# prepared launch (``launch.PreparedLaunch``) per kind of call: the shapes, strides, dtypes and
+# devices of its tensors, the values of its other arguments, and whether it needs a gradient (then
+# the launch also writes the statistics the backward pass reads, and the call goes through the
+# eager autograd Functions below). The same kind of call again skips validation (every check
+# depends on those alone) and only allocates and launches. The eager backward passes keep theirs
+# too (``_backward_prepared``): a ``launch.PreparedPipeline`` of the backward kernel and the weight
+# gradients' column sums, keyed by ("backward", ...).
 
 _PREPARED: dict = {}
 _MAX_PREPARED = 1024
@@ -625,13 +636,15 @@ _PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
 _NUMBERS = (float, int)
 
 
-def _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape):
+def _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape,
+                  stats=False):
     """The key of a kind of call, or None for arguments this path leaves to the full one. Every
     value in it is of exactly the type the full path accepts, so a key that compares equal was
     validated: numbers are plain floats or ints (an int and the float it equals key alike, and the
     kernel takes either as that float), ``casting`` a str, ``out_dtype`` None or a dtype,
     ``normalized_shape`` an int or a tuple of ints, tensors plain tensors or parameters
-    (subclasses take the full path). Built as one tuple: this is most of a repeated call's Python."""
+    (subclasses take the full path); ``stats``: the call needs a gradient. Built as one tuple:
+    this is most of a repeated call's Python."""
     if (eps.__class__ not in _NUMBERS or offset.__class__ not in _NUMBERS or casting.__class__ is not str
             or x.__class__ is not Tensor or not (out_dtype is None or out_dtype.__class__ is torch.dtype)):
         return None
@@ -644,38 +657,70 @@ def _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_d
     return (is_rms, x.shape, x.stride(), x.dtype, x.get_device(), eps, offset, casting, out_dtype, normalized_shape,
             None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.get_device()),
             None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
-            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()))
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), stats)
+
+
+def _needs_grad(x, residual, weight, bias) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
+                                        or (residual is not None and residual.requires_grad)
+                                        or (bias is not None and bias.requires_grad))
 
 
 def norm_prepared(is_rms, x, residual, weight, bias, eps, offset=0.0, casting="", out_dtype=None,
                   normalized_shape=None):
-    """``y`` (``(y, h)`` with a residual) of an eager norm call through its prepared launch, or
-    None when none was prepared for this kind of call (the caller takes the full path)."""
+    """``y`` (``(y, h)`` with a residual) of an eager norm call through its prepared launch (and,
+    when it needs a gradient, the eager autograd Function), or None when none was prepared for
+    this kind of call (the caller takes the full path)."""
     if torch.compiler.is_compiling():
         # (first: traced, eps may be a symbolic float, whose class the key cannot read)
         return None
-    key = _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape)
+    grad = _needs_grad(x, residual, weight, bias)
+    key = _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape, grad)
     entry = _PREPARED.get(key) if key is not None else None
     if entry is None:
         return None
-    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
-                                    or (residual is not None and residual.requires_grad)
-                                    or (bias is not None and bias.requires_grad)):
+    if grad:
+        # (the key holds plain tensors only: what ``eager_autograd`` asks)
+        if is_rms:
+            return RmsNormFunction.apply(x, weight, residual, eps, offset, casting, None, entry, None)
+        return LayerNormFunction.apply(x, weight, bias, eps, entry, None)
+    out = _launch_prepared(entry, is_rms, x, residual, weight, bias, False)
+    if out is None:
         return None
+    y, h, _, _ = out
+    return y if residual is None else (y, h)
+
+
+def _launch_prepared(entry, is_rms, x, residual, weight, bias, stats):
+    """``(y, h, mean, rstd)`` (those the call does not write None) through a prepared forward
+    launch ``entry``, or None when it declines (an address off the 16-byte grid, profiler hooks)."""
     prepared, y_dtype = entry
     # Key equality means x and the residual are contiguous (the prepared call's were), so
     # empty_like is too; without a dtype argument (None: y takes x's dtype) it is the cheapest
     # allocation from Python.
     y = torch.empty_like(x) if y_dtype is None else torch.empty_like(x, dtype=y_dtype)
-    if residual is None:
-        if bias is None:
-            done = prepared(x, y) if weight is None else prepared(x, weight, y)
-        else:
-            done = prepared(x, bias, y) if weight is None else prepared(x, weight, bias, y)
-        return y if done else None
-    h = torch.empty_like(residual)
-    done = prepared(x, residual, y, h) if weight is None else prepared(x, residual, weight, y, h)
-    return (y, h) if done else None
+    h = None if residual is None else torch.empty_like(residual)
+    mean = rstd = None
+    if stats:
+        rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        if not is_rms:
+            mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    tensors = [t for t in (x, residual, weight, bias, y, h, mean, rstd) if t is not None]
+    return (y, h, mean, rstd) if prepared(*tensors) else None
+
+
+def norm_prepare_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape,
+                     stats):
+    """The key under which a validated first call of its kind keeps its prepared launch, or None
+    where this path does not apply: a non-CUDA or empty tensor, non-contiguous tensors, a tensor
+    passed twice (slots are filled by identity), arguments the key does not take."""
+    key = _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape,
+                        stats)
+    tensors = [t for t in (x, residual, weight, bias) if t is not None]
+    if (key is None or not x.is_cuda or x.numel() == 0 or not all(t.is_contiguous() for t in tensors)
+            or len({id(t) for t in tensors}) != len(tensors)):
+        return None
+    return key
 
 
 def norm_prepare(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape,
@@ -683,10 +728,9 @@ def norm_prepare(is_rms, x, residual, weight, bias, eps, offset, casting, out_dt
     """The first eager call of its kind, validated, no gradient: launch it through
     ``Launcher.prepare`` and keep the prepared launch. Returns what ``norm_prepared`` returns, or
     None where this path does not apply (the caller launches as usual)."""
-    key = _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape)
-    tensors = [t for t in (x, residual, weight, bias) if t is not None]
-    if (key is None or not x.is_cuda or x.numel() == 0 or not all(t.is_contiguous() for t in tensors)
-            or len({id(t) for t in tensors}) != len(tensors)):  # slots are filled by identity
+    key = norm_prepare_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape,
+                           False)
+    if key is None:
         return None
     y = torch.empty(x.shape, dtype=y_dtype, device=x.device)
     h = None if residual is None else torch.empty(x.shape, dtype=residual.dtype, device=x.device)
@@ -740,10 +784,11 @@ def fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor
 
 def rms_norm_backward_impl(dy: Tensor, dh_out: Optional[Tensor], normed: Tensor, weight: Optional[Tensor],
                            rstd: Tensor, offset: float, casting: str, x_dtype: torch.dtype,
-                           residual_dtype: Optional[torch.dtype], weight_grad: bool,
+                           residual_dtype: Optional[torch.dtype], weight_grad: bool, prepare_key=None,
                            **launch) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """``(dx, dres, dw)``: dres only when ``residual_dtype`` differs from ``x_dtype`` (otherwise
-    dx is the residual's gradient too); dw only with a weight and ``weight_grad``."""
+    dx is the residual's gradient too); dw only with a weight and ``weight_grad``.
+    ``prepare_key``: keep the launches prepared under this key (``rms_norm_backward_eager``)."""
     separate_dres = residual_dtype is not None and residual_dtype != x_dtype
     if not backend.use_kernel(dy):
         dx, dres, dw = ref.rms_norm_backward(
@@ -762,15 +807,80 @@ def rms_norm_backward_impl(dy: Tensor, dh_out: Optional[Tensor], normed: Tensor,
     rows_per_block = launch.pop("rows_per_block", None) or backward_config(m, n)[0]
     programs = order.cdiv(m, rows_per_block)
     dw_part = torch.empty((programs, n), dtype=torch.float32, device=device) if want_dw else None
-    launch_backward(_rows(dy), None if dh_out is None else _rows(dh_out), _rows(normed), weight, None,
-                    rstd.reshape(-1), _rows(dx), None if dres is None else _rows(dres), dw_part, None,
-                    offset=offset, is_rms=True, round_normalised=casting == "llama",
-                    rows_per_block=rows_per_block, **launch)
-    dw = None
+    dw = torch.empty(n, dtype=weight.dtype, device=device) if want_dw else None
+    dy2, dh2, normed2, rstd1 = _rows(dy), None if dh_out is None else _rows(dh_out), _rows(normed), rstd.reshape(-1)
+    dx2, dres2 = _rows(dx), None if dres is None else _rows(dres)
+    launches = None if prepare_key is None else []
+    launch_backward(dy2, dh2, normed2, weight, None, rstd1, dx2, dres2, dw_part, None, offset=offset, is_rms=True,
+                    round_normalised=casting == "llama", rows_per_block=rows_per_block, launches=launches, **launch)
     if want_dw:
-        dw = torch.empty(n, dtype=weight.dtype, device=device)
-        launch_column_sum(dw_part, dw)
+        launch_column_sum(dw_part, dw, launches)
+    if launches is not None:
+        _prepare(prepare_key, launches,
+                 dict(x=dy2, dx=dx2, dres=dres2, dw=dw, dw_part=dw_part, dh=dh2, saved=normed2, weight=weight,
+                      rstd=rstd1),
+                 (("dx", shape, x_dtype), ("dres", shape, residual_dtype), ("dw", (n,), None if dw is None else dw.dtype)))
     return dx, dres, dw
+
+
+def _prepare(key, launches: list, slots: dict, outputs: tuple) -> None:
+    """Launch ``launches`` (``_run``'s) in order through ``Launcher.prepare`` and keep them under
+    ``key`` as one ``PreparedPipeline`` when every one of them was prepared. ``slots``: the
+    tensors they take by name, "x" first (None: absent), each the very tensor in their arguments;
+    ``outputs``: (name, shape, dtype) of those a call allocates, in the order it returns them
+    (absent ones are left out); every other slot that the launches write (a name ending in
+    "_part") lies in the call's workspace, the rest are the caller's."""
+    slots = {name: t for name, t in slots.items() if t is not None}
+    names, tensors = tuple(slots), tuple(slots.values())
+    prepared = [launcher.prepare(grid, args, kwargs, tensors) for launcher, grid, args, kwargs in launches]
+    if any(p is None for p in prepared):
+        return
+    if len(_PREPARED) >= _MAX_PREPARED:
+        _PREPARED.clear()
+    _PREPARED[key] = PreparedPipeline(tuple((p, names, ()) for p in prepared),
+                                      {name: t for name, t in slots.items() if name.endswith("_part")},
+                                      tuple(o for o in outputs if o[0] in slots))
+
+
+def _backward_key(is_rms: bool, dy: Tensor, saved: tuple, *options) -> tuple:
+    """The key of a kind of eager backward call: dy's and each saved tensor's shape, strides and
+    dtype (None where absent), the device, and the call's other arguments."""
+    return ("backward", is_rms, dy.shape, dy.stride(), dy.dtype, dy.get_device(),
+            *(None if t is None else (t.shape, t.stride(), t.dtype) for t in saved), *options)
+
+
+def _preparable(tensors: tuple) -> bool:
+    """Whether a first backward call of its kind may prepare: its tensors (None: absent) are
+    non-empty, contiguous and distinct (slots are filled by identity)."""
+    present = [t for t in tensors if t is not None]
+    return (present[0].numel() > 0 and all(t.is_contiguous() for t in present)
+            and len({id(t) for t in present}) == len(present))
+
+
+def _unpack(out, first: bool, second: bool) -> tuple:
+    """A prepared backward's outputs (dx, then the two optional gradients that were allocated,
+    one tensor alone or a tuple) as a triple with None for those it has not."""
+    outs = list(out) if isinstance(out, tuple) else [out]
+    return outs[0], outs[1] if first else None, outs[-1] if second else None
+
+
+def rms_norm_backward_eager(dy: Tensor, dh_out: Optional[Tensor], normed: Tensor, weight: Optional[Tensor],
+                            rstd: Tensor, offset: float, casting: str, x_dtype: torch.dtype,
+                            residual_dtype: Optional[torch.dtype], weight_grad: bool):
+    """``rms_norm_backward_impl``'s result for an eager CUDA call: through the prepared launches
+    of this kind of call when there are; else launched as usual, preparing them when its tensors
+    are distinct and contiguous."""
+    key = _backward_key(True, dy, (dh_out, normed, weight, rstd), offset, casting, x_dtype, residual_dtype,
+                        weight_grad)
+    entry = _PREPARED.get(key)
+    if entry is not None:
+        out = entry(dy, {"dh": dh_out, "saved": normed, "weight": weight, "rstd": rstd}, {})
+        if out is not None:
+            separate_dres = residual_dtype is not None and residual_dtype != x_dtype
+            return _unpack(out, separate_dres, weight is not None and weight_grad)
+    prepare = entry is None and _preparable((dy, dh_out, normed, weight, rstd))
+    return rms_norm_backward_impl(dy, dh_out, normed, weight, rstd, offset, casting, x_dtype, residual_dtype,
+                                  weight_grad, prepare_key=key if prepare else None)
 
 
 def layer_norm_impl(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
@@ -793,9 +903,10 @@ def layer_norm_impl(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
 
 
 def layer_norm_backward_impl(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor,
-                             weight_grad: bool, bias_dtype: Optional[torch.dtype],
+                             weight_grad: bool, bias_dtype: Optional[torch.dtype], prepare_key=None,
                              **launch) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-    """``(dx, dw, db)``: dw with a weight and ``weight_grad``; db when ``bias_dtype`` is given."""
+    """``(dx, dw, db)``: dw with a weight and ``weight_grad``; db when ``bias_dtype`` is given.
+    ``prepare_key``: keep the launches prepared under this key (``layer_norm_backward_eager``)."""
     if not backend.use_kernel(dy):
         return ref.layer_norm_backward(dy, x, weight, mean, rstd, weight_grad=weight_grad, bias_dtype=bias_dtype)
     shape, device = x.shape, x.device
@@ -811,17 +922,37 @@ def layer_norm_backward_impl(dy: Tensor, x: Tensor, weight: Optional[Tensor], me
     programs = order.cdiv(m, rows_per_block)
     dw_part = torch.empty((programs, n), dtype=torch.float32, device=device) if want_dw else None
     db_part = torch.empty((programs, n), dtype=torch.float32, device=device) if bias_dtype is not None else None
-    launch_backward(_rows(dy), None, _rows(x), weight, mean.reshape(-1), rstd.reshape(-1), _rows(dx),
-                    None, dw_part, db_part, offset=0.0, is_rms=False, round_normalised=False,
-                    rows_per_block=rows_per_block, **launch)
-    dw = db = None
+    dw = torch.empty(n, dtype=weight.dtype, device=device) if want_dw else None
+    db = None if bias_dtype is None else torch.empty(n, dtype=bias_dtype, device=device)
+    dy2, x2, dx2, mean1, rstd1 = _rows(dy), _rows(x), _rows(dx), mean.reshape(-1), rstd.reshape(-1)
+    launches = None if prepare_key is None else []
+    launch_backward(dy2, None, x2, weight, mean1, rstd1, dx2, None, dw_part, db_part, offset=0.0, is_rms=False,
+                    round_normalised=False, rows_per_block=rows_per_block, launches=launches, **launch)
     if want_dw:
-        dw = torch.empty(n, dtype=weight.dtype, device=device)
-        launch_column_sum(dw_part, dw)
+        launch_column_sum(dw_part, dw, launches)
     if db_part is not None:
-        db = torch.empty(n, dtype=bias_dtype, device=device)
-        launch_column_sum(db_part, db)
+        launch_column_sum(db_part, db, launches)
+    if launches is not None:
+        _prepare(prepare_key, launches,
+                 dict(x=dy2, dx=dx2, dw=dw, db=db, dw_part=dw_part, db_part=db_part, saved=x2, weight=weight,
+                      mean=mean1, rstd=rstd1),
+                 (("dx", shape, x.dtype), ("dw", (n,), None if dw is None else dw.dtype), ("db", (n,), bias_dtype)))
     return dx, dw, db
+
+
+def layer_norm_backward_eager(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor,
+                              weight_grad: bool, bias_dtype: Optional[torch.dtype]):
+    """``layer_norm_backward_impl``'s result for an eager CUDA call, as ``rms_norm_backward_eager``
+    gives RMSNorm's."""
+    key = _backward_key(False, dy, (x, weight, mean, rstd), weight_grad, bias_dtype)
+    entry = _PREPARED.get(key)
+    if entry is not None:
+        out = entry(dy, {"saved": x, "weight": weight, "mean": mean, "rstd": rstd}, {})
+        if out is not None:
+            return _unpack(out, weight is not None and weight_grad, bias_dtype is not None)
+    prepare = entry is None and _preparable((dy, x, weight, mean, rstd))
+    return layer_norm_backward_impl(dy, x, weight, mean, rstd, weight_grad, bias_dtype,
+                                    prepare_key=key if prepare else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -890,8 +1021,9 @@ def _rms_norm_backward(ctx, dy, dh, drstd):
     need_x, need_w, need_res = ctx.needs_input_grad[:3]
     dh_out = dh if ctx.has_residual else None
     if _plain_eager(dy, dh_out, normed, weight, rstd):
-        dx, dres, dw = rms_norm_backward_impl(dy, dh_out, normed, weight, rstd, ctx.offset, ctx.casting,
-                                              ctx.x_dtype, ctx.residual_dtype, bool(need_w))
+        backward = rms_norm_backward_eager if dy.is_cuda else rms_norm_backward_impl
+        dx, dres, dw = backward(dy, dh_out, normed, weight, rstd, ctx.offset, ctx.casting, ctx.x_dtype,
+                                ctx.residual_dtype, bool(need_w))
     else:
         dx, dres, dw = torch.ops.treefold.rms_norm_backward(
             dy, dh_out, normed, weight, rstd, ctx.offset, ctx.casting, ctx.x_dtype, ctx.residual_dtype,
@@ -958,7 +1090,8 @@ def _layer_norm_backward(ctx, dy, dmean, drstd):
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     bias_dtype = ctx.bias_dtype if need_b else None
     if _plain_eager(dy, x, weight, mean, rstd):
-        dx, dw, db = layer_norm_backward_impl(dy, x, weight, mean, rstd, bool(need_w), bias_dtype)
+        backward = layer_norm_backward_eager if dy.is_cuda else layer_norm_backward_impl
+        dx, dw, db = backward(dy, x, weight, mean, rstd, bool(need_w), bias_dtype)
     else:
         dx, dw, db = torch.ops.treefold.layer_norm_backward(dy, x, weight, mean, rstd, bool(need_w), bias_dtype)
     return dx if need_x else None, dw if need_w else None, db if need_b else None, None
@@ -982,28 +1115,42 @@ def eager_autograd(*tensors: Optional[Tensor]) -> bool:
 
 
 class RmsNormFunction(torch.autograd.Function):
-    """RMSNorm with autograd; returns y, or (y, h) with a residual."""
+    """RMSNorm with autograd; returns y, or (y, h) with a residual. ``prepared``: the prepared
+    launch of this kind of call (``norm_prepared``; ``out_dtype`` may then be None, the entry
+    knows y's dtype); ``prepare_key``: keep one under this key (``norm_prepare_key``)."""
 
     @staticmethod
-    def forward(ctx, x, weight, residual, eps, offset, casting, out_dtype):
-        y, h, rstd = rms_norm_impl(x, weight, residual, eps, offset, casting, out_dtype)
+    def forward(ctx, x, weight, residual, eps, offset, casting, out_dtype, prepared, prepare_key):
+        out = None if prepared is None else _launch_prepared(prepared, True, x, residual, weight, None, True)
+        if out is not None:
+            y, h, _, rstd = out
+        else:
+            if out_dtype is None:
+                out_dtype = x.dtype if prepared[1] is None else prepared[1]
+            y, h, rstd = rms_norm_impl(x, weight, residual, float(eps), float(offset), casting, out_dtype,
+                                       prepare_key=prepare_key)
         _rms_norm_setup(ctx, (x, weight, residual, eps, offset, casting, out_dtype), (y, h, rstd))
         return y if h is None else (y, h)
 
     @staticmethod
     def backward(ctx, dy, dh=None):
-        return _rms_norm_backward(ctx, dy, dh, None)
+        return _rms_norm_backward(ctx, dy, dh, None) + (None, None)
 
 
 class LayerNormFunction(torch.autograd.Function):
-    """LayerNorm over the last dim with autograd; returns y."""
+    """LayerNorm over the last dim with autograd; returns y. ``prepared``, ``prepare_key``: as
+    ``RmsNormFunction``'s."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        y, mean, rstd = layer_norm_impl(x, weight, bias, eps)
+    def forward(ctx, x, weight, bias, eps, prepared, prepare_key):
+        out = None if prepared is None else _launch_prepared(prepared, False, x, None, weight, bias, True)
+        if out is not None:
+            y, _, mean, rstd = out
+        else:
+            y, mean, rstd = layer_norm_impl(x, weight, bias, float(eps), prepare_key=prepare_key)
         _layer_norm_setup(ctx, (x, weight, bias, eps), (y, mean, rstd))
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        return _layer_norm_backward(ctx, dy, None, None)
+        return _layer_norm_backward(ctx, dy, None, None) + (None, None)

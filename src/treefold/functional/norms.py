@@ -2,9 +2,10 @@
 
 Each function validates its arguments, then runs the Triton kernel (CUDA, or the interpreter on
 CPU with ``TRITON_INTERPRET=1``) or the NumPy reference (``treefold.backend``). Without a
-gradient to track, eager calls go straight to the launcher; with one, or under ``torch.compile``,
-they go through the ``treefold::`` custom ops, which carry the autograd formulas and fake
-implementations.
+gradient to track, eager calls go straight to the launcher; with one, through plain autograd
+Functions; under ``torch.compile`` (or with tensor subclasses), through the ``treefold::`` custom
+ops, which carry the autograd formulas and fake implementations. A repeated eager call of a kind
+seen before skips its checks and takes a prepared launch (``treefold._ops.norms.norm_prepared``).
 """
 from __future__ import annotations
 
@@ -146,7 +147,9 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     _check_row_length(fn, n)
     if _needs_op(x, weight, residual):
         if _ops.eager_autograd(x, weight, residual):
-            return _ops.RmsNormFunction.apply(x, weight, residual, eps, offset, casting, out_dtype)
+            key = _ops.norm_prepare_key(True, x, residual, weight, None, eps, offset, casting, out_dtype_arg,
+                                        None, True)
+            return _ops.RmsNormFunction.apply(x, weight, residual, eps, offset, casting, out_dtype, None, key)
         y, h, _ = torch.ops.treefold.rms_norm(x, weight, residual, eps, offset, casting, out_dtype)
     else:
         out = _ops.norm_prepare(True, x, residual, weight, None, eps, offset, casting, out_dtype_arg, None,
@@ -253,7 +256,9 @@ def layer_norm(x: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
     b = bias if bias is None or k == 1 else bias.reshape(n)
     if _needs_op(x, weight, bias):
         if _ops.eager_autograd(x, weight, bias):
-            y = _ops.LayerNormFunction.apply(rows, w, b, eps)
+            key = None if k != 1 else _ops.norm_prepare_key(False, x, None, weight, bias, eps, 0.0, "", None,
+                                                             normalized_shape, True)
+            y = _ops.LayerNormFunction.apply(rows, w, b, eps, None, key)
         else:
             y, _, _ = torch.ops.treefold.layer_norm(rows, w, b, eps)
     else:
