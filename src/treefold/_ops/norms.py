@@ -660,12 +660,6 @@ def _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_d
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), stats)
 
 
-def _needs_grad(x, residual, weight, bias) -> bool:
-    return torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
-                                        or (residual is not None and residual.requires_grad)
-                                        or (bias is not None and bias.requires_grad))
-
-
 def norm_prepared(is_rms, x, residual, weight, bias, eps, offset=0.0, casting="", out_dtype=None,
                   normalized_shape=None):
     """``y`` (``(y, h)`` with a residual) of an eager norm call through its prepared launch (and,
@@ -674,7 +668,9 @@ def norm_prepared(is_rms, x, residual, weight, bias, eps, offset=0.0, casting=""
     if torch.compiler.is_compiling():
         # (first: traced, eps may be a symbolic float, whose class the key cannot read)
         return None
-    grad = _needs_grad(x, residual, weight, bias)
+    grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
+                                        or (residual is not None and residual.requires_grad)
+                                        or (bias is not None and bias.requires_grad))
     key = _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape, grad)
     entry = _PREPARED.get(key) if key is not None else None
     if entry is None:
@@ -684,27 +680,33 @@ def norm_prepared(is_rms, x, residual, weight, bias, eps, offset=0.0, casting=""
         if is_rms:
             return RmsNormFunction.apply(x, weight, residual, eps, offset, casting, None, entry, None)
         return LayerNormFunction.apply(x, weight, bias, eps, entry, None)
-    out = _launch_prepared(entry, is_rms, x, residual, weight, bias, False)
-    if out is None:
-        return None
-    y, h, _, _ = out
-    return y if residual is None else (y, h)
-
-
-def _launch_prepared(entry, is_rms, x, residual, weight, bias, stats):
-    """``(y, h, mean, rstd)`` (those the call does not write None) through a prepared forward
-    launch ``entry``, or None when it declines (an address off the 16-byte grid, profiler hooks)."""
+    # (each case its own call, not ``_launch_prepared``'s: this is the whole Python of a repeated
+    # decode-time call, and the general form cost it 0.3-0.5 us, benchmarks/probe_prepared_host.py)
     prepared, y_dtype = entry
     # Key equality means x and the residual are contiguous (the prepared call's were), so
     # empty_like is too; without a dtype argument (None: y takes x's dtype) it is the cheapest
     # allocation from Python.
     y = torch.empty_like(x) if y_dtype is None else torch.empty_like(x, dtype=y_dtype)
+    if residual is None:
+        if bias is None:
+            done = prepared(x, y) if weight is None else prepared(x, weight, y)
+        else:
+            done = prepared(x, bias, y) if weight is None else prepared(x, weight, bias, y)
+        return y if done else None
+    h = torch.empty_like(residual)
+    done = prepared(x, residual, y, h) if weight is None else prepared(x, residual, weight, y, h)
+    return (y, h) if done else None
+
+
+def _launch_prepared(entry, is_rms, x, residual, weight, bias):
+    """``(y, h, mean, rstd)`` (h None without a residual, mean None for RMSNorm) through the
+    prepared launch ``entry`` of a call that needs a gradient, or None when it declines (an
+    address off the 16-byte grid, profiler hooks)."""
+    prepared, y_dtype = entry
+    y = torch.empty_like(x) if y_dtype is None else torch.empty_like(x, dtype=y_dtype)
     h = None if residual is None else torch.empty_like(residual)
-    mean = rstd = None
-    if stats:
-        rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-        if not is_rms:
-            mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    mean = None if is_rms else torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     tensors = [t for t in (x, residual, weight, bias, y, h, mean, rstd) if t is not None]
     return (y, h, mean, rstd) if prepared(*tensors) else None
 
@@ -1121,7 +1123,7 @@ class RmsNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, residual, eps, offset, casting, out_dtype, prepared, prepare_key):
-        out = None if prepared is None else _launch_prepared(prepared, True, x, residual, weight, None, True)
+        out = None if prepared is None else _launch_prepared(prepared, True, x, residual, weight, None)
         if out is not None:
             y, h, _, rstd = out
         else:
@@ -1143,7 +1145,7 @@ class LayerNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, prepared, prepare_key):
-        out = None if prepared is None else _launch_prepared(prepared, False, x, None, weight, bias, True)
+        out = None if prepared is None else _launch_prepared(prepared, False, x, None, weight, bias)
         if out is not None:
             y, _, mean, rstd = out
         else:
