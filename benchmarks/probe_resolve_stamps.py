@@ -109,10 +109,10 @@ _KERNEL_EDITS += [
                           topp_on, minp_on, FINE_BINS, BINS_PER_NAT)
     r1 = _clock() + (flo * 0).to(tl.int64) + (fhi * 0).to(tl.int64)
 """),
-    ("""    written = _move_to_front(list_ptr, row, list_stride, written, idx, x, inside)
+    ("""    written = _move_to_front(list_ptr, row, list_stride, written, idx, inside)
     return written, count_above, mass_above, kept_above, best_score, best_index, kept_low
 """, """    rm = _clock() + (best_index * 0) + (kept_above * 0) + (kept_low * 0)
-    written = _move_to_front(list_ptr, row, list_stride, written, idx, x, inside)
+    written = _move_to_front(list_ptr, row, list_stride, written, idx, inside)
     return written, count_above, mass_above, kept_above, best_score, best_index, kept_low, rm
 """),
     ("""    written, count_above, mass_above, kept_above, best_score, best_index, kept_low = _refine_block(

@@ -881,7 +881,7 @@ def _compaction_results(run, n) -> list:
         c = int(b["counter"][r])
         front, back = c & 0xFFFFFFFF, c >> 32
         row_list = b["boundary"][r]
-        out.append((c, sorted(row_list[:front].tolist()), sorted(row_list[n - back:n].tolist()),
+        out.append((c, sorted(row_list[:front].tolist()), sorted(row_list[n - back:].tolist()),
                     int(b["part_mass"].view(rows, -1)[r].sum()), int(b["part_kept"].view(rows, -1)[r].sum()),
                     b["fine"][r].tolist(), b["plan"][r].tolist()))
     return out

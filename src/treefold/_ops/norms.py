@@ -821,8 +821,7 @@ def rms_norm_backward_impl(dy: Tensor, dh_out: Optional[Tensor], normed: Tensor,
         _prepare(prepare_key, launches,
                  dict(x=dy2, dx=dx2, dres=dres2, dw=dw, dw_part=dw_part, dh=dh2, saved=normed2, weight=weight,
                       rstd=rstd1),
-                 (("dx", shape, x_dtype), ("dres", shape, residual_dtype),
-                  ("dw", (n,), None if dw is None else dw.dtype)))
+                 (("dx", shape, x_dtype), ("dres", shape, residual_dtype), ("dw", (n,), None if dw is None else dw.dtype)))
     return dx, dres, dw
 
 

@@ -405,8 +405,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     fine = run.buffer("fine", (rows, FINE_BINS), torch.int32, dev)
     counter = run.buffer("counter", rows, torch.int64, dev)
     plan_rows = run.buffer("plan", (rows, kernels.PLAN_SLOTS.value), torch.int32, dev)
-    list_stride = n + kernels.LIST_VALUES.value  # the boundary list, then its head's logits
-    boundary = run.buffer("boundary", (rows, list_stride), torch.int32, dev)
+    boundary = run.buffer("boundary", (rows, n), torch.int32, dev)
     part_mass = run.buffer("part_mass", grid[0], torch.int64, dev)
     part_kept = run.buffer("part_kept", grid[0], torch.int64, dev)
     part_score = run.buffer("part_score", grid[0], torch.float32, dev)
@@ -466,8 +465,8 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     # place: their race programs read the plan and store no winner)
     race_programs = sure_race and not race_in_compaction
     run(_COMPACT,
-        (grid[0] * (2 if race_programs else 1),), x, n, x.stride(0), fine, counter, plan_rows, boundary,
-        list_stride, part_mass, part_kept, part_score, part_index, prelist, prelist_stride, prelist_count,
+        (grid[0] * (2 if race_programs else 1),), x, n, x.stride(0), fine, counter, plan_rows, boundary, n,
+        part_mass, part_kept, part_score, part_index, prelist, prelist_stride, prelist_count,
         g.programs_per_row, t, k, p, mp, filters,
         s, s_stride, o, o_stride, grid[0], **flags, MODE=mode, WIDTH=g.width,
         SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
@@ -479,7 +478,7 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
         **middle)
     spare = counter  # pointer arguments a mode does not use
     run(_RESOLVE,
-        (rows,), x, n, x.stride(0), part_max, part_total, fine, counter, plan_rows, boundary, list_stride,
+        (rows,), x, n, x.stride(0), part_max, part_total, fine, counter, plan_rows, boundary, n,
         part_mass, part_kept, part_score, part_index, g.programs_per_row, t, k, p, mp, filters,
         s, s_stride, o, o_stride, outputs.get("token", spare), outputs.get("lo", spare), outputs.get("hi", spare),
         outputs.get("thr", spare), outputs.get("max", spare), outputs.get("mass", spare),

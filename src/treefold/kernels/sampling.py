@@ -94,14 +94,6 @@ BIN_EDGE_SLACK = tl.constexpr(0.01)
 MASS_SLACK = tl.constexpr(1e-3)
 FINE_MASS_SLACK = tl.constexpr(1e-4)
 
-#: A row's boundary list keeps beside it, in the last LIST_VALUES int32 of its row of the list
-#: buffer (row length n + LIST_VALUES), the logits (float32 bits) of its first LIST_VALUES tokens:
-#: every writer of a list place below LIST_VALUES writes the token's logit there too, so that
-#: ``_list_block`` reads a block of the list's head with its logits in one round trip instead of
-#: two (the indices, then a gather of the logits at them). One block of the refinement's pass
-#: over the list and of the search (SEARCH_BLOCK), and every ranking of a short list.
-LIST_VALUES = tl.constexpr(1024)
-
 #: The plan of a row that ``plan_kernel`` writes for the passes after it (int32 slots).
 PLAN_SLOTS = tl.constexpr(8)
 PLAN_LO = tl.constexpr(0)
@@ -1262,9 +1254,8 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
             tokens in the low 32 bits, sure-kept tokens (sampling) in the high 32 bits.
         plan_ptr: int32 [rows, PLAN_SLOTS], the plan ``plan_kernel`` wrote.
         list_ptr: int32 [rows, list_stride] token indices out: boundary tokens from the front,
-            sure-kept tokens (sampling) from position n - 1 down; the last LIST_VALUES places of
-            a row: the logits (float32 bits) of its first LIST_VALUES boundary tokens.
-        list_stride: n + LIST_VALUES.
+            sure-kept tokens (sampling) from position n - 1 down.
+        list_stride: list capacity per row (>= n).
         part_mass_ptr: int64 [rows, programs_per_row] fixed-point mass of the sure-kept bins.
         part_kept_ptr: int64 [rows, programs_per_row] the same, counting min-p survivors only.
         part_score_ptr, part_index_ptr: float32 / int64 [rows, programs_per_row] out with
@@ -1397,8 +1388,6 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                     row_list = list_ptr + row * list_stride
                     pos = (bases & 0xFFFFFFFF) + (ranks % 65536) - 1
                     _scatter_store(row_list + pos, cols.to(tl.int32), listed)
-                    _scatter_store(row_list + (list_stride - LIST_VALUES) + pos, x.to(tl.int32, bitcast=True),
-                                   listed & (pos < LIST_VALUES))
                     if MODE == MODE_SAMPLE:
                         spos = n - (bases >> 32) - (ranks // 65536)
                         _scatter_store(row_list + spos, cols.to(tl.int32), sure)
@@ -1500,18 +1489,11 @@ def _finish(keep, comp, idx, x, y, w_fixed, rank, row, best_score, best_index, k
 @triton.jit
 def _list_block(x_ptr, row, stride_x, list_ptr, list_stride, start, count, m, inv_t,
                 SIZE: tl.constexpr, ALL_VALUES: tl.constexpr):
-    """Listed tokens start .. start + SIZE: (live, index, x, key, y, w, fixed-point w). A block
-    within the list's first LIST_VALUES places reads their logits beside the list, not from the
-    row (the same values: a float32 holds every logit dtype exactly)."""
+    """Listed tokens start .. start + SIZE: (live, index, x, key, y, w, fixed-point w)."""
     j = start + tl.arange(0, SIZE)
     live = j < count
-    row_list = list_ptr + row * list_stride
-    idx = tl.load(row_list + j, mask=live, other=0).to(tl.int64)
-    if start + SIZE <= LIST_VALUES:
-        bits = tl.load(row_list + (list_stride - LIST_VALUES) + j, mask=live, other=0)
-        x, finite, y = _logits_from(bits.to(tl.float32, bitcast=True), live, inv_t)
-    else:
-        x, finite, y = _logits_at(x_ptr, row, stride_x, idx, live, inv_t)
+    idx = tl.load(list_ptr + row * list_stride + j, mask=live, other=0).to(tl.int64)
+    x, finite, y = _logits_at(x_ptr, row, stride_x, idx, live, inv_t)
     w, w_fixed = _fixed_mass(y, m, finite)
     return live, idx, x, _ordered_key(x), y, w, w_fixed
 
@@ -1665,18 +1647,14 @@ def _threshold(x_ptr, row, stride_x, list_ptr, list_stride, n_list, m, inv_t, ba
 
 
 @triton.jit
-def _move_to_front(list_ptr, row, list_stride, written, idx, x, keep):
+def _move_to_front(list_ptr, row, list_stride, written, idx, keep):
     """Write the kept tokens of a block read from the list at positions written, written + 1, ...
-    (and the logits ``x`` of those below LIST_VALUES) and return the new count. In place: the
-    write position never passes the read position, and the barrier keeps every read of the block
-    before the writes."""
+    and return the new count. In place: the write position never passes the read position, and
+    the barrier keeps every read of the block before the writes."""
     keep_i = keep.to(tl.int32)
     pos = written + tl.cumsum(keep_i, 0) - 1
     tl.debug_barrier()
-    row_list = list_ptr + row * list_stride
-    _scatter_store(row_list + pos, idx.to(tl.int32), keep)
-    _scatter_store(row_list + (list_stride - LIST_VALUES) + pos, x.to(tl.int32, bitcast=True),
-                   keep & (pos < LIST_VALUES))
+    _scatter_store(list_ptr + row * list_stride + pos, idx.to(tl.int32), keep)
     return written + tl.sum(keep_i, axis=0)
 
 
@@ -1694,7 +1672,7 @@ def _gather_top_k(x_ptr, row, stride_x, list_ptr, list_stride, n_list, kk, m, in
         live, idx, x, key, y, w, w_fixed = _list_block(x_ptr, row, stride_x, list_ptr, list_stride,
                                                        start, n_list, m, inv_t, BLOCK, ALL_VALUES)
         keep = live & (_composite(key, idx) >= thr)
-        written = _move_to_front(list_ptr, row, list_stride, written, idx, x, keep)
+        written = _move_to_front(list_ptr, row, list_stride, written, idx, keep)
         start += BLOCK
     tl.debug_barrier()
     return written
@@ -1783,7 +1761,7 @@ def _refine_block(list_ptr, row, list_stride, block, flo, fhi, lo, hi, written, 
                                               best_score, best_index)
     else:
         kept_low = tl.minimum(kept_low, tl.min(tl.where(survives, _composite(key, idx), INT64_MAX), axis=0))
-    written = _move_to_front(list_ptr, row, list_stride, written, idx, x, inside)
+    written = _move_to_front(list_ptr, row, list_stride, written, idx, inside)
     return written, count_above, mass_above, kept_above, best_score, best_index, kept_low
 
 
