@@ -19,7 +19,9 @@ The run: 151936 fp32 logits, Gaussian of standard deviation 4 (the benchmark's p
 wrote last), top-p 0.9, min-p 0.05, top-k 50 + top-p 0.9 and top-k 50, and logits drawn alike and
 rounded to bf16 under top-p 0.9; 30 eager calls and 30 graph replays each, medians; then the per-launch
 kernel times of the torch profiler over 10 graph replays (under dependent launches a pass's time
-includes its wait for the previous one).
+includes its wait for the previous one). ``STAMPS_QUICK=1``: top-p 0.9 on float32 rows alone;
+``STAMPS_FLAT=1``: the benchmark's flat rows (standard deviation 2), top-p 0.9 and min-p 0.05 on
+float32 rows.
 """
 import os
 import shutil
@@ -180,10 +182,15 @@ def measure(out_dir):
     cases = {"top-p 0.9": dict(top_p=0.9), "min-p 0.05": dict(min_p=0.05),
              "top-k 50 + top-p 0.9": dict(top_k=50, top_p=0.9), "top-k 50": dict(top_k=50)}
     shapes = ((1, torch.float32), (64, torch.float32), (1, torch.bfloat16), (64, torch.bfloat16))
+    scale = 4.0
     if os.environ.get("STAMPS_QUICK"):  # top-p 0.9 on float32 rows alone
         cases, shapes = {"top-p 0.9": cases["top-p 0.9"]}, shapes[:2]
+    if os.environ.get("STAMPS_FLAT"):  # the benchmark's flat rows (standard deviation 2), float32
+        cases = {"top-p 0.9": cases["top-p 0.9"], "min-p 0.05": cases["min-p 0.05"]}
+        shapes, scale = shapes[:2], 2.0
+    lines.append(f"logits: Gaussian of standard deviation {scale}")
     for rows, dtype in shapes:
-        x = (torch.randn(rows, 151936, device="cuda", generator=g) * 4.0).to(dtype)
+        x = (torch.randn(rows, 151936, device="cuda", generator=g) * scale).to(dtype)
         for label, kw in cases.items():
             if dtype != torch.float32 and label != "top-p 0.9":
                 continue

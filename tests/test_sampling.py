@@ -641,15 +641,17 @@ def test_every_pairwise_tier_ranks_as_the_reference(device, monkeypatch):
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_flat_rows_shorten_long_lists_with_sub_bins(device, monkeypatch):
     """A flat row puts hundreds of tokens in the boundary bins: the sub-bin histogram cuts the
-    list down before the ranking (a tiny pairwise tier here forces that path)."""
+    list down before the ranking (a tiny pairwise tier here forces that path), in blocks of 64
+    or of 8 (dozens of blocks: the pass keeps the next two in flight)."""
     monkeypatch.setattr(ops, "PAIRWISE_MAX", 8)
     monkeypatch.setattr(ops, "PAIR_CHUNK", 4)
-    monkeypatch.setattr(ops, "SEARCH_BLOCK", 64)
     g = torch.Generator().manual_seed(4)
     x = torch.randn(3, 300, generator=g) * 0.4
     xs = x.to(device)
     seeds = torch.tensor([5, 6, 7])
-    for config in (dict(top_p=0.9), dict(top_k=150, top_p=0.8), dict(top_k=200, min_p=0.5)):
+    for block, config in ((b, c) for b in (64, 8) for c in (dict(top_p=0.9), dict(top_k=150, top_p=0.8),
+                                                            dict(top_k=200, min_p=0.5))):
+        monkeypatch.setattr(ops, "SEARCH_BLOCK", block)
         args = (config.get("top_k"), config.get("top_p"), config.get("min_p"))
         got = ops.sample_rows(xs, 1.0, *args, seeds.to(device), 2)
         assert torch.equal(got.cpu(), ref.sample(x, 1.0, *args, seeds, 2)), config
