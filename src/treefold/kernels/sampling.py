@@ -1499,26 +1499,33 @@ def _list_block(x_ptr, row, stride_x, list_ptr, list_stride, start, count, m, in
 
 
 @triton.jit
-def _list_indices(list_ptr, row, list_stride, start, count, SIZE: tl.constexpr):
-    """Places start .. start + SIZE of a row's list: (live, int32 token index, 0 where not live)."""
-    j = start + tl.arange(0, SIZE)
-    live = j < count
-    return live, tl.load(list_ptr + row * list_stride + j, mask=live, other=0)
+def _list_live(start, count, SIZE: tl.constexpr):
+    """Which of a row's list places start .. start + SIZE hold tokens. (Recomputed where needed
+    rather than carried through a loop: a carried mask takes another layout, and converting it
+    back is a trip through shared memory with a barrier.)"""
+    return start + tl.arange(0, SIZE) < count
 
 
 @triton.jit
-def _listed_values(live, idx, raw, m, inv_t):
-    """``_list_block``'s values from a block's ``_list_indices`` and its logits ``raw`` (loaded at
-    them: ``_gather_logits``)."""
+def _list_indices(list_ptr, row, list_stride, start, count, SIZE: tl.constexpr):
+    """The int32 token indices at a row's list places start .. start + SIZE (0 past count)."""
+    j = start + tl.arange(0, SIZE)
+    return tl.load(list_ptr + row * list_stride + j, mask=j < count, other=0)
+
+
+@triton.jit
+def _gather_logits(x_ptr, row, stride_x, start, count, idx, SIZE: tl.constexpr):
+    """The row's logits at the ``_list_indices`` of places start .. start + SIZE (0 past count)."""
+    return tl.load(x_ptr + row * stride_x + idx, mask=_list_live(start, count, SIZE), other=0.0)
+
+
+@triton.jit
+def _listed_values(start, count, idx, raw, m, inv_t, SIZE: tl.constexpr):
+    """``_list_block``'s values from a block's ``_list_indices`` and ``_gather_logits``."""
+    live = _list_live(start, count, SIZE)
     x, finite, y = _logits_from(raw, live, inv_t)
     w, w_fixed = _fixed_mass(y, m, finite)
     return live, idx.to(tl.int64), x, _ordered_key(x), y, w, w_fixed
-
-
-@triton.jit
-def _gather_logits(x_ptr, row, stride_x, live, idx):
-    """The row's logits at a block's ``_list_indices`` (0 where not live)."""
-    return tl.load(x_ptr + row * stride_x + idx, mask=live, other=0.0)
 
 
 @triton.jit
@@ -1812,9 +1819,9 @@ def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_counts, lo
     Returns (list length, count, mass and min-p mass of the sure-kept tokens, race winner so far,
     lowest composite key of the sure-kept tokens min-p keeps)."""
     first = _list_block(x_ptr, row, stride_x, list_ptr, list_stride, 0, n_list, m, inv_t, BLOCK, ALL_VALUES)
-    next_live, next_idx = _list_indices(list_ptr, row, list_stride, BLOCK, n_list, BLOCK)
-    next_raw = _gather_logits(x_ptr, row, stride_x, next_live, next_idx)
-    after_live, after_idx = _list_indices(list_ptr, row, list_stride, 2 * BLOCK, n_list, BLOCK)
+    next_idx = _list_indices(list_ptr, row, list_stride, BLOCK, n_list, BLOCK)
+    next_raw = _gather_logits(x_ptr, row, stride_x, BLOCK, n_list, next_idx, BLOCK)
+    after_idx = _list_indices(list_ptr, row, list_stride, 2 * BLOCK, n_list, BLOCK)
     flo, fhi = _plan_fine(fine_counts, lo, hi, count_above, mass_above, total, kk, p, mp, topk_on,
                           topp_on, minp_on, FINE_BINS, BINS_PER_NAT)
     written, count_above, mass_above, kept_above, best_score, best_index, kept_low = _refine_block(
@@ -1824,12 +1831,11 @@ def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_counts, lo
     start = tl.full([], BLOCK, tl.int32)
     while start < n_list:  # a loop bound read from memory
         # the loads of the next two blocks first, then the work on this one
-        raw = next_raw
-        live, idx = next_live, next_idx
-        next_raw = _gather_logits(x_ptr, row, stride_x, after_live, after_idx)
-        next_live, next_idx = after_live, after_idx
-        after_live, after_idx = _list_indices(list_ptr, row, list_stride, start + 2 * BLOCK, n_list, BLOCK)
-        block = _listed_values(live, idx, raw, m, inv_t)
+        idx, raw = next_idx, next_raw
+        next_raw = _gather_logits(x_ptr, row, stride_x, start + BLOCK, n_list, after_idx, BLOCK)
+        next_idx = after_idx
+        after_idx = _list_indices(list_ptr, row, list_stride, start + 2 * BLOCK, n_list, BLOCK)
+        block = _listed_values(start, n_list, idx, raw, m, inv_t, BLOCK)
         written, count_above, mass_above, kept_above, best_score, best_index, kept_low = _refine_block(
             list_ptr, row, list_stride, block, flo, fhi, lo, hi, written, count_above, mass_above, kept_above,
             best_score, best_index, kept_low, m, noise_scale, mp, minp_on, seed, stream, offset, MODE, FINE_BINS,
