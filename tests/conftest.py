@@ -32,8 +32,9 @@ def rng():
 @pytest.fixture
 def poison_allocations(monkeypatch):
     """Call it to make every later torch.empty / empty_like / new_empty return NaN (floats) or a
-    sentinel (integers; 0xA5 in each byte of unsigned ones), so that a result or a scratch buffer a kernel forgets to write (or reads
-    before writing) cannot pass by luck. Take the references first: they allocate too."""
+    sentinel (integers; 0xA5 in each byte of unsigned ones), so that a result or a scratch buffer
+    a kernel forgets to write (or reads before writing) cannot pass by luck. Take the references
+    first: they allocate too."""
     real_empty, real_like, real_new = torch.empty, torch.empty_like, torch.Tensor.new_empty
 
     def fill(t):

@@ -625,8 +625,8 @@ def rms_norm_impl(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor
 # the launch also writes the statistics the backward pass reads, and the call goes through the
 # eager autograd Functions below). The same kind of call again skips validation (every check
 # depends on those alone) and only allocates and launches. The eager backward passes keep theirs
-# too (``_backward_prepared``): a ``launch.PreparedPipeline`` of the backward kernel and the weight
-# gradients' column sums, keyed by ("backward", ...).
+# too (``rms_norm_backward_eager``, ``layer_norm_backward_eager``): a ``launch.PreparedPipeline`` of
+# the backward kernel and the weight gradients' column sums, keyed by ("backward", ...).
 
 _PREPARED: dict = {}
 _MAX_PREPARED = 1024
@@ -821,7 +821,8 @@ def rms_norm_backward_impl(dy: Tensor, dh_out: Optional[Tensor], normed: Tensor,
         _prepare(prepare_key, launches,
                  dict(x=dy2, dx=dx2, dres=dres2, dw=dw, dw_part=dw_part, dh=dh2, saved=normed2, weight=weight,
                       rstd=rstd1),
-                 (("dx", shape, x_dtype), ("dres", shape, residual_dtype), ("dw", (n,), None if dw is None else dw.dtype)))
+                 (("dx", shape, x_dtype), ("dres", shape, residual_dtype),
+                  ("dw", (n,), None if dw is None else dw.dtype)))
     return dx, dres, dw
 
 
