@@ -122,10 +122,10 @@ _KERNEL_EDITS += [
         list_ptr, row, list_stride, first,"""),
     ("""    start = tl.full([], BLOCK, tl.int32)
     while start < n_list:  # a loop bound read from memory
-        block = _list_block(""", """    r2 = _clock() + (written * 0).to(tl.int64)
+""", """    r2 = _clock() + (written * 0).to(tl.int64)
     start = tl.full([], BLOCK, tl.int32)
     while start < n_list:  # a loop bound read from memory
-        block = _list_block("""),
+"""),
     ("""        written, count_above, mass_above, kept_above, best_score, best_index, kept_low = _refine_block(
             list_ptr, row, list_stride, block,""", """        written, count_above, mass_above, kept_above, best_score, best_index, kept_low, rm_later = _refine_block(
             list_ptr, row, list_stride, block,"""),
