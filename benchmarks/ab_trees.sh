@@ -49,7 +49,7 @@ case "$mode" in
       for label in "$@"; do
         PYTHONPATH=".tcache/$label/src:benchmarks" python benchmarks/probe_sampling_split.py \
           "$label$round" "$out" > "$out/split-$label$round.txt" 2>&1 || echo "$label$round failed"
-        echo "$label$round: $(tail -1 "$out/split-$label$round.txt")"
+        echo "$label$round: $(tail -2 "$out/split-$label$round.txt")"
       done
     done
     # only the labels whose runs wrote their times are compared; the logs and cleanup follow anyway

@@ -88,16 +88,18 @@ def warm(share, shares):
 
 def top_p_kernel_times(ops, label=""):
     """Each launch's time in the top-p 0.9 call, fp32 (torch profiler): at 64 rows at each PER_SM,
-    and at one row; printed with the run's ``label`` (ab_trees.sh gathers the runs' logs in
+    at one row, and on 64 flat rows (where the compaction and the resolve's refinement take most
+    of the call); printed with the run's ``label`` (ab_trees.sh gathers the runs' logs in
     file-name order, not run order)."""
-    from gpu_sampling import logits
+    from gpu_sampling import FLAT, PEAKED, logits
     from probe_sampling import kernel_times
-    for rows, per_sms in ((64, PER_SM), (1, [None])):
+    for rows, per_sms, scale in ((64, PER_SM, PEAKED), (1, [None], PEAKED), (64, [None], FLAT)):
         seeds = torch.arange(rows, device="cuda", dtype=torch.int64) * 7919 + 1
         for per_sm in per_sms:
-            per = kernel_times(call(ops, logits(rows, torch.float32), seeds, "top-p 0.9", per_sm))
-            print(f"kernels{' of ' + label if label else ''}, top-p 0.9, {rows} rows fp32, {per_sm or 16} programs/SM "
-                  "(us per launch): " + ", ".join(f"{k} {v}" for k, v in per.items()))
+            per = kernel_times(call(ops, logits(rows, torch.float32, scale), seeds, "top-p 0.9", per_sm))
+            print(f"kernels{' of ' + label if label else ''}, top-p 0.9, {rows} {'flat ' if scale == FLAT else ''}"
+                  f"rows fp32, {per_sm or 16} programs/SM (us per launch): "
+                  + ", ".join(f"{k} {v}" for k, v in per.items()))
 
 
 def compare(out_dir, labels):
