@@ -852,19 +852,23 @@ def _backward_key(is_rms: bool, dy: Tensor, saved: tuple, *options) -> tuple:
             *(None if t is None else (t.shape, t.stride(), t.dtype) for t in saved), *options)
 
 
-def _preparable(tensors: tuple) -> bool:
-    """Whether a first backward call of its kind may prepare: its tensors (None: absent) are
-    non-empty, contiguous and distinct (slots are filled by identity)."""
-    present = [t for t in tensors if t is not None]
-    return (present[0].numel() > 0 and all(t.is_contiguous() for t in present)
-            and len({id(t) for t in present}) == len(present))
-
-
-def _unpack(out, first: bool, second: bool) -> tuple:
-    """A prepared backward's outputs (dx, then the two optional gradients that were allocated,
-    one tensor alone or a tuple) as a triple with None for those it has not."""
-    outs = list(out) if isinstance(out, tuple) else [out]
-    return outs[0], outs[1] if first else None, outs[-1] if second else None
+def _backward_through(key: tuple, dy: Tensor, saved: dict, first: bool, second: bool, run):
+    """An eager CUDA backward of the kind ``key``: through its prepared launches when there are,
+    given dy and the ``saved`` tensors by slot name (None: absent); else ``run(prepare_key)``,
+    which launches as usual and prepares under ``prepare_key`` when not None: on a first call
+    whose tensors are non-empty, contiguous and distinct (slots are filled by identity).
+    Returns (dx, then the two optional gradients, ``first`` and ``second``, None where absent)."""
+    entry = _PREPARED.get(key)
+    if entry is not None:
+        out = entry(dy, saved, {})
+        if out is not None:
+            outs = out if isinstance(out, tuple) else (out,)  # dx, then those allocated
+            return outs[0], outs[1] if first else None, outs[-1] if second else None
+        return run(None)
+    present = [dy, *(t for t in saved.values() if t is not None)]
+    preparable = (dy.numel() > 0 and all(t.is_contiguous() for t in present)
+                  and len({id(t) for t in present}) == len(present))
+    return run(key if preparable else None)
 
 
 def rms_norm_backward_eager(dy: Tensor, dh_out: Optional[Tensor], normed: Tensor, weight: Optional[Tensor],
@@ -875,15 +879,11 @@ def rms_norm_backward_eager(dy: Tensor, dh_out: Optional[Tensor], normed: Tensor
     are distinct and contiguous."""
     key = _backward_key(True, dy, (dh_out, normed, weight, rstd), offset, casting, x_dtype, residual_dtype,
                         weight_grad)
-    entry = _PREPARED.get(key)
-    if entry is not None:
-        out = entry(dy, {"dh": dh_out, "saved": normed, "weight": weight, "rstd": rstd}, {})
-        if out is not None:
-            separate_dres = residual_dtype is not None and residual_dtype != x_dtype
-            return _unpack(out, separate_dres, weight is not None and weight_grad)
-    prepare = entry is None and _preparable((dy, dh_out, normed, weight, rstd))
-    return rms_norm_backward_impl(dy, dh_out, normed, weight, rstd, offset, casting, x_dtype, residual_dtype,
-                                  weight_grad, prepare_key=key if prepare else None)
+    return _backward_through(
+        key, dy, {"dh": dh_out, "saved": normed, "weight": weight, "rstd": rstd},
+        residual_dtype is not None and residual_dtype != x_dtype, weight is not None and weight_grad,
+        lambda prepare_key: rms_norm_backward_impl(dy, dh_out, normed, weight, rstd, offset, casting, x_dtype,
+                                                   residual_dtype, weight_grad, prepare_key=prepare_key))
 
 
 def layer_norm_impl(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
@@ -948,14 +948,11 @@ def layer_norm_backward_eager(dy: Tensor, x: Tensor, weight: Optional[Tensor], m
     """``layer_norm_backward_impl``'s result for an eager CUDA call, as ``rms_norm_backward_eager``
     gives RMSNorm's."""
     key = _backward_key(False, dy, (x, weight, mean, rstd), weight_grad, bias_dtype)
-    entry = _PREPARED.get(key)
-    if entry is not None:
-        out = entry(dy, {"saved": x, "weight": weight, "mean": mean, "rstd": rstd}, {})
-        if out is not None:
-            return _unpack(out, weight is not None and weight_grad, bias_dtype is not None)
-    prepare = entry is None and _preparable((dy, x, weight, mean, rstd))
-    return layer_norm_backward_impl(dy, x, weight, mean, rstd, weight_grad, bias_dtype,
-                                    prepare_key=key if prepare else None)
+    return _backward_through(
+        key, dy, {"saved": x, "weight": weight, "mean": mean, "rstd": rstd},
+        weight is not None and weight_grad, bias_dtype is not None,
+        lambda prepare_key: layer_norm_backward_impl(dy, x, weight, mean, rstd, weight_grad, bias_dtype,
+                                                     prepare_key=prepare_key))
 
 
 # --------------------------------------------------------------------------------------------

@@ -1489,7 +1489,10 @@ def _finish(keep, comp, idx, x, y, w_fixed, rank, row, best_score, best_index, k
 @triton.jit
 def _list_block(x_ptr, row, stride_x, list_ptr, list_stride, start, count, m, inv_t,
                 SIZE: tl.constexpr, ALL_VALUES: tl.constexpr):
-    """Listed tokens start .. start + SIZE: (live, index, x, key, y, w, fixed-point w)."""
+    """Listed tokens start .. start + SIZE: (live, index, x, key, y, w, fixed-point w). (``_refine``
+    takes the same values in three steps, ``_list_indices``, ``_gather_logits`` and
+    ``_listed_values``, to issue later blocks' loads ahead of their work; composed from them here,
+    the one-row resolve spilled 8-16 bytes more, offline sm_90, so this form stays.)"""
     j = start + tl.arange(0, SIZE)
     live = j < count
     idx = tl.load(list_ptr + row * list_stride + j, mask=live, other=0).to(tl.int64)
@@ -1509,8 +1512,8 @@ def _list_live(start, count, SIZE: tl.constexpr):
 @triton.jit
 def _list_indices(list_ptr, row, list_stride, start, count, SIZE: tl.constexpr):
     """The int32 token indices at a row's list places start .. start + SIZE (0 past count)."""
-    j = start + tl.arange(0, SIZE)
-    return tl.load(list_ptr + row * list_stride + j, mask=j < count, other=0)
+    return tl.load(list_ptr + row * list_stride + start + tl.arange(0, SIZE),
+                   mask=_list_live(start, count, SIZE), other=0)
 
 
 @triton.jit
