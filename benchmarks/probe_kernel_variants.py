@@ -5,10 +5,13 @@ faster than treefold's (``results/h200-probe-kernel-times.txt``): RMSNorm 16384 
 against 64.9), LayerNorm 65536 x 1024 (compile 66.0 against 66.9). Every variant checked bit for
 bit against its case's default first; three interleaved rounds.
 
-    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange|held|warp|rows]   (CUDA)
+    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange|held|warp|rows|blocks]   (CUDA)
 
 ``held``: with the exchanges, launch choices that the trees' barriers had ruled out: rows held by
 more warps, rows read twice by more, LayerNorm rows shared by more warps.
+
+``blocks``: the norm backward with row blocks other than the order's (``rows_per_block``; dw's
+bits then differ from the default's, dx's must not).
 
 ``exchange``: the rows' trees with their levels between warps met in one exchange (the default
 where the loads are aligned, ``_ops.launch.tree_exchanges``) against every level its own
@@ -103,12 +106,36 @@ ROWS_CASES = [
 ]
 
 
+#: ``blocks``: row blocks of the norm backward (the partial rows of dw and db). With 256 blocks
+#: (rows of 8192 and more: one program per SM of the H200) the blocks ran in two waves, the second
+#: 124 programs wide; ceil(M / 132) rows per block run in one. Run with two trees' src to compare
+#: the rules (and a constant loop bound against a runtime one at the same blocks).
+BLOCKS_CASES = [
+    ("rms backward", 32768, 4096, {"default": {}, "125 rows (263)": dict(rows_per_block=125)}),
+    ("rms backward", 16384, 8192, {"default": {}, "125 rows (132)": dict(rows_per_block=125),
+                                   "64 rows (256)": dict(rows_per_block=64)}),
+    ("ln backward", 16384, 8192, {"default": {}, "125 rows (132)": dict(rows_per_block=125),
+                                  "64 rows (256)": dict(rows_per_block=64)}),
+    ("ln backward", 8192, 4096, {"default": {}}),
+    ("rms backward", 4096, 16384, {"default": {}, "32 rows (128)": dict(rows_per_block=32),
+                                   "16 rows (256)": dict(rows_per_block=16)}),
+]
+
+
 def main(out_dir: str, which: str = "") -> None:
     torch.manual_seed(0)
     cases = {"decode": DECODE_CASES, "exchange": EXCHANGE_CASES, "held": HELD_CASES,
-             "warp": WARP_CASES, "rows": ROWS_CASES}.get(which, CASES)
+             "warp": WARP_CASES, "rows": ROWS_CASES, "blocks": BLOCKS_CASES}.get(which, CASES)
     variants = row_op_variants(cases)
     unequal = check_bits(variants)
+    if which == "blocks":  # other blocks give dw other bits by design; dx must not change
+        first = {}
+        for name, (fn, _, case) in variants.items():
+            dx = fn()[0].clone()
+            first.setdefault(case, dx)
+            if not torch.equal(dx.view(torch.int16), first[case].view(torch.int16)):
+                print(f"dx NOT EQUAL: {name}")
+                unequal.append(f"dx {name}")
     times = {name: [] for name in variants}
     for _ in range(3):
         for name, (fn, _, _) in variants.items():

@@ -441,6 +441,30 @@ def test_weight_gradient_over_many_blocks_matches_reference_bits():
     assert other.tobytes() != dw.numpy().tobytes()
 
 
+def test_weight_gradient_of_rows_longer_than_4096_takes_at_most_132_blocks():
+    """Rows longer than WIDE_ROW fold ceil(M / 132) rows per block, not a power of two: 139 rows
+    of 4097 make 69 blocks of two and a last block of one, and dw and db keep the reference's bits."""
+    assert ref.weight_grad_rows_per_block(16384, 8192) == 125
+    assert ref.weight_grad_rows_per_block(16384, 4096) == 64  # (rows of 4096: powers of two)
+    assert ref.weight_grad_rows_per_block(100, 5120) == 1
+    m, n = 139, ref.WIDE_ROW + 1
+    assert ref.weight_grad_rows_per_block(m, n) == 2
+    x = randn((m, n), torch.float32, seed=11).requires_grad_()
+    kernel_or_skip(x)
+    w = weight_like(n, torch.float32).requires_grad_()
+    b = randn(n, torch.float32, seed=12).requires_grad_()
+    dy = randn((m, n), torch.float32, seed=13)
+    got = torch.autograd.grad(treefold.rms_norm(x, w), (x, w), dy)
+    _, _, rstd = ref.rms_norm(x, w, 1e-6)
+    want = ref.rms_norm_backward(dy, x, w, rstd.to(x.device))
+    assert_bits(got[0], want[0])
+    assert_bits(got[1], want[2])
+    got = torch.autograd.grad(treefold.layer_norm(x, n, w, b), (x, w, b), dy)
+    _, mean, rstd_ln = ref.layer_norm(x, w, b, 1e-5)
+    for g, g_want in zip(got, ref.layer_norm_backward(dy, x, w, mean, rstd_ln, bias_dtype=torch.float32)):
+        assert_bits(g, g_want)
+
+
 # --------------------------------------------------------------------------------------------
 # CPU tier: accuracy against float64 and against Hugging Face's code
 # --------------------------------------------------------------------------------------------
@@ -1456,7 +1480,9 @@ def test_gpu_rows_shared_among_programs_give_the_same_bits(n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [33, 4096, 5120, 14336, 65536])
 def test_gpu_backward_matches_cpu_reference_bits(n):
-    m = 1000 if n <= 16384 else 40
+    # blocks of rows longer than 4096: 1100 rows fold 9 per block, 300 rows 3 (the row loop's
+    # trip count at run time; 8 at 4096, a constant)
+    m = 1100 if n <= 16384 else 300
     x = randn((m, n), torch.float32, seed=n)
     w, b = weight_like(n, torch.float32), randn(n, torch.float32, seed=2)
     r = randn((m, n), torch.float32, seed=n + 1)

@@ -341,21 +341,20 @@ def _normalised_and_g(dy, v, w, rstd, mean, mask, IS_RMS: tl.constexpr, HAS_WEIG
 @triton.jit
 def norm_backward_kernel(
     dy_ptr, dh_out_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dres_ptr, dw_part_ptr, db_part_ptr,
-    rows, n, n_float, offset,
+    rows, block_rows, n, n_float, offset,
     stride_dy, stride_dh_out, stride_x, stride_dx, stride_dres,
     IS_RMS: tl.constexpr, HAS_DH_OUT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_OFFSET: tl.constexpr, ROUND_NORMALISED: tl.constexpr, STORE_DRES: tl.constexpr,
     WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, SOFT_BF16: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
     SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
     GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
     STAGES: tl.constexpr = 1, PAIRED_SUMS: tl.constexpr = True, HOLD_16BIT: tl.constexpr = False,
     RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0, EXCHANGES: tl.constexpr = None,
-    N_POW2: tl.constexpr = False,
+    N_POW2: tl.constexpr = False, BLOCK_ROWS: tl.constexpr = 0,
 ):
     """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
 
-    Program p takes rows [p * BLOCK_ROWS, (p + 1) * BLOCK_ROWS), one row at a time:
+    Program p takes rows [p * block_rows, (p + 1) * block_rows), one row at a time:
     g = dy * (w [+ offset]) (or dy without a weight) and n = the normalised row, then
     RMSNorm:   dx = (g - n * (tree(g * n) / N)) * rstd
     LayerNorm: dx = ((g - tree(g) / N) - n * (tree(g * n) / N)) * rstd
@@ -365,7 +364,7 @@ def norm_backward_kernel(
 
     Bytes: reads M x N of dy and of x (h), M x N of dh_out when present, N of weight, 4 (8) bytes of
     statistics per row; writes M x N of dx (and of dres when its dtype differs) and
-    ceil(M / BLOCK_ROWS) x N float32 partials per gradient.
+    ceil(M / block_rows) x N float32 partials per gradient.
 
     Args:
         dy_ptr: output gradient rows [rows, n].
@@ -379,6 +378,10 @@ def norm_backward_kernel(
         dw_part_ptr: float32 [programs, n] weight-gradient partials (written with WEIGHT_GRAD).
         db_part_ptr: float32 [programs, n] bias-gradient partials (written with BIAS_GRAD).
         rows: number of rows M.
+        block_rows: rows each program folds, which depends on M and N only
+            (``treefold.reference.norms.weight_grad_rows_per_block``), never on the device. A
+            runtime value: the rule gives other counts than powers of two (rows longer than 4096),
+            and a constant would compile a kernel for each.
         n: row length N.
         n_float: N as a float; 1/N with N_POW2.
         offset: added to the weight (used with HAS_OFFSET).
@@ -389,8 +392,6 @@ def norm_backward_kernel(
         STORE_DRES: also write the gradient in the residual's dtype.
         WEIGHT_GRAD, BIAS_GRAD: write the partials.
         SOFT_BF16: round to bfloat16 on the bits (interpreter only).
-        BLOCK_ROWS: rows each program folds, a power of two that depends on M and N only
-            (``treefold.reference.norms.weight_grad_rows_per_block``), never on the device.
         SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP: the row's block shape and
             group, as in the forward pass.
         UNROLL: unroll factor of the row loop (a launch choice: the rows still fold in order).
@@ -411,9 +412,13 @@ def norm_backward_kernel(
         EXCHANGES: the levels of the row sums' trees met in one exchange between warps, as in the
             forward pass (a launch choice: the same bits).
         N_POW2: as in the forward pass.
+        BLOCK_ROWS: block_rows again as a constant (the row loop's trip count known when it
+            compiles), or 0 to take it at run time (a launch choice; the launcher passes powers of
+            two, and with Triton's interpreter every count: its loops cannot take a runtime bound).
     """
     SPAN: tl.constexpr = LANES // RUNS
     pid = tl.program_id(0).to(tl.int64)
+    rows_in_block = BLOCK_ROWS if BLOCK_ROWS > 0 else block_rows
     col = (tl.arange(0, SEGMENTS)[:, None, None] * LANES + tl.arange(0, RUNS)[None, :, None] * SPAN
            + tl.arange(0, SPAN)[None, None, :])[None, :, :, :]
     cmask = col < n
@@ -426,16 +431,22 @@ def norm_backward_kernel(
     db_acc = tl.zeros([1, SEGMENTS, RUNS, SPAN], dtype=tl.float32)
     if PREFETCH:
         next_dy, next_v, next_rstd, next_mean = _load_backward_row(
-            dy_ptr, x_ptr, mean_ptr, rstd_ptr, pid * BLOCK_ROWS, col, cmask, rows, stride_dy, stride_x, IS_RMS)
-    for i in tl.range(0, BLOCK_ROWS, loop_unroll_factor=UNROLL, num_stages=STAGES):
+            dy_ptr, x_ptr, mean_ptr, rstd_ptr, pid * rows_in_block, col, cmask, rows, stride_dy, stride_x, IS_RMS)
+    if BLOCK_ROWS == 0:
+        # (without it the compiler guards a loop that may not run: at 4096 x 16384 that spilled 32
+        # more bytes per thread, 179 -> 203 us on the H200)
+        tl.assume(block_rows > 0)
+    # (the bound written out: Triton's interpreter makes every assigned value a tensor)
+    for i in tl.range(0, BLOCK_ROWS if BLOCK_ROWS > 0 else block_rows, loop_unroll_factor=UNROLL,
+                      num_stages=STAGES):
         # Rows past the end load as zeros and add +0 to the partials, which changes no bits.
-        row = pid * BLOCK_ROWS + i
+        row = pid * rows_in_block + i
         live = row < rows
         mask = cmask & live
         if PREFETCH:
             dy, v, rstd, mean = next_dy, next_v, next_rstd, next_mean
             # the block's last row fetches nothing: its next row is another program's
-            next_row = tl.where(i + 1 < BLOCK_ROWS, row + 1, rows)
+            next_row = tl.where(i + 1 < rows_in_block, row + 1, rows)
             next_dy, next_v, next_rstd, next_mean = _load_backward_row(
                 dy_ptr, x_ptr, mean_ptr, rstd_ptr, next_row, col, cmask, rows, stride_dy, stride_x, IS_RMS)
         else:
