@@ -5,7 +5,7 @@ faster than treefold's (``results/h200-probe-kernel-times.txt``): RMSNorm 16384 
 against 64.9), LayerNorm 65536 x 1024 (compile 66.0 against 66.9). Every variant checked bit for
 bit against its case's default first; three interleaved rounds.
 
-    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange|held|warp|rows|blocks]   (CUDA)
+    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange|held|warp|rows|blocks|bwarps|bdefault]
 
 ``held``: with the exchanges, launch choices that the trees' barriers had ruled out: rows held by
 more warps, rows read twice by more, LayerNorm rows shared by more warps.
@@ -122,10 +122,28 @@ BLOCKS_CASES = [
 ]
 
 
+#: ``bwarps``: the norm backward at 16 warps and with a fourth pipeline stage, now that rows of
+#: 8192 run in one wave of 132 blocks (the 16-warp launches compile without spills: offline sm_90
+#: RMSNorm 16384 x 8192 111 registers, LayerNorm 128, RMSNorm 32768 x 4096 64)
+_BACKWARD_WARPS = {"default": {}, "16w": dict(num_warps=16), "4 stages": dict(num_stages=4),
+                   "16w 4 stages": dict(num_warps=16, num_stages=4), "16w 2 stages": dict(num_warps=16, num_stages=2)}
+BACKWARD_WARPS_CASES = [("rms backward", 32768, 4096, _BACKWARD_WARPS), ("rms backward", 16384, 8192, _BACKWARD_WARPS),
+                        ("ln backward", 16384, 8192, _BACKWARD_WARPS),
+                        ("ln backward", 8192, 4096, {"default": {}, "16w": dict(num_warps=16)})]
+
+
+#: ``bdefault``: the norm backward's default launches alone (dx, dw and db: the backward kernel and
+#: the column sums), to compare trees
+BACKWARD_DEFAULT_CASES = [(label, m, n, {"default": {}}) for label, m, n in (
+    ("rms backward", 32768, 4096), ("rms backward", 16384, 8192), ("ln backward", 16384, 8192),
+    ("ln backward", 8192, 4096), ("rms backward", 4096, 16384))]
+
+
 def main(out_dir: str, which: str = "") -> None:
     torch.manual_seed(0)
     cases = {"decode": DECODE_CASES, "exchange": EXCHANGE_CASES, "held": HELD_CASES,
-             "warp": WARP_CASES, "rows": ROWS_CASES, "blocks": BLOCKS_CASES}.get(which, CASES)
+             "warp": WARP_CASES, "rows": ROWS_CASES, "blocks": BLOCKS_CASES,
+             "bwarps": BACKWARD_WARPS_CASES, "bdefault": BACKWARD_DEFAULT_CASES}.get(which, CASES)
     variants = row_op_variants(cases)
     unequal = check_bits(variants)
     if which == "blocks":  # other blocks give dw other bits by design; dx must not change

@@ -344,7 +344,8 @@ def test_prepared_training_calls_through_the_interpreter(monkeypatch, poison_all
         launched = InterpretedPrepared.launched
         for a, c in zip(ops.layer_norm_backward_eager(*ln_args), want_ln_grads):
             assert_bits(a, c)
-        assert InterpretedPrepared.launched == launched + (0 if step == 0 else 3)
+        # the backward kernel, then dw's and db's column sums in one launch
+        assert InterpretedPrepared.launched == launched + (0 if step == 0 else 2)
     assert sum(k[0] == "backward" for k in ops._PREPARED) == 2
 
 

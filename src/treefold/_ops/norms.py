@@ -23,7 +23,7 @@ from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
 from .launch import (Launcher, PreparedPipeline, check_eviction_policy, check_max_registers, checked_runs,
-                     register_cap, tree_exchanges, warp_runs)
+                     dependent_launch, register_cap, tree_exchanges, warp_runs)
 
 #: Longest row the kernels hold on chip (the whole row lives in registers).
 MAX_ROW_LENGTH = 65536
@@ -477,7 +477,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
                    prefetch: Optional[bool] = None, paired_sums: Optional[bool] = None,
                    hold_16bit: Optional[bool] = None, max_registers: Optional[int] = None,
                    runs: Optional[int] = None, loads_vectors: bool = False,
-                   tree_exchange: Optional[bool] = None) -> dict:
+                   tree_exchange: Optional[bool] = None, release_dependents: bool = False) -> dict:
     """The kernel's constexprs and options for one kind of backward launch (``max_registers``: a
     cap on the registers per thread, Triton's ``maxnreg``; at 16384 x 8192 on the H200 its spills
     took RMSNorm from 88% to 52% of the roof and LayerNorm from 78% to 19%; ``runs``: as the
@@ -515,6 +515,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
         # Other counts (ceil(M / 132) for wider rows) stay at run time, or each M would compile a
         # kernel; the interpreter takes every count as a constant (see the kernel's BLOCK_ROWS)
         BLOCK_ROWS=rows_per_block if backend.INTERPRETED or order.next_pow2(rows_per_block) == rows_per_block else 0,
+        RELEASE_DEPENDENTS=release_dependents,
         **layout, **_runs_constexprs(runs), UNROLL=unroll or BACKWARD_UNROLL,
         PREFETCH=bool(prefetch), STAGES=stages,
         PAIRED_SUMS=paired, HOLD_16BIT=bool(hold_16bit), EXCHANGES=exchanges,
@@ -548,11 +549,13 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
     kind = (m, n, x2.dtype, is_rms, dh2 is not None, w is not None, offset != 0.0, round_normalised,
             dres2 is not None, dw_part is not None, db_part is not None, rows_per_block, num_warps, num_stages,
             unroll, prefetch, paired_sums, hold_16bit, max_registers, runs)
-    plan = _backward_plan(*kind, True, tree_exchange)
+    # the column sums that follow a launch with partials start as its dependent launch
+    release = dw_part is not None and dependent_launch(x2.device.type, x2.device.index)
+    plan = _backward_plan(*kind, True, tree_exchange, release)
     row_tensors = (dy2, dh2, x2, dx2, dres2)
     if plan["EXCHANGES"] is not None and not _loads_vectors(
             n, tuple(0 if t is None else t.stride(0) for t in row_tensors), row_tensors, (w, dw_part, db_part)):
-        plan = _backward_plan(*kind, False, tree_exchange)
+        plan = _backward_plan(*kind, False, tree_exchange, release)
     args = (dy2, dy2 if dh2 is None else dh2, x2, x2 if w is None else w,
             rstd if mean is None else mean, rstd, dx2, dx2 if dres2 is None else dres2,
             rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
@@ -563,21 +566,28 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
 
 
 @functools.lru_cache(maxsize=4096)
-def _column_sum_plan(parts: int, n: int) -> tuple[int, dict]:
+def _column_sum_plan(parts: int, n: int, dependent: bool) -> tuple[int, dict]:
     padded = order.next_pow2(parts)
     if padded > order.MAX_LANES:
         raise ValueError(f"launch_column_sum: {parts} partial rows exceed one tree of {order.MAX_LANES}")
     block_n = min(order.next_pow2(n), max(16, _COLUMN_TILE // padded))
     return order.cdiv(n, block_n), dict(PARTS=padded, LOG2_PARTS=order.log2(padded), BLOCK_N=block_n,
-                                        SOFT_BF16=backend.INTERPRETED, num_warps=4, enable_fp_fusion=False)
+                                        SOFT_BF16=backend.INTERPRETED, num_warps=4, enable_fp_fusion=False,
+                                        **(dict(WAIT_FOR_PRIOR=True, launch_pdl=True) if dependent else {}))
 
 
-def launch_column_sum(parts: Tensor, out: Tensor, launches: Optional[list] = None) -> None:
-    """``out[j] = treefold sum over i of parts[i, j]`` for contiguous float32 ``parts``
-    (``launches``: append the launch there, to be prepared, instead of launching it)."""
+def launch_column_sum(parts: Tensor, out: Tensor, launches: Optional[list] = None, parts2: Optional[Tensor] = None,
+                      out2: Optional[Tensor] = None) -> None:
+    """``out[j] = treefold sum over i of parts[i, j]`` for contiguous float32 ``parts``, and
+    ``out2`` of ``parts2`` (of the same shape) in the same launch when given (``launches``: append
+    the launch there, to be prepared, instead of launching it). On sm_90 it is a programmatic
+    dependent launch: it waits for the backward launch before it (whose RELEASE_DEPENDENTS lets it
+    start its programs early), or for any launch before it, whose writes are then visible as usual."""
     p, n = parts.shape
-    programs, plan = _column_sum_plan(p, n)
-    _run(_column_sum_kernel, (programs,), (parts, out, p, n), plan, launches)
+    programs, plan = _column_sum_plan(p, n, dependent_launch(parts.device.type, parts.device.index))
+    pair = parts2 is not None
+    _run(_column_sum_kernel, (programs, 2 if pair else 1),
+         (parts, out, parts2 if pair else parts, out2 if pair else out, p, n), plan, launches)
 
 
 def _run(launcher: Launcher, grid: tuple, args: tuple, kwargs: dict, launches: Optional[list]) -> None:
@@ -936,9 +946,11 @@ def layer_norm_backward_impl(dy: Tensor, x: Tensor, weight: Optional[Tensor], me
     launches = None if prepare_key is None else []
     launch_backward(dy2, None, x2, weight, mean1, rstd1, dx2, None, dw_part, db_part, offset=0.0, is_rms=False,
                     round_normalised=False, rows_per_block=rows_per_block, launches=launches, **launch)
-    if want_dw:
+    if want_dw and db_part is not None:
+        launch_column_sum(dw_part, dw, launches, db_part, db)
+    elif want_dw:
         launch_column_sum(dw_part, dw, launches)
-    if db_part is not None:
+    elif db_part is not None:
         launch_column_sum(db_part, db, launches)
     if launches is not None:
         _prepare(prepare_key, launches,

@@ -23,7 +23,8 @@ uses for segment results. No atomics: the same bits on every run.
 import triton
 import triton.language as tl
 
-from .combine import arrive, round_to, run_tree_sum, tree_sum, wait_for_arrivals, widen_again
+from .combine import (arrive, round_to, run_tree_sum, start_dependent_launch, tree_sum, wait_for_arrivals,
+                      widen_again)
 
 
 @triton.jit
@@ -350,7 +351,7 @@ def norm_backward_kernel(
     GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
     STAGES: tl.constexpr = 1, PAIRED_SUMS: tl.constexpr = True, HOLD_16BIT: tl.constexpr = False,
     RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0, EXCHANGES: tl.constexpr = None,
-    N_POW2: tl.constexpr = False, BLOCK_ROWS: tl.constexpr = 0,
+    N_POW2: tl.constexpr = False, BLOCK_ROWS: tl.constexpr = 0, RELEASE_DEPENDENTS: tl.constexpr = False,
 ):
     """Input gradient of RMSNorm / LayerNorm, and per-block partials of the weight/bias gradients.
 
@@ -415,6 +416,8 @@ def norm_backward_kernel(
         BLOCK_ROWS: block_rows again as a constant (the row loop's trip count known when it
             compiles), or 0 to take it at run time (a launch choice; the launcher passes powers of
             two, and with Triton's interpreter every count: its loops cannot take a runtime bound).
+        RELEASE_DEPENDENTS: once its rows are done, let the column sums (a programmatic dependent
+            launch, sm_90) start their programs; they wait for the partials all the same.
     """
     SPAN: tl.constexpr = LANES // RUNS
     pid = tl.program_id(0).to(tl.int64)
@@ -496,6 +499,7 @@ def norm_backward_kernel(
             dw_acc = dw_acc + dy * normalised
         if BIAS_GRAD:
             db_acc = db_acc + dy
+    start_dependent_launch(False, RELEASE_DEPENDENTS)
     if WEIGHT_GRAD:
         tl.store(dw_part_ptr + pid * n + col, dw_acc, mask=cmask)
     if BIAS_GRAD:
@@ -503,31 +507,48 @@ def norm_backward_kernel(
 
 
 @triton.jit
-def column_tree_sum_kernel(
-    part_ptr, out_ptr, num_parts, n,
-    PARTS: tl.constexpr, LOG2_PARTS: tl.constexpr, BLOCK_N: tl.constexpr, SOFT_BF16: tl.constexpr,
-):
-    """Column sums of ``num_parts`` float32 partial rows: a halving tree over the rows.
-
-    The partials are reduced as the order reduces segment results: a plain halving tree over
-    next_pow2(num_parts) zero-padded lanes (num_parts <= ``treefold.order.MAX_LANES``). Program p
-    takes the columns [p * BLOCK_N, (p + 1) * BLOCK_N); the result is rounded to ``out_ptr``'s
-    dtype.
-
-    Bytes: reads num_parts x N float32, writes N.
-
-    Args:
-        part_ptr: float32 partials [num_parts, n], rows contiguous.
-        out_ptr: output [n], any float dtype.
-        num_parts: number of partial rows.
-        n: row length.
-        PARTS: next_pow2(num_parts); LOG2_PARTS its log2.
-        BLOCK_N: columns per program (a launch choice; the bits do not depend on it).
-        SOFT_BF16: round to bfloat16 on the bits (interpreter only).
-    """
+def _column_tree_sum(part_ptr, out_ptr, num_parts, n, PARTS: tl.constexpr, LOG2_PARTS: tl.constexpr,
+                     BLOCK_N: tl.constexpr, SOFT_BF16: tl.constexpr):
     cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     parts = tl.arange(0, PARTS)
     mask = (parts[:, None] < num_parts) & (cols[None, :] < n)
     v = tl.load(part_ptr + parts[:, None].to(tl.int64) * n + cols[None, :], mask=mask, other=0.0)
     total = tree_sum(tl.trans(v), BLOCK_N, PARTS, LOG2_PARTS, 1, 0)
     tl.store(out_ptr + cols, round_to(total, out_ptr.dtype.element_ty, SOFT_BF16), mask=cols < n)
+
+
+@triton.jit
+def column_tree_sum_kernel(
+    part_ptr, out_ptr, part2_ptr, out2_ptr, num_parts, n,
+    PARTS: tl.constexpr, LOG2_PARTS: tl.constexpr, BLOCK_N: tl.constexpr, SOFT_BF16: tl.constexpr,
+    WAIT_FOR_PRIOR: tl.constexpr = False,
+):
+    """Column sums of ``num_parts`` float32 partial rows: a halving tree over the rows; on a grid of
+    two columns (``tl.program_id(1)``), of a second set of partials too (LayerNorm's dw and db in
+    one launch).
+
+    The partials are reduced as the order reduces segment results: a plain halving tree over
+    next_pow2(num_parts) zero-padded lanes (num_parts <= ``treefold.order.MAX_LANES``). Program p
+    takes the columns [p * BLOCK_N, (p + 1) * BLOCK_N); the result is rounded to the output's
+    dtype.
+
+    Bytes: reads num_parts x N float32, writes N (each, for two sets).
+
+    Args:
+        part_ptr: float32 partials [num_parts, n], rows contiguous.
+        out_ptr: output [n], any float dtype.
+        part2_ptr, out2_ptr: the second set, summed by the programs of ``tl.program_id(1) == 1``
+            (any pointers on a grid of one column).
+        num_parts: number of partial rows.
+        n: row length.
+        PARTS: next_pow2(num_parts); LOG2_PARTS its log2.
+        BLOCK_N: columns per program (a launch choice; the bits do not depend on it).
+        SOFT_BF16: round to bfloat16 on the bits (interpreter only).
+        WAIT_FOR_PRIOR: launched as a programmatic dependent launch after the backward kernel
+            (sm_90): wait for it to finish and its partials to be visible.
+    """
+    start_dependent_launch(WAIT_FOR_PRIOR, False)
+    if tl.program_id(1) == 0:
+        _column_tree_sum(part_ptr, out_ptr, num_parts, n, PARTS, LOG2_PARTS, BLOCK_N, SOFT_BF16)
+    else:
+        _column_tree_sum(part2_ptr, out2_ptr, num_parts, n, PARTS, LOG2_PARTS, BLOCK_N, SOFT_BF16)
