@@ -5,7 +5,7 @@ faster than treefold's (``results/h200-probe-kernel-times.txt``): RMSNorm 16384 
 against 64.9), LayerNorm 65536 x 1024 (compile 66.0 against 66.9). Every variant checked bit for
 bit against its case's default first; three interleaved rounds.
 
-    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange|held|warp|rows|blocks|bwarps|bdefault]
+    python benchmarks/probe_kernel_variants.py [OUT_DIR] [decode|exchange|held|warp|rows|blocks|bwarps|bdefault|lnb]
 
 ``held``: with the exchanges, launch choices that the trees' barriers had ruled out: rows held by
 more warps, rows read twice by more, LayerNorm rows shared by more warps.
@@ -132,6 +132,17 @@ BACKWARD_WARPS_CASES = [("rms backward", 32768, 4096, _BACKWARD_WARPS), ("rms ba
                         ("ln backward", 8192, 4096, {"default": {}, "16w": dict(num_warps=16)})]
 
 
+#: ``lnb``: LayerNorm's backward at rows of 8192 with its launch choices again (paired sums and
+#: 16-bit rows had lost when those rows ran in two waves of 256 blocks)
+LN_BACKWARD_CASES = [
+    ("ln backward", 16384, 8192, {"default": {}, "paired": dict(paired_sums=True),
+                                  "paired exchange": dict(paired_sums=True, tree_exchange=True),
+                                  "hold 16-bit": dict(hold_16bit=True),
+                                  "paired hold 16-bit": dict(paired_sums=True, hold_16bit=True),
+                                  "level by level": dict(tree_exchange=False)}),
+    ("rms backward", 16384, 8192, {"default": {}, "hold 16-bit": dict(hold_16bit=True)})]
+
+
 #: ``bdefault``: the norm backward's default launches alone (dx, dw and db: the backward kernel and
 #: the column sums), to compare trees
 BACKWARD_DEFAULT_CASES = [(label, m, n, {"default": {}}) for label, m, n in (
@@ -143,7 +154,8 @@ def main(out_dir: str, which: str = "") -> None:
     torch.manual_seed(0)
     cases = {"decode": DECODE_CASES, "exchange": EXCHANGE_CASES, "held": HELD_CASES,
              "warp": WARP_CASES, "rows": ROWS_CASES, "blocks": BLOCKS_CASES,
-             "bwarps": BACKWARD_WARPS_CASES, "bdefault": BACKWARD_DEFAULT_CASES}.get(which, CASES)
+             "bwarps": BACKWARD_WARPS_CASES, "bdefault": BACKWARD_DEFAULT_CASES,
+             "lnb": LN_BACKWARD_CASES}.get(which, CASES)
     variants = row_op_variants(cases)
     unequal = check_bits(variants)
     if which == "blocks":  # other blocks give dw other bits by design; dx must not change
