@@ -127,8 +127,12 @@ _BACKWARD_PIPELINED_ROWS = (4096, 8192)
 _BACKWARD_STAGES = 3
 _BACKWARD_PIPELINED_ELEMENTS_PER_THREAD = 16
 _BACKWARD_PIPELINED_MAX_WARPS = 8
-#: The column tree reads at most this many float32 partials per program.
-_COLUMN_TILE = 8192
+#: The column tree reads at most this many float32 partials per program, with _COLUMN_WARPS warps.
+#: On the H200 (kernel time, partials in L2 as the backward kernel leaves them; three rounds,
+#: ``benchmarks/probe_column_sum.py``): 256 x 4096 2.42 us with 8192 at 4 warps, 2.12 with 4096 at
+#: 2; 132 x 8192 2.60 -> 2.39; LayerNorm's two sets 3.62 -> 3.22. Fewer columns or warps were slower.
+_COLUMN_TILE = 4096
+_COLUMN_WARPS = 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -550,7 +554,7 @@ def launch_backward(dy2: Tensor, dh2: Optional[Tensor], x2: Tensor, w: Optional[
             dres2 is not None, dw_part is not None, db_part is not None, rows_per_block, num_warps, num_stages,
             unroll, prefetch, paired_sums, hold_16bit, max_registers, runs)
     # the column sums that follow a launch with partials start as its dependent launch
-    release = dw_part is not None and dependent_launch(x2.device.type, x2.device.index)
+    release = (dw_part is not None or db_part is not None) and dependent_launch(x2.device.type, x2.device.index)
     plan = _backward_plan(*kind, True, tree_exchange, release)
     row_tensors = (dy2, dh2, x2, dx2, dres2)
     if plan["EXCHANGES"] is not None and not _loads_vectors(
@@ -572,7 +576,8 @@ def _column_sum_plan(parts: int, n: int, dependent: bool) -> tuple[int, dict]:
         raise ValueError(f"launch_column_sum: {parts} partial rows exceed one tree of {order.MAX_LANES}")
     block_n = min(order.next_pow2(n), max(16, _COLUMN_TILE // padded))
     return order.cdiv(n, block_n), dict(PARTS=padded, LOG2_PARTS=order.log2(padded), BLOCK_N=block_n,
-                                        SOFT_BF16=backend.INTERPRETED, num_warps=4, enable_fp_fusion=False,
+                                        SOFT_BF16=backend.INTERPRETED, num_warps=_COLUMN_WARPS,
+                                        enable_fp_fusion=False,
                                         **(dict(WAIT_FOR_PRIOR=True, launch_pdl=True) if dependent else {}))
 
 
