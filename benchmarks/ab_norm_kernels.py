@@ -32,18 +32,22 @@ CASES = [("rms", 8192, 4096), ("rms", 32768, 4096), ("rms", 16384, 8192), ("rms"
 
 class _BaseLauncher:
     """The base revision's kernel under this tree's launcher: constexprs it does not take are
-    dropped (N_POW2, then with ``n_float`` given back as N rather than 1/N)."""
-
-    # both kernels take ten tensors, then rows, n, n_float
-    N_FLOAT = 12
+    dropped (N_POW2, then with ``n_float`` given back as N rather than 1/N), and a backward kernel
+    from before ``block_rows`` gets the rows per block as its BLOCK_ROWS constexpr."""
 
     def __init__(self, kernel):
         self.launcher = Launcher(kernel)
         self.names = set(kernel.arg_names)
+        self.backward = "dw_part_ptr" in self.names
 
     def __call__(self, grid, *args, **kwargs):
+        # both kernels take ten tensors, then rows, then (this tree's backward) block_rows, n, n_float
+        if self.backward and "block_rows" not in self.names:
+            kwargs["BLOCK_ROWS"] = args[11]
+            args = args[:11] + args[12:]
+        n_float = 13 if "block_rows" in self.names else 12
         if "N_POW2" not in self.names and kwargs.pop("N_POW2", False):
-            args = args[:self.N_FLOAT] + (1.0 / args[self.N_FLOAT],) + args[self.N_FLOAT + 1:]
+            args = args[:n_float] + (1.0 / args[n_float],) + args[n_float + 1:]
         option_names = {"num_warps", "num_stages", "maxnreg", "enable_fp_fusion", "launch_pdl"}
         kwargs = {k: v for k, v in kwargs.items() if k in self.names or k in option_names}
         return self.launcher(grid, *args, **kwargs)

@@ -443,13 +443,14 @@ def test_weight_gradient_over_many_blocks_matches_reference_bits():
 
 
 def test_weight_gradient_of_rows_longer_than_4096_takes_at_most_132_blocks():
-    """Rows longer than WIDE_ROW fold ceil(M / 132) rows per block, not a power of two: 139 rows
-    of 4097 make 69 blocks of two and a last block of one, and dw and db keep the reference's bits."""
+    """Rows longer than WIDE_ROW fold ceil(M / 132) rows per block, a count that need not be a
+    power of two: 298 rows of 4097 make 99 blocks of three and a last block of one, and dx, dw and
+    db keep the reference's bits, with each block's next row loaded ahead or not."""
     assert ref.weight_grad_rows_per_block(16384, 8192) == 125
     assert ref.weight_grad_rows_per_block(16384, 4096) == 64  # (rows of 4096: powers of two)
     assert ref.weight_grad_rows_per_block(100, 5120) == 1
-    m, n = 139, ref.WIDE_ROW + 1
-    assert ref.weight_grad_rows_per_block(m, n) == 2
+    m, n = 298, ref.WIDE_ROW + 1
+    assert ref.weight_grad_rows_per_block(m, n) == 3 and order.cdiv(m, 3) == 100
     x = randn((m, n), torch.float32, seed=11).requires_grad_()
     kernel_or_skip(x)
     w = weight_like(n, torch.float32).requires_grad_()
@@ -460,10 +461,55 @@ def test_weight_gradient_of_rows_longer_than_4096_takes_at_most_132_blocks():
     want = ref.rms_norm_backward(dy, x, w, rstd.to(x.device))
     assert_bits(got[0], want[0])
     assert_bits(got[1], want[2])
+    ahead = ops.rms_norm_backward_impl(dy, None, x.detach(), w.detach(), rstd.to(x.device), 0.0, "llama",
+                                       torch.float32, None, True, prefetch=True)
+    assert_bits(ahead[0], want[0])
+    assert_bits(ahead[2], want[2])
     got = torch.autograd.grad(treefold.layer_norm(x, n, w, b), (x, w, b), dy)
     _, mean, rstd_ln = ref.layer_norm(x, w, b, 1e-5)
     for g, g_want in zip(got, ref.layer_norm_backward(dy, x, w, mean, rstd_ln, bias_dtype=torch.float32)):
         assert_bits(g, g_want)
+
+
+def test_backward_launches_chain_and_take_their_blocks(monkeypatch):
+    """The launches of the norm backward, recorded instead of run, as compiled on a device with
+    programmatic dependent launches (sm_90): the backward kernel releases the column sums, which
+    wait for it; LayerNorm's dw and db take one launch of two grid columns; a block count that is
+    not a power of two goes to the kernel at run time (BLOCK_ROWS 0), a power of two as a
+    constant. Without dependent launches neither option is set."""
+    launches = []
+    monkeypatch.setattr(ops, "_run", lambda launcher, grid, args, kwargs, pending: launches.append(
+        (launcher, grid, args, kwargs)))
+    monkeypatch.setattr(ops.backend, "INTERPRETED", False)
+    monkeypatch.setattr(ops.backend, "use_kernel", lambda t: True)
+    bf16 = lambda *s: torch.empty(*s, dtype=torch.bfloat16)  # noqa: E731 (nothing runs)
+
+    def backward_launches(dependent, m, n, layer_norm=False):
+        monkeypatch.setattr(ops, "dependent_launch", lambda device_type, index: dependent)
+        launches.clear()
+        if layer_norm:
+            ops.layer_norm_backward_impl(bf16(m, n), bf16(m, n), bf16(n), torch.zeros(m), torch.ones(m), True,
+                                         torch.bfloat16)
+        else:
+            ops.rms_norm_backward_impl(bf16(m, n), None, bf16(m, n), bf16(n), torch.ones(m), 0.0, "llama",
+                                       torch.bfloat16, None, True)
+        return list(launches)
+
+    try:
+        (bk, b_grid, b_args, b_kw), (ck, c_grid, c_args, c_kw) = backward_launches(True, 1100, 8192)
+        assert bk is ops._backward_kernel and ck is ops._column_sum_kernel
+        assert b_grid == (123,) and b_args[11] == 9 and b_kw["BLOCK_ROWS"] == 0  # ceil(1100 / 132) = 9
+        assert b_kw["RELEASE_DEPENDENTS"] and c_kw["WAIT_FOR_PRIOR"] and c_kw["launch_pdl"]
+        assert c_grid[1] == 1 and c_args[0] is c_args[2]
+        (_, _, b_args, b_kw), (_, c_grid, c_args, _) = backward_launches(True, 1024, 4096, layer_norm=True)
+        assert b_args[11] == 4 and b_kw["BLOCK_ROWS"] == 4 and c_grid[1] == 2
+        assert c_args[0] is not c_args[2] and c_args[1].shape == c_args[3].shape == (4096,)
+        (_, _, _, b_kw), (_, _, _, c_kw) = backward_launches(False, 1100, 8192)
+        assert not b_kw["RELEASE_DEPENDENTS"] and "WAIT_FOR_PRIOR" not in c_kw and "launch_pdl" not in c_kw
+    finally:
+        # plans made for the compiled path must not serve the interpreted tests after this one
+        ops._backward_plan.cache_clear()
+        ops._column_sum_plan.cache_clear()
 
 
 # --------------------------------------------------------------------------------------------
@@ -1482,7 +1528,7 @@ def test_gpu_rows_shared_among_programs_give_the_same_bits(n):
 @pytest.mark.parametrize("n", [33, 4096, 5120, 14336, 65536])
 def test_gpu_backward_matches_cpu_reference_bits(n):
     # blocks of rows longer than 4096: 1100 rows fold 9 per block, 300 rows 3 (the row loop's
-    # trip count at run time; 8 at 4096, a constant)
+    # trip count at run time; 8 at 4096, a constant); each block's next row loaded ahead below
     m = 1100 if n <= 16384 else 300
     x = randn((m, n), torch.float32, seed=n)
     w, b = weight_like(n, torch.float32), randn(n, torch.float32, seed=2)
@@ -1496,6 +1542,10 @@ def test_gpu_backward_matches_cpu_reference_bits(n):
     assert_bits(got[0], want_dx)
     assert_bits(got[1], want_dw)
     assert_bits(got[2], want_dx)
+    ahead = ops.rms_norm_backward_impl(dy.cuda(), dh.cuda(), want_h.cuda(), wc.detach(), rstd.cuda(), 0.0, "llama",
+                                       torch.float32, None, True, prefetch=True)
+    assert_bits(ahead[0], want_dx)
+    assert_bits(ahead[2], want_dw)
     bc = b.cuda().requires_grad_()
     got = torch.autograd.grad(treefold.layer_norm(xc, n, wc, bc), (xc, wc, bc), dy.cuda())
     _, mean, rstd = ref.layer_norm(x, w, b, 1e-5)

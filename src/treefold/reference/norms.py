@@ -43,10 +43,11 @@ WEIGHT_GRAD_BLOCKS = 256
 
 #: Rows longer than WIDE_ROW take at most WIDE_ROW_WEIGHT_GRAD_BLOCKS blocks of equal length (the
 #: last shorter). Their backward programs hold so many registers that one runs per SM on an
-#: H100 or H200 (132 SMs): 256 blocks ran there in two waves, the second 124 programs wide, and
+#: H100 SXM or H200 (132 SMs): 256 blocks ran there in two waves, the second 124 programs wide, and
 #: 132 blocks in one (LayerNorm backward 16384 x 8192 220.3 -> 214.2 us, RMSNorm 207.1 -> 205.4).
 #: The count is the order's, so it cannot follow the card: on one of fewer SMs 132 blocks take two
-#: waves, the second nearly empty (108 SMs: 24 programs), where 256 took three (not measured).
+#: waves, the second nearly empty (an A100's 108 SMs: 24 programs; an H100 PCIe's 114: 18), where
+#: 256 took three (not measured).
 #: Rows of 4096 or fewer run two or more programs per SM, where 256 blocks fill the device.
 WIDE_ROW = 4096
 WIDE_ROW_WEIGHT_GRAD_BLOCKS = 132
