@@ -582,6 +582,52 @@ def test_top_k_equals_stable_sort(device, dtype):
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_top_k_by_lane_maxima_equals_stable_sort(device, dtype, poison_allocations, monkeypatch):
+    """``top_k_lanes_rows`` (two launches: lane maxima, then the best lanes' tokens sorted) gives
+    the stable sort's first k, values bit for bit, with ties, NaN, +-inf, -0.0, rows of one
+    segment and of several, for several splits of the rows among programs. Segments of 64 tokens
+    (the interpreter sorts slowly), so that 300 tokens make five segments."""
+    monkeypatch.setattr(ops, "MAX_WIDTH", 64)
+    ops.plan.cache_clear()
+    g = torch.Generator().manual_seed(8)
+    x = torch.randint(-4, 5, (6, 300), generator=g).to(dtype)  # many ties, one lane holds several
+    x[1, 5] = float("nan")
+    x[1, 299] = float("inf")
+    x[2, :] = float("-inf")
+    x[3, 10] = -0.0
+    x[3, 11:] = 0.0
+    x[4] = torch.randn(300, generator=g).to(dtype)
+    x[5] = (torch.randn(300, generator=g) * 4).to(dtype)
+    xs = x.to(device)
+    ks = (1, 7, 50, 64) if dtype == torch.float32 else (50,)
+    wants = {k: ref.top_k(x, k) for k in ks}
+    want_short = ref.top_k(x[:, :33], 33)[1]
+    want_rows = ref.top_k(x[:, :150], 20)[1]
+    short, rows = xs[:, :33].contiguous(), xs[:, :150]  # (rows of 150 with a stride of 300)
+    poison_allocations()
+    bits = torch.int16 if dtype != torch.float32 else torch.int32
+    try:
+        for k, (want_v, want_i) in wants.items():
+            for programs in ((None, 1, 3) if dtype == torch.float32 else (None,)):
+                values, indices = ops.top_k_lanes_rows(xs, k, programs_per_row=programs)
+                assert torch.equal(indices.cpu(), want_i), (k, programs)
+                assert torch.equal(values.cpu().view(bits), want_v.view(bits)), (k, programs)
+        assert torch.equal(ops.top_k_lanes_rows(short, 33)[1].cpu(), want_short)
+        assert torch.equal(ops.top_k_lanes_rows(rows, 20)[1].cpu(), want_rows)
+        empty = ops.top_k_lanes_rows(torch.empty(0, 100, device=device, dtype=dtype), 5)
+        assert empty[0].shape == (0, 5) and empty[1].shape == (0, 5)
+        for bad, match in ((0, "k must be from 1 to 64"), (65, "k must be from 1 to 64"),
+                           (40, "more than the row")):
+            with pytest.raises(ValueError, match=match):
+                ops.top_k_lanes_rows(short, bad)
+        with pytest.raises(ValueError, match="last dimension contiguous"):
+            ops.top_k_lanes_rows(xs[:, ::2], 5)
+    finally:
+        ops.plan.cache_clear()
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_long_boundary_lists_take_the_sort_and_the_search(device, monkeypatch):
     """Short pairwise, sort and bracket-search tiers give the same answers (tiny tiers here)."""
     monkeypatch.setattr(ops, "PAIRWISE_MAX", 4)
@@ -1416,6 +1462,20 @@ def test_gpu_top_k_equals_stable_sort(k):
     values, indices = treefold.top_k(x, k)
     want_v, want_i = torch.sort(x, dim=-1, descending=True, stable=True)
     assert torch.equal(indices, want_i[:, :k]) and torch.equal(values, want_v[:, :k])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 50, 64])
+def test_gpu_top_k_by_lane_maxima_equals_stable_sort(k):
+    x = qwen_like_logits(64, 2)
+    x[3] = torch.round(x[3])  # heavy ties
+    x[4] = 0.0  # one tie group
+    want_v, want_i = torch.sort(x, dim=-1, descending=True, stable=True)
+    for programs in (None, 1, 7):
+        values, indices = ops.top_k_lanes_rows(x, k, programs_per_row=programs)
+        assert torch.equal(indices, want_i[:, :k]) and torch.equal(values, want_v[:, :k]), programs
+    one = ops.top_k_lanes_rows(x[5:6], k)
+    assert torch.equal(one[1], want_i[5:6, :k])
 
 
 @pytest.mark.gpu

@@ -220,6 +220,8 @@ _PLAN = Launcher(kernels.plan_kernel)
 _COMPACT = Launcher(kernels.compact_kernel)
 _RESOLVE = Launcher(kernels.resolve_kernel)
 _APPLY = Launcher(kernels.apply_filter_kernel)
+_TOP_K_LANES = Launcher(kernels.top_k_lanes_kernel)
+_TOP_K_LANES_FINISH = Launcher(kernels.top_k_lanes_finish_kernel)
 
 
 @dataclass(frozen=True)
@@ -609,6 +611,50 @@ def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = Non
                   outputs={"values": values, "indices": indices}, k_out=k,
                   programs_per_row=programs_per_row, prefetch=prefetch, run=run)
         _keep_prepared(prepare_key, run, (("values", (rows, k), x.dtype), ("indices", (rows, k), torch.int64)))
+    return values, indices
+
+
+#: ``top_k_lanes_rows`` serves k up to this, and its finishing program sorts at most
+#: TOP_K_LANES_CANDIDATES group maxima per row (programs per row are cut to fit). A group is
+#: TOP_K_LANES_GROUP lanes (fewer where a segment has fewer than k groups of them).
+TOP_K_LANES_MAX = 64
+TOP_K_LANES_CANDIDATES = 2048
+TOP_K_LANES_GROUP = 8
+
+
+def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None):
+    """(values, indices) of the k largest of each row of x [rows, n] in the composite order, as
+    ``top_k_rows`` gives them, in two launches (``kernels.top_k_lanes_kernel``, then
+    ``top_k_lanes_finish_kernel``): one read of the row keeps each group's maximum and each
+    program's k best groups, then one program per row sorts the tokens of the row's k best
+    groups. A launch choice under study, not yet timed on a GPU, for k <= TOP_K_LANES_MAX
+    (``top_k`` does not take it)."""
+    if not 1 <= k <= TOP_K_LANES_MAX:
+        raise ValueError(f"top_k_lanes_rows: k must be from 1 to {TOP_K_LANES_MAX}, got {k}")
+    rows, n = x.shape
+    if k > n:
+        raise ValueError(f"top_k_lanes_rows: k={k} is more than the row length {n}")
+    if n > 1 and x.stride(1) != 1:
+        raise ValueError(f"top_k_lanes_rows: x must have its last dimension contiguous, got strides {x.stride()}")
+    values = torch.empty((rows, k), dtype=x.dtype, device=x.device)
+    indices = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+    if rows == 0:
+        return values, indices
+    most = TOP_K_LANES_CANDIDATES // order.next_pow2(k)
+    g = plan(rows, n, x.device, programs_per_row)
+    if g.programs_per_row > most:
+        g = plan(rows, n, x.device, most)
+    if g.width < k:  # (segments of at least min(n, MAX_WIDTH) tokens: never with k <= 64)
+        raise ValueError(f"top_k_lanes_rows: k={k} is more than the {g.width} lanes of a program")
+    group = max(1, min(TOP_K_LANES_GROUP, g.width // order.next_pow2(k)))
+    cands = g.programs_per_row * k
+    cand = torch.empty((rows, cands), dtype=torch.int64, device=x.device)
+    _TOP_K_LANES((rows * g.programs_per_row,), x, n, x.stride(0), cand, g.programs_per_row, k,
+                 WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group, num_warps=g.num_warps)
+    _TOP_K_LANES_FINISH((rows,), x, n, x.stride(0), cand, values, indices, cands, k,
+                        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group,
+                        CANDS=order.next_pow2(cands), GATHER=order.next_pow2(k * group * g.segments_per_program),
+                        num_warps=8)
     return values, indices
 
 

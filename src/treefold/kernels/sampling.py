@@ -2067,3 +2067,103 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
         else:
             out = tl.where(keep, x, float("-inf"))  # x is exact in float32: the cast restores it
         tl.store(out_ptr + row * stride_out + cols, round_to(out, out_ptr.dtype.element_ty, SOFT_BF16), mask=in_row)
+
+
+# ------------------------------------------------------------------------------------------
+# top_k by group maxima (``_ops.sampling.top_k_lanes_rows``, a launch choice under study)
+# ------------------------------------------------------------------------------------------
+# The row's tokens fall into groups: group q of program p holds lanes q * GROUP .. (q + 1) *
+# GROUP - 1 of each of the program's segments. With composite keys (distinct), every token of
+# the row's top k lies in one of the k groups whose maxima are the row's k largest group maxima
+# (had its group not been among them, the k groups above it would hold k tokens above it). So:
+# one pass keeps each group's maximum and writes each program's k largest (a program's share of
+# those k groups is among its own k best); one program per row then takes the k largest of them,
+# reads those groups' tokens again (k x GROUP x segments per program) and sorts them. Two
+# launches, one read of the row. Groups of several lanes keep the first pass's sort short: a
+# sort of 1024 lanes took about 4100 SASS instructions per thread (offline sm_90, 4 warps).
+
+_NO_COMPOSITE = tl.constexpr(-9223372036854775807 - 1)  # below every token's composite
+
+
+@triton.jit
+def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k,
+                       WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, GROUP: tl.constexpr):
+    """Each program's k largest group maxima (composite order), sorted, into its k candidates.
+    Grid rows * programs_per_row.
+
+    Bytes: reads the logits once; writes 8 * k bytes per program.
+
+    Args:
+        x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
+        cand_ptr: int64 [rows, programs_per_row * k] out: program p's k best group maxima (as
+            composites) at [p * k, (p + 1) * k), the best first (``_NO_COMPOSITE`` for groups
+            without a token).
+        programs_per_row: programs sharing a row, each with SEGMENTS_PER_PROGRAM segments.
+        k: candidates per program (k <= WIDTH // GROUP).
+        WIDTH: tokens per segment.
+        SEGMENTS_PER_PROGRAM: segments per program.
+        GROUP: lanes per group.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // programs_per_row
+    prog = pid % programs_per_row
+    lanes = tl.arange(0, WIDTH)
+    best = tl.full([WIDTH], _NO_COMPOSITE, tl.int64)
+    for j in range(SEGMENTS_PER_PROGRAM):
+        cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
+        in_row = cols < n
+        x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
+        best = tl.maximum(best, tl.where(in_row, _composite(_ordered_key(x), cols), _NO_COMPOSITE))
+    groups = tl.sort(tl.max(tl.reshape(best, [WIDTH // GROUP, GROUP]), axis=1), descending=True)
+    q = tl.arange(0, WIDTH // GROUP)
+    tl.store(cand_ptr + (row * programs_per_row + prog) * k + q, groups, mask=q < k)
+
+
+@triton.jit
+def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_ptr, num_cands, k,
+                              WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, GROUP: tl.constexpr,
+                              CANDS: tl.constexpr, GATHER: tl.constexpr):
+    """The top k of each row (values and indices, the composite order's first k) from the
+    candidates of ``top_k_lanes_kernel``. Grid rows.
+
+    Bytes: reads 8 * num_cands bytes of candidates and k * GROUP * SEGMENTS_PER_PROGRAM logits
+    (from L2) per row, and the k values again; writes k values, k int64 indices and k candidates.
+
+    Args:
+        x_ptr, n, stride_x: logits as in ``top_k_lanes_kernel``.
+        cand_ptr: int64 [rows, num_cands] from ``top_k_lanes_kernel``; the row's k best are
+            written back to its first k places (read back by other threads of the program).
+        values_ptr: [rows, k] out, the logits' dtype.
+        indices_ptr: int64 [rows, k] out.
+        num_cands: programs_per_row * k.
+        k: the number of tokens kept.
+        WIDTH, SEGMENTS_PER_PROGRAM, GROUP: the groups, as in ``top_k_lanes_kernel``.
+        CANDS: next_pow2(num_cands).
+        GATHER: next_pow2(k * GROUP * SEGMENTS_PER_PROGRAM): the tokens of the k best groups.
+    """
+    PER_GROUP: tl.constexpr = GROUP * SEGMENTS_PER_PROGRAM
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, CANDS)
+    cand_row = cand_ptr + row * num_cands
+    best = tl.sort(tl.load(cand_row + i, mask=i < num_cands, other=_NO_COMPOSITE), descending=True)
+    # the k best groups, passed between the program's threads through memory
+    tl.store(cand_row + i, best, mask=i < k)
+    tl.debug_barrier()
+    g = tl.arange(0, GATHER)
+    slot = g // PER_GROUP
+    group_best = tl.load(cand_row + slot, mask=slot < k, other=_NO_COMPOSITE)
+    held = group_best != _NO_COMPOSITE
+    _, top_index = _split_composite(group_best)
+    top_index = tl.where(held, top_index, 0)
+    prog = top_index // (WIDTH * SEGMENTS_PER_PROGRAM)
+    first_lane = (top_index % WIDTH) // GROUP * GROUP
+    within = g % PER_GROUP
+    cols = (prog * SEGMENTS_PER_PROGRAM + within // GROUP) * WIDTH + first_lane + within % GROUP
+    live = held & (cols < n)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=live, other=0.0).to(tl.float32)
+    ranked = tl.sort(tl.where(live, _composite(_ordered_key(x), cols), _NO_COMPOSITE), descending=True)
+    _, index = _split_composite(ranked)
+    first = g < k
+    # the values as stored in the row (the key maps -0.0 to +0.0 and every NaN to one)
+    tl.store(values_ptr + row * k + g, tl.load(x_ptr + row * stride_x + index, mask=first), mask=first)
+    tl.store(indices_ptr + row * k + g, index, mask=first)
