@@ -581,18 +581,17 @@ def _column_sum_plan(parts: int, n: int, dependent: bool) -> tuple[int, dict]:
                                         **(dict(WAIT_FOR_PRIOR=True, launch_pdl=True) if dependent else {}))
 
 
-def launch_column_sum(parts: Tensor, out: Tensor, launches: Optional[list] = None, parts2: Optional[Tensor] = None,
-                      out2: Optional[Tensor] = None) -> None:
-    """``out[j] = treefold sum over i of parts[i, j]`` for contiguous float32 ``parts``, and
-    ``out2`` of ``parts2`` (of the same shape) in the same launch when given (``launches``: append
-    the launch there, to be prepared, instead of launching it). On sm_90 it is a programmatic
-    dependent launch: it waits for the backward launch before it (whose RELEASE_DEPENDENTS lets it
-    start its programs early), or for any launch before it, whose writes are then visible as usual."""
+def launch_column_sum(sums: list, launches: Optional[list] = None) -> None:
+    """``out[j] = treefold sum over i of parts[i, j]`` for each ``(parts, out)`` of ``sums`` (one or
+    two, contiguous float32 parts of one shape), in one launch (``launches``: append it there, to be
+    prepared, instead of launching it). On sm_90 it is a programmatic dependent launch: it waits
+    for the backward launch before it (whose RELEASE_DEPENDENTS lets it start its programs early),
+    or for any launch before it, whose writes are then visible as usual."""
+    (parts, out), *second = sums
+    parts2, out2 = second[0] if second else (parts, out)
     p, n = parts.shape
     programs, plan = _column_sum_plan(p, n, dependent_launch(parts.device.type, parts.device.index))
-    pair = parts2 is not None
-    _run(_column_sum_kernel, (programs, 2 if pair else 1),
-         (parts, out, parts2 if pair else parts, out2 if pair else out, p, n), plan, launches)
+    _run(_column_sum_kernel, (programs, len(sums)), (parts, out, parts2, out2, p, n), plan, launches)
 
 
 def _run(launcher: Launcher, grid: tuple, args: tuple, kwargs: dict, launches: Optional[list]) -> None:
@@ -836,7 +835,7 @@ def rms_norm_backward_impl(dy: Tensor, dh_out: Optional[Tensor], normed: Tensor,
     launch_backward(dy2, dh2, normed2, weight, None, rstd1, dx2, dres2, dw_part, None, offset=offset, is_rms=True,
                     round_normalised=casting == "llama", rows_per_block=rows_per_block, launches=launches, **launch)
     if want_dw:
-        launch_column_sum(dw_part, dw, launches)
+        launch_column_sum([(dw_part, dw)], launches)
     if launches is not None:
         _prepare(prepare_key, launches,
                  dict(x=dy2, dx=dx2, dres=dres2, dw=dw, dw_part=dw_part, dh=dh2, saved=normed2, weight=weight,
@@ -951,12 +950,9 @@ def layer_norm_backward_impl(dy: Tensor, x: Tensor, weight: Optional[Tensor], me
     launches = None if prepare_key is None else []
     launch_backward(dy2, None, x2, weight, mean1, rstd1, dx2, None, dw_part, db_part, offset=0.0, is_rms=False,
                     round_normalised=False, rows_per_block=rows_per_block, launches=launches, **launch)
-    if want_dw and db_part is not None:
-        launch_column_sum(dw_part, dw, launches, db_part, db)
-    elif want_dw:
-        launch_column_sum(dw_part, dw, launches)
-    elif db_part is not None:
-        launch_column_sum(db_part, db, launches)
+    sums = [(part, out) for part, out in ((dw_part, dw), (db_part, db)) if part is not None]
+    if sums:
+        launch_column_sum(sums, launches)
     if launches is not None:
         _prepare(prepare_key, launches,
                  dict(x=dy2, dx=dx2, dw=dw, db=db, dw_part=dw_part, db_part=db_part, saved=x2, weight=weight,

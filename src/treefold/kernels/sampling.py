@@ -2082,9 +2082,6 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
 # launches, one read of the row. Groups of several lanes keep the first pass's sort short: a
 # sort of 1024 lanes took about 4100 SASS instructions per thread (offline sm_90, 4 warps).
 
-_NO_COMPOSITE = tl.constexpr(-9223372036854775807 - 1)  # below every token's composite
-
-
 @triton.jit
 def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k,
                        WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, GROUP: tl.constexpr):
@@ -2096,7 +2093,7 @@ def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k,
     Args:
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
         cand_ptr: int64 [rows, programs_per_row * k] out: program p's k best group maxima (as
-            composites) at [p * k, (p + 1) * k), the best first (``_NO_COMPOSITE`` for groups
+            composites) at [p * k, (p + 1) * k), the best first (``INT64_MIN`` for groups
             without a token).
         programs_per_row: programs sharing a row, each with SEGMENTS_PER_PROGRAM segments.
         k: candidates per program (k <= WIDTH // GROUP).
@@ -2108,12 +2105,12 @@ def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k,
     row = pid // programs_per_row
     prog = pid % programs_per_row
     lanes = tl.arange(0, WIDTH)
-    best = tl.full([WIDTH], _NO_COMPOSITE, tl.int64)
+    best = tl.full([WIDTH], INT64_MIN, tl.int64)
     for j in range(SEGMENTS_PER_PROGRAM):
         cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
         in_row = cols < n
         x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
-        best = tl.maximum(best, tl.where(in_row, _composite(_ordered_key(x), cols), _NO_COMPOSITE))
+        best = tl.maximum(best, tl.where(in_row, _composite(_ordered_key(x), cols), INT64_MIN))
     groups = tl.sort(tl.max(tl.reshape(best, [WIDTH // GROUP, GROUP]), axis=1), descending=True)
     q = tl.arange(0, WIDTH // GROUP)
     tl.store(cand_ptr + (row * programs_per_row + prog) * k + q, groups, mask=q < k)
@@ -2145,14 +2142,14 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, CANDS)
     cand_row = cand_ptr + row * num_cands
-    best = tl.sort(tl.load(cand_row + i, mask=i < num_cands, other=_NO_COMPOSITE), descending=True)
+    best = tl.sort(tl.load(cand_row + i, mask=i < num_cands, other=INT64_MIN), descending=True)
     # the k best groups, passed between the program's threads through memory
     tl.store(cand_row + i, best, mask=i < k)
     tl.debug_barrier()
     g = tl.arange(0, GATHER)
     slot = g // PER_GROUP
-    group_best = tl.load(cand_row + slot, mask=slot < k, other=_NO_COMPOSITE)
-    held = group_best != _NO_COMPOSITE
+    group_best = tl.load(cand_row + slot, mask=slot < k, other=INT64_MIN)
+    held = group_best != INT64_MIN
     _, top_index = _split_composite(group_best)
     top_index = tl.where(held, top_index, 0)
     prog = top_index // (WIDTH * SEGMENTS_PER_PROGRAM)
@@ -2161,7 +2158,7 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
     cols = (prog * SEGMENTS_PER_PROGRAM + within // GROUP) * WIDTH + first_lane + within % GROUP
     live = held & (cols < n)
     x = tl.load(x_ptr + row * stride_x + cols, mask=live, other=0.0).to(tl.float32)
-    ranked = tl.sort(tl.where(live, _composite(_ordered_key(x), cols), _NO_COMPOSITE), descending=True)
+    ranked = tl.sort(tl.where(live, _composite(_ordered_key(x), cols), INT64_MIN), descending=True)
     _, index = _split_composite(ranked)
     first = g < k
     # the values as stored in the row (the key maps -0.0 to +0.0 and every NaN to one)
