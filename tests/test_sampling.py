@@ -584,10 +584,12 @@ def test_top_k_equals_stable_sort(device, dtype):
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_top_k_by_lane_maxima_equals_stable_sort(device, dtype, poison_allocations, monkeypatch):
-    """``top_k_lanes_rows`` (two launches: lane maxima, then the best lanes' tokens sorted) gives
-    the stable sort's first k, values bit for bit, with ties, NaN, +-inf, -0.0, rows of one
-    segment and of several, for several splits of the rows among programs. Segments of 64 tokens
-    (the interpreter sorts slowly), so that 300 tokens make five segments."""
+    """``top_k_lanes_rows`` (two launches: group maxima, then the best groups' tokens sorted)
+    gives the stable sort's first k, values bit for bit, with ties, NaN, +-inf, -0.0, rows of one
+    segment and of several, for several splits of the rows among programs, with the finishing
+    program's bound over a head shorter than k (k = 50, 64) and over every candidate (k = 1, 7),
+    and with the tokens that reach the k-th group sorted alone or (KEPT 1) all of them sorted.
+    Segments of 64 tokens (the interpreter sorts slowly), so that 300 tokens make five segments."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     g = torch.Generator().manual_seed(8)
@@ -607,12 +609,16 @@ def test_top_k_by_lane_maxima_equals_stable_sort(device, dtype, poison_allocatio
     short, rows = xs[:, :33].contiguous(), xs[:, :150]  # (rows of 150 with a stride of 300)
     poison_allocations()
     bits = torch.int16 if dtype != torch.float32 else torch.int32
+    kept_default = ops.TOP_K_LANES_KEPT
     try:
         for k, (want_v, want_i) in wants.items():
             for programs in ((None, 1, 3) if dtype == torch.float32 else (None,)):
-                values, indices = ops.top_k_lanes_rows(xs, k, programs_per_row=programs)
-                assert torch.equal(indices.cpu(), want_i), (k, programs)
-                assert torch.equal(values.cpu().view(bits), want_v.view(bits)), (k, programs)
+                for kept in ((kept_default, 1) if k == 50 else (kept_default,)):
+                    monkeypatch.setattr(ops, "TOP_K_LANES_KEPT", kept)
+                    values, indices = ops.top_k_lanes_rows(xs, k, programs_per_row=programs)
+                    assert torch.equal(indices.cpu(), want_i), (k, programs, kept)
+                    assert torch.equal(values.cpu().view(bits), want_v.view(bits)), (k, programs, kept)
+                monkeypatch.setattr(ops, "TOP_K_LANES_KEPT", kept_default)
         assert torch.equal(ops.top_k_lanes_rows(short, 33)[1].cpu(), want_short)
         assert torch.equal(ops.top_k_lanes_rows(rows, 20)[1].cpu(), want_rows)
         empty = ops.top_k_lanes_rows(torch.empty(0, 100, device=device, dtype=dtype), 5)

@@ -614,21 +614,31 @@ def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = Non
     return values, indices
 
 
-#: ``top_k_lanes_rows`` serves k up to this, and its finishing program sorts at most
-#: TOP_K_LANES_CANDIDATES group maxima per row (programs per row are cut to fit). A group is
-#: TOP_K_LANES_GROUP lanes (fewer where a segment has fewer than k groups of them).
+#: ``top_k_lanes_rows`` serves k up to this. Its first launch writes each program's k best
+#: group maxima, at most TOP_K_LANES_CANDIDATES per row (programs per row are cut to fit). A
+#: group is TOP_K_LANES_GROUP lanes (fewer where a segment has fewer than k groups of them).
 TOP_K_LANES_MAX = 64
 TOP_K_LANES_CANDIDATES = 2048
 TOP_K_LANES_GROUP = 8
+#: The finishing program's bound is the k-th best of each program's TOP_K_LANES_HEAD best
+#: candidates (more where the programs have fewer than k between them): at most k + (k // HEAD)
+#: * (k - HEAD) candidates reach it and are sorted (152 for k = 50).
+TOP_K_LANES_HEAD = 16
+#: The tokens at or above the k-th best group's maximum are sorted alone when there are at most
+#: this many (about k in logits of models; the rest of the gathered tokens otherwise).
+TOP_K_LANES_KEPT = 128
+#: Warps of ``top_k_lanes_finish_kernel``'s one program per row.
+TOP_K_LANES_FINISH_WARPS = 8
+#: Whether the finishing launch is a programmatic dependent launch of the first (sm_90).
+TOP_K_LANES_DEPENDENT_LAUNCH = True
 
 
 def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None):
     """(values, indices) of the k largest of each row of x [rows, n] in the composite order, as
     ``top_k_rows`` gives them, in two launches (``kernels.top_k_lanes_kernel``, then
     ``top_k_lanes_finish_kernel``): one read of the row keeps each group's maximum and each
-    program's k best groups, then one program per row sorts the tokens of the row's k best
-    groups. A launch choice under study, not yet timed on a GPU, for k <= TOP_K_LANES_MAX
-    (``top_k`` does not take it)."""
+    program's k best groups, then one program per row finds the row's k best groups and sorts
+    the tokens of theirs that can be among the top k. For k <= TOP_K_LANES_MAX."""
     if not 1 <= k <= TOP_K_LANES_MAX:
         raise ValueError(f"top_k_lanes_rows: k must be from 1 to {TOP_K_LANES_MAX}, got {k}")
     rows, n = x.shape
@@ -640,21 +650,29 @@ def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int]
     indices = torch.empty((rows, k), dtype=torch.int64, device=x.device)
     if rows == 0:
         return values, indices
-    most = TOP_K_LANES_CANDIDATES // order.next_pow2(k)
+    k_pow2 = order.next_pow2(k)
+    most = TOP_K_LANES_CANDIDATES // k_pow2
     g = plan(rows, n, x.device, programs_per_row)
     if g.programs_per_row > most:
         g = plan(rows, n, x.device, most)
     if g.width < k:  # (segments of at least min(n, MAX_WIDTH) tokens: never with k <= 64)
         raise ValueError(f"top_k_lanes_rows: k={k} is more than the {g.width} lanes of a program")
-    group = max(1, min(TOP_K_LANES_GROUP, g.width // order.next_pow2(k)))
-    cands = g.programs_per_row * k
-    cand = torch.empty((rows, cands), dtype=torch.int64, device=x.device)
-    _TOP_K_LANES((rows * g.programs_per_row,), x, n, x.stride(0), cand, g.programs_per_row, k,
-                 WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group, num_warps=g.num_warps)
-    _TOP_K_LANES_FINISH((rows,), x, n, x.stride(0), cand, values, indices, cands, k,
+    ppr = g.programs_per_row
+    group = max(1, min(TOP_K_LANES_GROUP, g.width // k_pow2))
+    head = min(k_pow2, max(TOP_K_LANES_HEAD, order.next_pow2(order.cdiv(k, ppr))))
+    survivors = order.next_pow2(k if head >= k else k + (k // head) * (k - head))
+    cand_stride = ppr * k + survivors + k_pow2 + TOP_K_LANES_KEPT
+    cand = torch.empty((rows, cand_stride), dtype=torch.int64, device=x.device)
+    first, _, last = _chained(x.device) if TOP_K_LANES_DEPENDENT_LAUNCH else ({}, {}, {})
+    _TOP_K_LANES((rows * ppr,), x, n, x.stride(0), cand, ppr, k, cand_stride,
+                 WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group, num_warps=g.num_warps,
+                 **first)
+    _TOP_K_LANES_FINISH((rows,), x, n, x.stride(0), cand, values, indices, ppr, k, cand_stride,
                         WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group,
-                        CANDS=order.next_pow2(cands), GATHER=order.next_pow2(k * group * g.segments_per_program),
-                        num_warps=8)
+                        HEAD=head, HEADS=order.next_pow2(ppr) * head, CANDS=order.next_pow2(ppr * k),
+                        SURVIVORS=survivors, K_POW2=k_pow2,
+                        GATHER=order.next_pow2(k * group * g.segments_per_program), KEPT=TOP_K_LANES_KEPT,
+                        num_warps=TOP_K_LANES_FINISH_WARPS, **last)
     return values, indices
 
 

@@ -2083,8 +2083,9 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
 # sort of 1024 lanes took about 4100 SASS instructions per thread (offline sm_90, 4 warps).
 
 @triton.jit
-def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k,
-                       WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, GROUP: tl.constexpr):
+def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k, cand_stride,
+                       WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, GROUP: tl.constexpr,
+                       RELEASE_DEPENDENTS: tl.constexpr = False):
     """Each program's k largest group maxima (composite order), sorted, into its k candidates.
     Grid rows * programs_per_row.
 
@@ -2092,15 +2093,18 @@ def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k,
 
     Args:
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
-        cand_ptr: int64 [rows, programs_per_row * k] out: program p's k best group maxima (as
+        cand_ptr: int64 [rows, cand_stride] out: program p's k best group maxima (as
             composites) at [p * k, (p + 1) * k), the best first (``INT64_MIN`` for groups
-            without a token).
+            without a token); the rest of the row is the finishing program's scratch.
         programs_per_row: programs sharing a row, each with SEGMENTS_PER_PROGRAM segments.
         k: candidates per program (k <= WIDTH // GROUP).
+        cand_stride: the candidates' row stride (at least programs_per_row * k).
         WIDTH: tokens per segment.
         SEGMENTS_PER_PROGRAM: segments per program.
         GROUP: lanes per group.
+        RELEASE_DEPENDENTS: ``top_k_lanes_finish_kernel`` is a programmatic dependent launch.
     """
+    start_dependent_launch(False, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = pid % programs_per_row
@@ -2113,42 +2117,80 @@ def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k,
         best = tl.maximum(best, tl.where(in_row, _composite(_ordered_key(x), cols), INT64_MIN))
     groups = tl.sort(tl.max(tl.reshape(best, [WIDTH // GROUP, GROUP]), axis=1), descending=True)
     q = tl.arange(0, WIDTH // GROUP)
-    tl.store(cand_ptr + (row * programs_per_row + prog) * k + q, groups, mask=q < k)
+    tl.store(cand_ptr + row * cand_stride + prog * k + q, groups, mask=q < k)
 
 
 @triton.jit
-def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_ptr, num_cands, k,
-                              WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, GROUP: tl.constexpr,
-                              CANDS: tl.constexpr, GATHER: tl.constexpr):
+def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_ptr, programs_per_row, k,
+                              cand_stride, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                              GROUP: tl.constexpr, HEAD: tl.constexpr, HEADS: tl.constexpr, CANDS: tl.constexpr,
+                              SURVIVORS: tl.constexpr, K_POW2: tl.constexpr, GATHER: tl.constexpr,
+                              KEPT: tl.constexpr, WAIT_FOR_PRIOR: tl.constexpr = False):
     """The top k of each row (values and indices, the composite order's first k) from the
     candidates of ``top_k_lanes_kernel``. Grid rows.
 
-    Bytes: reads 8 * num_cands bytes of candidates and k * GROUP * SEGMENTS_PER_PROGRAM logits
-    (from L2) per row, and the k values again; writes k values, k int64 indices and k candidates.
+    Sorts stay short (a sort in one program is a chain of dependent steps: offline sm_90, two
+    sorts of 2048 int64 at 8 warps ran about 100 us): the k-th largest of the programs' HEAD
+    best candidates is a lower bound of the row's k-th best group, and at most k + (k // HEAD)
+    * (k - HEAD) candidates reach it (a program with candidates at or above it past its head
+    has its whole head there, among the k); they are sorted. The k-th best group's maximum is a
+    lower bound of the row's k-th token, and the tokens of the k best groups that reach it are
+    sorted when there are at most KEPT of them, else all of them are.
+
+    Bytes: reads 8 * (programs_per_row * k) bytes of candidates and k * GROUP *
+    SEGMENTS_PER_PROGRAM logits (from L2) per row, and the k values again; writes k values, k
+    int64 indices and at most SURVIVORS + K_POW2 + KEPT int64 of scratch.
 
     Args:
         x_ptr, n, stride_x: logits as in ``top_k_lanes_kernel``.
-        cand_ptr: int64 [rows, num_cands] from ``top_k_lanes_kernel``; the row's k best are
-            written back to its first k places (read back by other threads of the program).
+        cand_ptr: int64 [rows, cand_stride]: the row's programs_per_row * k candidates from
+            ``top_k_lanes_kernel``, then scratch passed between the program's threads: SURVIVORS
+            places, K_POW2 for the k best groups, KEPT for the tokens that reach the bound.
         values_ptr: [rows, k] out, the logits' dtype.
         indices_ptr: int64 [rows, k] out.
-        num_cands: programs_per_row * k.
-        k: the number of tokens kept.
+        programs_per_row, k: as in ``top_k_lanes_kernel``.
+        cand_stride: programs_per_row * k + SURVIVORS + K_POW2 + KEPT.
         WIDTH, SEGMENTS_PER_PROGRAM, GROUP: the groups, as in ``top_k_lanes_kernel``.
-        CANDS: next_pow2(num_cands).
+        HEAD: candidates per program in the bound (programs_per_row * min(HEAD, k) >= k).
+        HEADS: next_pow2(programs_per_row) * HEAD.
+        CANDS: next_pow2(programs_per_row * k).
+        SURVIVORS: next_pow2 of the most candidates that can reach the bound (>= k).
+        K_POW2: next_pow2(k).
         GATHER: next_pow2(k * GROUP * SEGMENTS_PER_PROGRAM): the tokens of the k best groups.
+        KEPT: the most tokens at or above the k-th best group that are sorted alone.
+        WAIT_FOR_PRIOR: a programmatic dependent launch of ``top_k_lanes_kernel``.
     """
     PER_GROUP: tl.constexpr = GROUP * SEGMENTS_PER_PROGRAM
+    start_dependent_launch(WAIT_FOR_PRIOR, False)
     row = tl.program_id(0).to(tl.int64)
+    cand_row = cand_ptr + row * cand_stride
+    num_cands = programs_per_row * k
+    survivors_at = cand_row + num_cands
+    groups_at = survivors_at + SURVIVORS
+    kept_at = groups_at + K_POW2
+    h = tl.arange(0, HEADS)
+    head_prog = h // HEAD
+    head_place = h % HEAD
+    head = tl.load(cand_row + head_prog * k + head_place,
+                   mask=(head_prog < programs_per_row) & (head_place < k), other=INT64_MIN)
     i = tl.arange(0, CANDS)
-    cand_row = cand_ptr + row * num_cands
-    best = tl.sort(tl.load(cand_row + i, mask=i < num_cands, other=INT64_MIN), descending=True)
+    cands = tl.load(cand_row + i, mask=i < num_cands, other=INT64_MIN)
+    head = tl.sort(head, descending=True)
+    bound = tl.max(tl.where(h == k - 1, head, INT64_MIN), 0)
+    reach = (cands >= bound) & (cands != INT64_MIN)
+    place = tl.cumsum(reach.to(tl.int32), 0) - 1
+    tl.store(survivors_at + place, cands, mask=reach)
+    tl.debug_barrier()
+    s = tl.arange(0, SURVIVORS)
+    best = tl.sort(tl.load(survivors_at + s, mask=s < tl.sum(reach.to(tl.int32), 0), other=INT64_MIN),
+                   descending=True)
+    kth_group = tl.max(tl.where(s == k - 1, best, INT64_MIN), 0)
     # the k best groups, passed between the program's threads through memory
-    tl.store(cand_row + i, best, mask=i < k)
+    tl.store(groups_at + s, best, mask=s < k)
     tl.debug_barrier()
     g = tl.arange(0, GATHER)
     slot = g // PER_GROUP
-    group_best = tl.load(cand_row + slot, mask=slot < k, other=INT64_MIN)
+    group_best = tl.load(groups_at + slot, mask=slot < k, other=INT64_MIN)
     held = group_best != INT64_MIN
     _, top_index = _split_composite(group_best)
     top_index = tl.where(held, top_index, 0)
@@ -2158,9 +2200,26 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
     cols = (prog * SEGMENTS_PER_PROGRAM + within // GROUP) * WIDTH + first_lane + within % GROUP
     live = held & (cols < n)
     x = tl.load(x_ptr + row * stride_x + cols, mask=live, other=0.0).to(tl.float32)
-    ranked = tl.sort(tl.where(live, _composite(_ordered_key(x), cols), INT64_MIN), descending=True)
+    keys = tl.where(live, _composite(_ordered_key(x), cols), INT64_MIN)
+    # every token of the top k is at or above the k-th best group's maximum (k tokens are)
+    reach_token = live & (keys >= kth_group)
+    reached = tl.sum(reach_token.to(tl.int32), 0)
+    if reached <= KEPT:
+        tl.store(kept_at + tl.cumsum(reach_token.to(tl.int32), 0) - 1, keys, mask=reach_token)
+        tl.debug_barrier()
+        t = tl.arange(0, KEPT)
+        _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k,
+                           tl.sort(tl.load(kept_at + t, mask=t < reached, other=INT64_MIN), descending=True), t)
+    else:
+        _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, tl.sort(keys, descending=True), g)
+
+
+@triton.jit
+def _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked, place):
+    """The first k of ``ranked`` (composites, the best first; ``place`` its positions) as the
+    row's values (as stored in the row: the key maps -0.0 to +0.0 and every NaN to one) and
+    indices."""
     _, index = _split_composite(ranked)
-    first = g < k
-    # the values as stored in the row (the key maps -0.0 to +0.0 and every NaN to one)
-    tl.store(values_ptr + row * k + g, tl.load(x_ptr + row * stride_x + index, mask=first), mask=first)
-    tl.store(indices_ptr + row * k + g, index, mask=first)
+    first = place < k
+    tl.store(values_ptr + row * k + place, tl.load(x_ptr + row * stride_x + index, mask=first), mask=first)
+    tl.store(indices_ptr + row * k + place, index, mask=first)
