@@ -3,6 +3,7 @@
 process:
 
     python benchmarks/probe_top_k_lanes.py OUT_DIR
+    ROWS=2,8,32 ONLY=rows,lanes python benchmarks/probe_top_k_lanes.py OUT_DIR   # a subset
 
 Variants: the finishing program at 4, 8 and 16 warps; the finish as a programmatic dependent
 launch or not; its bound over each program's 8 or 16 best candidates; the tokens that reach the
@@ -51,18 +52,28 @@ CASES = ((1, torch.float32, "peaked"), (1, torch.bfloat16, "peaked"), (64, torch
 
 def table() -> dict:
     out = {}
-    for batch, dtype, kind in CASES:
+    cases = CASES
+    if os.environ.get("ROWS"):  # ROWS=2,4,...: those row counts, peaked, both dtypes
+        cases = [(int(r), dtype, "peaked") for r in os.environ["ROWS"].split(",")
+                 for dtype in (torch.float32, torch.bfloat16)]
+    names = os.environ.get("ONLY", "").split(",") if os.environ.get("ONLY") else list(VARIANTS) + ["torch.topk"]
+    for batch, dtype, kind in cases:
         x = logits(batch, dtype, **({"scale": FLAT} if kind == "flat" else {}))
         if kind == "ties":
             x = x.round()
         key = (f"{batch} {str(dtype)[6:]} {kind}",)
         calls = {}
         for name, values in VARIANTS.items():
+            if name not in names:
+                continue
             if values is None:
                 calls[name] = (lambda x=x: ops.top_k_rows(x, K))
             else:
                 calls[name] = with_values(ops, values, lambda x=x: ops.top_k_lanes_rows(x, K))
-        calls["torch.topk"] = lambda x=x: torch.topk(x, K)
+        if "treefold.top_k" in names:  # the public call: the rule's choice, prepared after its first call
+            calls["treefold.top_k"] = lambda x=x: treefold.top_k(x, K)
+        if "torch.topk" in names:
+            calls["torch.topk"] = lambda x=x: torch.topk(x, K)
         out[key] = calls
     return out
 

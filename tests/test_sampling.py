@@ -1826,9 +1826,11 @@ def test_gpu_prepared_sample_calls_give_the_same_tokens(config):
 
 
 @pytest.mark.gpu
-def test_gpu_prepared_top_k_calls_give_the_same_values_and_indices():
-    # top_k keeps its own prepared launches, per (shape, strides, dtype, device, k)
-    x = qwen_like_logits(5, 9)
+@pytest.mark.parametrize("rows, dtype", [(5, torch.float32), (9, torch.float32), (5, torch.bfloat16)])
+def test_gpu_prepared_top_k_calls_give_the_same_values_and_indices(rows, dtype):
+    # top_k keeps its own prepared launches, per (shape, strides, dtype, device, k), of the
+    # pipeline (5 rows of float32) or of top_k by group maxima (TOP_K_LANES_MIN_ROWS)
+    x = qwen_like_logits(rows, 9).to(dtype)
     ops._PREPARED.clear()
     for step in range(3):
         xs = x * (step + 1)
@@ -1859,14 +1861,21 @@ def test_gpu_prepared_mask_calls_give_the_same_masks():
 
 
 @pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
-def test_prepared_top_k_calls_through_the_interpreter(monkeypatch):
-    # top_k's prepared launches with new logits give the ordinary path's values and indices, in
-    # newly allocated outputs
+@pytest.mark.parametrize("launches", ["top_k_rows", "top_k_lanes_rows"])
+def test_prepared_top_k_calls_through_the_interpreter(monkeypatch, request, launches):
+    # top_k's prepared launches (the pipeline's, or the two of top_k by group maxima, over
+    # segments of 64 tokens: the interpreter sorts slowly) with new logits give the ordinary
+    # path's values and indices, in newly allocated outputs
     prepare_through_the_interpreter(monkeypatch, ops)
+    if launches == "top_k_lanes_rows":
+        monkeypatch.setattr(ops, "MAX_WIDTH", 64)
+        ops.plan.cache_clear()
+        request.addfinalizer(ops.plan.cache_clear)  # (no plan of 64-token segments stays cached)
+    top_k_rows = getattr(ops, launches)
     g = torch.Generator().manual_seed(13)
     x = torch.randn(3, 700, generator=g) * 3
     key = ("top_k", x.shape, x.stride(), x.dtype, x.get_device(), 20)
-    first = ops.top_k_rows(x, 20, prepare_key=key)
+    first = top_k_rows(x, 20, prepare_key=key)
     assert torch.equal(first[1], ops.top_k_rows(x, 20)[1])
     launched = InterpretedPrepared.launched
     for step in range(2):

@@ -631,14 +631,23 @@ TOP_K_LANES_KEPT = 128
 TOP_K_LANES_FINISH_WARPS = 8
 #: Whether the finishing launch is a programmatic dependent launch of the first (sm_90).
 TOP_K_LANES_DEPENDENT_LAUNCH = True
+#: ``top_k`` on CUDA takes ``top_k_lanes_rows`` (k <= TOP_K_LANES_MAX) from this many rows of
+#: 4-byte logits, and from TOP_K_LANES_MIN_ROWS_16BIT rows of 2-byte ones; ``top_k_rows`` below.
+#: On the H200, 151936 logits, k = 50, kernel time, top_k_rows -> top_k_lanes_rows: float32 1
+#: row 10.2 -> 18.3 us, 2 rows 11.0 -> 18.9, 4 18.9 -> 19.4, 8 20.8 -> 20.0, 64 47.4 -> 38.6;
+#: bfloat16 1 row 9.9 -> 14.9, 2 10.5 -> 15.2, 4 18.2 -> 15.6, 64 38.0 -> 27.7. (Under the
+#: interpreter the pipeline, whose sorts are short, serves every call.)
+TOP_K_LANES_MIN_ROWS = 8
+TOP_K_LANES_MIN_ROWS_16BIT = 4
 
 
-def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None):
+def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None, prepare_key=None):
     """(values, indices) of the k largest of each row of x [rows, n] in the composite order, as
     ``top_k_rows`` gives them, in two launches (``kernels.top_k_lanes_kernel``, then
     ``top_k_lanes_finish_kernel``): one read of the row keeps each group's maximum and each
     program's k best groups, then one program per row finds the row's k best groups and sorts
-    the tokens of theirs that can be among the top k. For k <= TOP_K_LANES_MAX."""
+    the tokens of theirs that can be among the top k. For k <= TOP_K_LANES_MAX.
+    ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     if not 1 <= k <= TOP_K_LANES_MAX:
         raise ValueError(f"top_k_lanes_rows: k must be from 1 to {TOP_K_LANES_MAX}, got {k}")
     rows, n = x.shape
@@ -662,18 +671,29 @@ def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int]
     head = min(k_pow2, max(TOP_K_LANES_HEAD, order.next_pow2(order.cdiv(k, ppr))))
     survivors = order.next_pow2(k if head >= k else k + (k // head) * (k - head))
     cand_stride = ppr * k + survivors + k_pow2 + TOP_K_LANES_KEPT
-    cand = torch.empty((rows, cand_stride), dtype=torch.int64, device=x.device)
+    run = _Run(True, dict(x=x, values=values, indices=indices)) if prepare_key is not None else _Run()
+    cand = run.buffer("cand", (rows, cand_stride), torch.int64, x.device)
     first, _, last = _chained(x.device) if TOP_K_LANES_DEPENDENT_LAUNCH else ({}, {}, {})
-    _TOP_K_LANES((rows * ppr,), x, n, x.stride(0), cand, ppr, k, cand_stride,
+    run(_TOP_K_LANES, (rows * ppr,), x, n, x.stride(0), cand, ppr, k, cand_stride,
                  WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group, num_warps=g.num_warps,
                  **first)
-    _TOP_K_LANES_FINISH((rows,), x, n, x.stride(0), cand, values, indices, ppr, k, cand_stride,
+    run(_TOP_K_LANES_FINISH, (rows,), x, n, x.stride(0), cand, values, indices, ppr, k, cand_stride,
                         WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group,
                         HEAD=head, HEADS=order.next_pow2(ppr) * head, CANDS=order.next_pow2(ppr * k),
                         SURVIVORS=survivors, K_POW2=k_pow2,
                         GATHER=order.next_pow2(k * group * g.segments_per_program), KEPT=TOP_K_LANES_KEPT,
                         num_warps=TOP_K_LANES_FINISH_WARPS, **last)
+    _keep_prepared(prepare_key, run, (("values", (rows, k), x.dtype), ("indices", (rows, k), torch.int64)))
     return values, indices
+
+
+def top_k_kernel_rows(x: torch.Tensor, k: int, prepare_key=None):
+    """``top_k_lanes_rows`` where TOP_K_LANES_MIN_ROWS' rule takes it, else ``top_k_rows``: the
+    same values and indices, by the faster launches (k <= TOP_K_KERNEL_MAX)."""
+    least = TOP_K_LANES_MIN_ROWS if x.element_size() >= 4 else TOP_K_LANES_MIN_ROWS_16BIT
+    if x.is_cuda and k <= TOP_K_LANES_MAX and x.shape[0] >= least and (x.shape[1] <= 1 or x.stride(1) == 1):
+        return top_k_lanes_rows(x, k, prepare_key=prepare_key)
+    return top_k_rows(x, k, prepare_key=prepare_key)
 
 
 def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool = False, *,
@@ -741,7 +761,7 @@ def _(logits, temperature, temperature_value, top_k, top_k_value, has_top_k, top
 @torch.library.custom_op("treefold::top_k", mutates_args=())
 def _top_k_op(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if backend.use_kernel(x) and k <= TOP_K_KERNEL_MAX:
-        return top_k_rows(x, k)
+        return top_k_kernel_rows(x, k)
     return reference.top_k(x, k)
 
 
@@ -828,9 +848,9 @@ def top_k(x: torch.Tensor, k: int):
     if _direct():
         if x.is_cuda and k <= TOP_K_KERNEL_MAX:
             return _through_prepared(("top_k", x.shape, x.stride(), x.dtype, x.get_device(), k), x, {}, {},
-                                     lambda key: top_k_rows(x, k, prepare_key=key))
+                                     lambda key: top_k_kernel_rows(x, k, prepare_key=key))
         if backend.use_kernel(x) and k <= TOP_K_KERNEL_MAX:
-            return top_k_rows(x, k)
+            return top_k_kernel_rows(x, k)
         return reference.top_k(x, k)
     return _top_k_op(x, k)
 
