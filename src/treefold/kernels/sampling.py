@@ -2070,17 +2070,19 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
 
 
 # ------------------------------------------------------------------------------------------
-# top_k by group maxima (``_ops.sampling.top_k_lanes_rows``, a launch choice under study)
+# top_k by group maxima (``_ops.sampling.top_k_lanes_rows``: top_k on CUDA from a few rows)
 # ------------------------------------------------------------------------------------------
 # The row's tokens fall into groups: group q of program p holds lanes q * GROUP .. (q + 1) *
 # GROUP - 1 of each of the program's segments. With composite keys (distinct), every token of
 # the row's top k lies in one of the k groups whose maxima are the row's k largest group maxima
 # (had its group not been among them, the k groups above it would hold k tokens above it). So:
 # one pass keeps each group's maximum and writes each program's k largest (a program's share of
-# those k groups is among its own k best); one program per row then takes the k largest of them,
-# reads those groups' tokens again (k x GROUP x segments per program) and sorts them. Two
-# launches, one read of the row. Groups of several lanes keep the first pass's sort short: a
-# sort of 1024 lanes took about 4100 SASS instructions per thread (offline sm_90, 4 warps).
+# those k groups is among its own k best); one program per row then finds the k largest of them,
+# reads those groups' tokens again (k x GROUP x segments per program) and ranks the few that can
+# be among the top k. Two launches, one read of the row. Groups of several lanes keep the first
+# pass's sort short: a sort of 1024 lanes took about 4100 SASS instructions per thread (offline
+# sm_90, 4 warps). The finishing program bounds what it sorts (see its docstring): one
+# program's sort is a chain of dependent steps, about 50 us for 2048 int64 at 8 warps.
 
 @triton.jit
 def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k, cand_stride,
@@ -2118,6 +2120,17 @@ def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k, cand_s
     groups = tl.sort(tl.max(tl.reshape(best, [WIDTH // GROUP, GROUP]), axis=1), descending=True)
     q = tl.arange(0, WIDTH // GROUP)
     tl.store(cand_ptr + row * cand_stride + prog * k + q, groups, mask=q < k)
+
+
+@triton.jit
+def _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked, place):
+    """The first k of ``ranked`` (composites, the best first; ``place`` its positions) as the
+    row's values (as stored in the row: the key maps -0.0 to +0.0 and every NaN to one) and
+    indices."""
+    _, index = _split_composite(ranked)
+    first = place < k
+    tl.store(values_ptr + row * k + place, tl.load(x_ptr + row * stride_x + index, mask=first), mask=first)
+    tl.store(indices_ptr + row * k + place, index, mask=first)
 
 
 @triton.jit
@@ -2212,14 +2225,3 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
                            tl.sort(tl.load(kept_at + t, mask=t < reached, other=INT64_MIN), descending=True), t)
     else:
         _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, tl.sort(keys, descending=True), g)
-
-
-@triton.jit
-def _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked, place):
-    """The first k of ``ranked`` (composites, the best first; ``place`` its positions) as the
-    row's values (as stored in the row: the key maps -0.0 to +0.0 and every NaN to one) and
-    indices."""
-    _, index = _split_composite(ranked)
-    first = place < k
-    tl.store(values_ptr + row * k + place, tl.load(x_ptr + row * stride_x + index, mask=first), mask=first)
-    tl.store(indices_ptr + row * k + place, index, mask=first)
