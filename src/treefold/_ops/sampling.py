@@ -675,14 +675,12 @@ def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int]
     cand = run.buffer("cand", (rows, cand_stride), torch.int64, x.device)
     first, _, last = _chained(x.device) if TOP_K_LANES_DEPENDENT_LAUNCH else ({}, {}, {})
     run(_TOP_K_LANES, (rows * ppr,), x, n, x.stride(0), cand, ppr, k, cand_stride,
-                 WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group, num_warps=g.num_warps,
-                 **first)
+        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group, num_warps=g.num_warps, **first)
     run(_TOP_K_LANES_FINISH, (rows,), x, n, x.stride(0), cand, values, indices, ppr, k, cand_stride,
-                        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group,
-                        HEAD=head, HEADS=order.next_pow2(ppr) * head, CANDS=order.next_pow2(ppr * k),
-                        SURVIVORS=survivors, K_POW2=k_pow2,
-                        GATHER=order.next_pow2(k * group * g.segments_per_program), KEPT=TOP_K_LANES_KEPT,
-                        num_warps=TOP_K_LANES_FINISH_WARPS, **last)
+        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group,
+        HEAD=head, HEADS=order.next_pow2(ppr) * head, CANDS=order.next_pow2(ppr * k), SURVIVORS=survivors,
+        K_POW2=k_pow2, GATHER=order.next_pow2(k * group * g.segments_per_program), KEPT=TOP_K_LANES_KEPT,
+        num_warps=TOP_K_LANES_FINISH_WARPS, **last)
     _keep_prepared(prepare_key, run, (("values", (rows, k), x.dtype), ("indices", (rows, k), torch.int64)))
     return values, indices
 
