@@ -634,6 +634,43 @@ def test_top_k_by_lane_maxima_equals_stable_sort(device, dtype, poison_allocatio
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(device, poison_allocations, monkeypatch):
+    """``sample_top_k_lanes_rows`` (the top k by group maxima, raced) picks the token the
+    pipeline picks (``sample_rows`` with top_k alone), so that a request's token cannot depend on
+    which of the two its batch takes: scalar and per-row temperatures (one invalid), seeds and
+    offsets; rows with NaN and +-inf (never kept), one without a finite logit (-1), one with
+    fewer finite logits than k, ties; k = 1, 7, 50; several splits among programs. Segments of
+    64 tokens (the interpreter sorts slowly)."""
+    monkeypatch.setattr(ops, "MAX_WIDTH", 64)
+    ops.plan.cache_clear()
+    g = torch.Generator().manual_seed(21)
+    x = (torch.randn(6, 300, generator=g) * 3).float()
+    x[0, 7] = float("nan")
+    x[0, 8] = float("inf")
+    x[0, 9] = float("-inf")
+    x[1] = torch.round(x[1])  # ties
+    x[2, :] = float("-inf")  # nothing to sample: -1
+    x[3, 20:] = float("nan")  # 20 finite logits, fewer than k = 50
+    xs = x.to(device)
+    seeds = torch.tensor([5, 11, 2, 9, 31, 7], device=device)
+    offsets = torch.tensor([0, 3, 1, 4, 1, 5], device=device)
+    temps = torch.tensor([0.7, 1.0, 1.3, 0.5, -1.0, 2.0], device=device)  # row 4 invalid: -1
+    poison_allocations()
+    try:
+        for k in (1, 7, 50):
+            for temperature, seed, offset in ((1.0, 3, 0), (0.7, seeds, offsets), (temps, 17, offsets)):
+                want = ops.sample_rows(xs, temperature, k, None, None, seed, offset)
+                for programs in ((None, 1, 3) if k == 50 else (None,)):
+                    got = ops.sample_top_k_lanes_rows(xs, temperature, k, seed, offset, programs_per_row=programs)
+                    assert torch.equal(got, want), (k, programs, got, want)
+        assert got[2].item() == -1 and got[4].item() == -1
+        with pytest.raises(ValueError, match="k must be from 1 to 64"):
+            ops.sample_top_k_lanes_rows(xs, 1.0, 65)
+    finally:
+        ops.plan.cache_clear()
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_long_boundary_lists_take_the_sort_and_the_search(device, monkeypatch):
     """Short pairwise, sort and bracket-search tiers give the same answers (tiny tiers here)."""
     monkeypatch.setattr(ops, "PAIRWISE_MAX", 4)

@@ -648,41 +648,85 @@ def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int]
     program's k best groups, then one program per row finds the row's k best groups and sorts
     the tokens of theirs that can be among the top k. For k <= TOP_K_LANES_MAX.
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
-    if not 1 <= k <= TOP_K_LANES_MAX:
-        raise ValueError(f"top_k_lanes_rows: k must be from 1 to {TOP_K_LANES_MAX}, got {k}")
-    rows, n = x.shape
-    if k > n:
-        raise ValueError(f"top_k_lanes_rows: k={k} is more than the row length {n}")
-    if n > 1 and x.stride(1) != 1:
-        raise ValueError(f"top_k_lanes_rows: x must have its last dimension contiguous, got strides {x.stride()}")
+    _check_lanes("top_k_lanes_rows", x, k)
+    rows, _ = x.shape
     values = torch.empty((rows, k), dtype=x.dtype, device=x.device)
     indices = torch.empty((rows, k), dtype=torch.int64, device=x.device)
     if rows == 0:
         return values, indices
+    run = _Run(True, dict(x=x, values=values, indices=indices)) if prepare_key is not None else _Run()
+    _top_k_lanes_launches(x, k, programs_per_row, run, (values, indices, indices, 1.0, 0, 0, 0, 0), {})
+    _keep_prepared(prepare_key, run, (("values", (rows, k), x.dtype), ("indices", (rows, k), torch.int64)))
+    return values, indices
+
+
+def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, seed=0, offset=0, *,
+                            programs_per_row: Optional[int] = None, prepare_key=None) -> torch.Tensor:
+    """Token ids [rows] (int64) of logits x [rows, n] sampled under top-k alone: the tokens
+    ``sample_rows(x, temperature, top_k, None, None, seed, offset)`` gives, in the two launches
+    of ``top_k_lanes_rows`` (the first over finite logits only, the second racing the row's top
+    k instead of writing them out). ``top_k`` an int up to TOP_K_LANES_MAX and the row length;
+    temperature, seed and offset as ``sample_rows`` takes them. A launch choice under study: not
+    yet timed on a GPU, and ``sample`` does not take it.
+    ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
+    _check_lanes("sample_top_k_lanes_rows", x, top_k)
+    rows, _ = x.shape
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if rows == 0:
+        return out
+    run = _Run()
+    if prepare_key is not None:
+        slots = dict(x=x, token=out, **_tensor_params(temperature, None, None, None, seed, offset))
+        run = _Run(True, slots, tuple(name for name, v in (("seed", seed), ("offset", offset))
+                                      if not isinstance(v, torch.Tensor)))
+    t, t_row = _param(temperature)
+    s, s_stride, s_tensor = _random(seed)
+    o, o_stride, o_tensor = _random(offset)
+    _top_k_lanes_launches(x, top_k, programs_per_row, run, (out, out, out, t, s, s_stride, o, o_stride),
+                          dict(SAMPLE=True, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor))
+    _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
+    return out
+
+
+def _check_lanes(fn: str, x: torch.Tensor, k: int) -> None:
+    """The launch choices' own limits: 1 <= k <= TOP_K_LANES_MAX, k <= n, contiguous rows."""
+    if not 1 <= k <= TOP_K_LANES_MAX:
+        raise ValueError(f"{fn}: k must be from 1 to {TOP_K_LANES_MAX}, got {k}")
+    if k > x.shape[1]:
+        raise ValueError(f"{fn}: k={k} is more than the row length {x.shape[1]}")
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        raise ValueError(f"{fn}: x must have its last dimension contiguous, got strides {x.stride()}")
+
+
+def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[int], run: _Run,
+                          outputs: tuple, race_flags: dict) -> None:
+    """The two launches of top_k by group maxima for x [rows, n] (rows > 0). ``outputs``: the
+    finishing kernel's (values, indices, token, temperature, seed, seed stride, offset, offset
+    stride); ``race_flags``: its SAMPLE and per-row flags (empty: ``top_k``)."""
+    rows, n = x.shape
     k_pow2 = order.next_pow2(k)
     most = TOP_K_LANES_CANDIDATES // k_pow2
     g = plan(rows, n, x.device, programs_per_row)
     if g.programs_per_row > most:
         g = plan(rows, n, x.device, most)
     if g.width < k:  # (segments of at least min(n, MAX_WIDTH) tokens: never with k <= 64)
-        raise ValueError(f"top_k_lanes_rows: k={k} is more than the {g.width} lanes of a program")
+        raise ValueError(f"top_k by group maxima: k={k} is more than the {g.width} lanes of a program")
     ppr = g.programs_per_row
     group = max(1, min(TOP_K_LANES_GROUP, g.width // k_pow2))
     head = min(k_pow2, max(TOP_K_LANES_HEAD, order.next_pow2(order.cdiv(k, ppr))))
     survivors = order.next_pow2(k if head >= k else k + (k // head) * (k - head))
     cand_stride = ppr * k + survivors + k_pow2 + TOP_K_LANES_KEPT
-    run = _Run(True, dict(x=x, values=values, indices=indices)) if prepare_key is not None else _Run()
     cand = run.buffer("cand", (rows, cand_stride), torch.int64, x.device)
     first, _, last = _chained(x.device) if TOP_K_LANES_DEPENDENT_LAUNCH else ({}, {}, {})
+    values, indices, *race_args = outputs
     run(_TOP_K_LANES, (rows * ppr,), x, n, x.stride(0), cand, ppr, k, cand_stride,
-        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group, num_warps=g.num_warps, **first)
-    run(_TOP_K_LANES_FINISH, (rows,), x, n, x.stride(0), cand, values, indices, ppr, k, cand_stride,
+        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group,
+        FINITE_ONLY=bool(race_flags), num_warps=g.num_warps, **first)
+    run(_TOP_K_LANES_FINISH, (rows,), x, n, x.stride(0), cand, values, indices, ppr, k, cand_stride, *race_args,
         WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group,
         HEAD=head, HEADS=order.next_pow2(ppr) * head, CANDS=order.next_pow2(ppr * k), SURVIVORS=survivors,
         K_POW2=k_pow2, GATHER=order.next_pow2(k * group * g.segments_per_program), KEPT=TOP_K_LANES_KEPT,
-        num_warps=TOP_K_LANES_FINISH_WARPS, **last)
-    _keep_prepared(prepare_key, run, (("values", (rows, k), x.dtype), ("indices", (rows, k), torch.int64)))
-    return values, indices
+        num_warps=TOP_K_LANES_FINISH_WARPS, **race_flags, **last)
 
 
 def top_k_kernel_rows(x: torch.Tensor, k: int, prepare_key=None):

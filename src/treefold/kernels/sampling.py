@@ -2087,7 +2087,7 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
 @triton.jit
 def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k, cand_stride,
                        WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, GROUP: tl.constexpr,
-                       RELEASE_DEPENDENTS: tl.constexpr = False):
+                       FINITE_ONLY: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False):
     """Each program's k largest group maxima (composite order), sorted, into its k candidates.
     Grid rows * programs_per_row.
 
@@ -2104,6 +2104,8 @@ def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k, cand_s
         WIDTH: tokens per segment.
         SEGMENTS_PER_PROGRAM: segments per program.
         GROUP: lanes per group.
+        FINITE_ONLY: only finite logits take part (sampling's top-k set); else every value does,
+            NaN above +inf (``top_k``'s order).
         RELEASE_DEPENDENTS: ``top_k_lanes_finish_kernel`` is a programmatic dependent launch.
     """
     start_dependent_launch(False, RELEASE_DEPENDENTS)
@@ -2116,7 +2118,10 @@ def top_k_lanes_kernel(x_ptr, n, stride_x, cand_ptr, programs_per_row, k, cand_s
         cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
         in_row = cols < n
         x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0).to(tl.float32)
-        best = tl.maximum(best, tl.where(in_row, _composite(_ordered_key(x), cols), INT64_MIN))
+        takes_part = in_row
+        if FINITE_ONLY:
+            takes_part = in_row & (tl.abs(x) < float("inf"))
+        best = tl.maximum(best, tl.where(takes_part, _composite(_ordered_key(x), cols), INT64_MIN))
     groups = tl.sort(tl.max(tl.reshape(best, [WIDTH // GROUP, GROUP]), axis=1), descending=True)
     q = tl.arange(0, WIDTH // GROUP)
     tl.store(cand_ptr + row * cand_stride + prog * k + q, groups, mask=q < k)
@@ -2134,13 +2139,32 @@ def _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked,
 
 
 @triton.jit
+def _top_k_lanes_race(ranked, place, row, k, token_ptr, inv_t, noise_scale, ok, seed, stream, offset):
+    """The race among the first k of ``ranked`` (composites of finite logits, the best first;
+    ``place`` its positions): the token with the highest y - log(E), the lowest index on a tie,
+    as the sampling pipeline races its kept tokens, stored at ``row`` of ``token_ptr`` (-1 where
+    no token races or the row's temperature is invalid)."""
+    key, index = _split_composite(ranked)
+    kept = (place < k) & (ranked != INT64_MIN)
+    # the logit from its key: exact for finite values (-0.0 comes back as +0.0: the same y + g)
+    y = _scaled(_key_value(key), inv_t)
+    score, index = _race_entries(kept, y, index, seed, stream, offset, noise_scale)
+    top, at = _winner(score, index, INT64_MAX)
+    tl.store(token_ptr + row, tl.where((top > float("-inf")) & ok, at, -1))
+
+
+@triton.jit
 def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_ptr, programs_per_row, k,
-                              cand_stride, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                              cand_stride, token_ptr, temperature, seed, seed_stride, offset, offset_stride,
+                              WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                               GROUP: tl.constexpr, HEAD: tl.constexpr, HEADS: tl.constexpr, CANDS: tl.constexpr,
                               SURVIVORS: tl.constexpr, K_POW2: tl.constexpr, GATHER: tl.constexpr,
-                              KEPT: tl.constexpr, WAIT_FOR_PRIOR: tl.constexpr = False):
+                              KEPT: tl.constexpr, SAMPLE: tl.constexpr = False, T_ROW: tl.constexpr = False,
+                              SEED_TENSOR: tl.constexpr = False, OFFSET_TENSOR: tl.constexpr = False,
+                              WAIT_FOR_PRIOR: tl.constexpr = False):
     """The top k of each row (values and indices, the composite order's first k) from the
-    candidates of ``top_k_lanes_kernel``. Grid rows.
+    candidates of ``top_k_lanes_kernel``, or (SAMPLE) the token its race picks among the top k
+    of the row's finite logits. Grid rows.
 
     Sorts stay short (a sort in one program is a chain of dependent steps: offline sm_90, two
     sorts of 2048 int64 at 8 warps ran about 100 us): the k-th largest of the programs' HEAD
@@ -2159,10 +2183,13 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
         cand_ptr: int64 [rows, cand_stride]: the row's programs_per_row * k candidates from
             ``top_k_lanes_kernel``, then scratch passed between the program's threads: SURVIVORS
             places, K_POW2 for the k best groups, KEPT for the tokens that reach the bound.
-        values_ptr: [rows, k] out, the logits' dtype.
-        indices_ptr: int64 [rows, k] out.
+        values_ptr: [rows, k] out, the logits' dtype (not SAMPLE).
+        indices_ptr: int64 [rows, k] out (not SAMPLE).
         programs_per_row, k: as in ``top_k_lanes_kernel``.
         cand_stride: programs_per_row * k + SURVIVORS + K_POW2 + KEPT.
+        token_ptr: int64 [rows] out (SAMPLE): the token, -1 for a row without a finite logit or
+            with an invalid temperature.
+        temperature, seed, seed_stride, offset, offset_stride: as in ``race_kernel`` (SAMPLE).
         WIDTH, SEGMENTS_PER_PROGRAM, GROUP: the groups, as in ``top_k_lanes_kernel``.
         HEAD: candidates per program in the bound (programs_per_row * min(HEAD, k) >= k).
         HEADS: next_pow2(programs_per_row) * HEAD.
@@ -2171,11 +2198,16 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
         K_POW2: next_pow2(k).
         GATHER: next_pow2(k * GROUP * SEGMENTS_PER_PROGRAM): the tokens of the k best groups.
         KEPT: the most tokens at or above the k-th best group that are sorted alone.
+        SAMPLE: race the top k (the first launch's FINITE_ONLY) instead of writing them out.
+        T_ROW, SEED_TENSOR, OFFSET_TENSOR: per-row temperature, seed and offset tensors.
         WAIT_FOR_PRIOR: a programmatic dependent launch of ``top_k_lanes_kernel``.
     """
     PER_GROUP: tl.constexpr = GROUP * SEGMENTS_PER_PROGRAM
     start_dependent_launch(WAIT_FOR_PRIOR, False)
     row = tl.program_id(0).to(tl.int64)
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    race_seed, stream, race_offset = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR,
+                                                 OFFSET_TENSOR)
     cand_row = cand_ptr + row * cand_stride
     num_cands = programs_per_row * k
     survivors_at = cand_row + num_cands
@@ -2213,6 +2245,8 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
     cols = (prog * SEGMENTS_PER_PROGRAM + within // GROUP) * WIDTH + first_lane + within % GROUP
     live = held & (cols < n)
     x = tl.load(x_ptr + row * stride_x + cols, mask=live, other=0.0).to(tl.float32)
+    if SAMPLE:
+        live = live & (tl.abs(x) < float("inf"))
     keys = tl.where(live, _composite(_ordered_key(x), cols), INT64_MIN)
     # every token of the top k is at or above the k-th best group's maximum (k tokens are)
     reach_token = live & (keys >= kth_group)
@@ -2221,7 +2255,17 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
         tl.store(kept_at + tl.cumsum(reach_token.to(tl.int32), 0) - 1, keys, mask=reach_token)
         tl.debug_barrier()
         t = tl.arange(0, KEPT)
-        _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k,
-                           tl.sort(tl.load(kept_at + t, mask=t < reached, other=INT64_MIN), descending=True), t)
+        # (each branch's names its own: a name bound in both must have one shape)
+        ranked_kept = tl.sort(tl.load(kept_at + t, mask=t < reached, other=INT64_MIN), descending=True)
+        if SAMPLE:
+            _top_k_lanes_race(ranked_kept, t, row, k, token_ptr, inv_t, noise_scale, t_ok, race_seed, stream,
+                              race_offset)
+        else:
+            _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked_kept, t)
     else:
-        _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, tl.sort(keys, descending=True), g)
+        ranked_all = tl.sort(keys, descending=True)
+        if SAMPLE:
+            _top_k_lanes_race(ranked_all, g, row, k, token_ptr, inv_t, noise_scale, t_ok, race_seed, stream,
+                              race_offset)
+        else:
+            _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked_all, g)
