@@ -1522,6 +1522,23 @@ def test_gpu_top_k_by_lane_maxima_equals_stable_sort(k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 50, 64])
+def test_gpu_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(k):
+    x = qwen_like_logits(64, 3)
+    x[3] = torch.round(x[3])  # heavy ties
+    x[4, ::7] = float("nan")
+    x[5] = float("-inf")  # nothing to sample: -1
+    seeds = torch.randint(0, 1 << 62, (64,), device="cuda")
+    offsets = torch.randint(0, 1000, (64,), device="cuda")
+    for temperature in (1.0, 0.7, torch.linspace(0.3, 1.5, 64, device="cuda")):
+        want = ops.sample_rows(x, temperature, k, None, None, seeds, offsets)
+        for programs in (None, 1, 7):
+            got = ops.sample_top_k_lanes_rows(x, temperature, k, seeds, offsets, programs_per_row=programs)
+            assert torch.equal(got, want), (k, programs)
+    assert want[5].item() == -1
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gpu_sure_kept_race_inside_or_after_the_compaction_gives_the_same_tokens(rows, monkeypatch):
     # flat rows keep tens of thousands of tokens for sure: they race them in place, in the
