@@ -4,6 +4,7 @@ process:
 
     python benchmarks/probe_top_k_lanes.py OUT_DIR
     ROWS=2,8,32 ONLY=rows,lanes python benchmarks/probe_top_k_lanes.py OUT_DIR   # a subset
+    SAMPLE=1 ONLY=rows,lanes python benchmarks/probe_top_k_lanes.py OUT_DIR   # sampling under top-k 50
 
 Variants: the finishing program at 4, 8 and 16 warps; the finish as a programmatic dependent
 launch or not; its bound over each program's 8 or 16 best candidates; the tokens that reach the
@@ -46,6 +47,8 @@ VARIANTS = {  # name -> the ops module's settings (None: top_k_rows)
 #: (rows, dtype, kind): kind "peaked" and "flat" are gpu_sampling's inputs, "ties" the peaked
 #: ones rounded to whole numbers (thousands of equal logits: the tokens that reach the k-th
 #: group outnumber TOP_K_LANES_KEPT and the finish sorts all it gathered)
+#: SAMPLE=1: time sampling under top-k 50 instead (``sample_rows`` against ``sample_top_k_lanes_rows``)
+SAMPLE = os.environ.get("SAMPLE") == "1"
 CASES = ((1, torch.float32, "peaked"), (1, torch.bfloat16, "peaked"), (64, torch.float32, "peaked"),
          (64, torch.bfloat16, "peaked"), (64, torch.float32, "flat"), (64, torch.float32, "ties"))
 
@@ -63,13 +66,23 @@ def table() -> dict:
             x = x.round()
         key = (f"{batch} {str(dtype)[6:]} {kind}",)
         calls = {}
+        seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
         for name, values in VARIANTS.items():
             if name not in names:
                 continue
-            if values is None:
+            if SAMPLE:  # sampling under top-k 50 at temperature 1: the pipeline or the race of the lanes' top k
+                if values is None:
+                    calls[name] = (lambda x=x, s=seeds: (ops.sample_rows(x, 1.0, K, None, None, s, 3),))
+                else:
+                    calls[name] = with_values(ops, values, lambda x=x, s=seeds: (
+                        ops.sample_top_k_lanes_rows(x, 1.0, K, s, 3),))
+            elif values is None:
                 calls[name] = (lambda x=x: ops.top_k_rows(x, K))
             else:
                 calls[name] = with_values(ops, values, lambda x=x: ops.top_k_lanes_rows(x, K))
+        if SAMPLE:
+            out[key] = calls
+            continue
         if "treefold.top_k" in names:  # the public call: the rule's choice, prepared after its first call
             calls["treefold.top_k"] = lambda x=x: treefold.top_k(x, K)
         if "torch.topk" in names:
