@@ -75,7 +75,7 @@ def table() -> dict:
                     calls[name] = (lambda x=x, s=seeds: (ops.sample_rows(x, 1.0, K, None, None, s, 3),))
                 else:
                     calls[name] = with_values(ops, values, lambda x=x, s=seeds: (
-                        ops.sample_top_k_lanes_rows(x, 1.0, K, s, 3),))
+                        ops.sample_top_k_lanes_rows(x, 1.0, K, None, None, s, 3),))
             elif values is None:
                 calls[name] = (lambda x=x: ops.top_k_rows(x, K))
             else:

@@ -635,12 +635,13 @@ def test_top_k_by_lane_maxima_equals_stable_sort(device, dtype, poison_allocatio
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(device, poison_allocations, monkeypatch):
-    """``sample_top_k_lanes_rows`` (the top k by group maxima, raced) picks the token the
-    pipeline picks (``sample_rows`` with top_k alone), so that a request's token cannot depend on
-    which of the two its batch takes: scalar and per-row temperatures (one invalid), seeds and
-    offsets; rows with NaN and +-inf (never kept), one without a finite logit (-1), one with
-    fewer finite logits than k, ties; k = 1, 7, 50; several splits among programs. Segments of
-    64 tokens (the interpreter sorts slowly)."""
+    """``sample_top_k_lanes_rows`` (the top k by group maxima, filtered and raced) picks the
+    token the pipeline picks (``sample_rows`` with the same filters), so that a request's token
+    cannot depend on which of the two its batch takes: top-k alone, with top-p (scalar, and per
+    row with one invalid p: -1) and with min-p inside it; scalar and per-row temperatures (one
+    invalid), seeds and offsets; rows with NaN and +-inf (never kept), one without a finite
+    logit (-1), one with fewer finite logits than k, ties; k = 1, 7, 50; several splits among
+    programs. Segments of 64 tokens (the interpreter sorts slowly)."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     g = torch.Generator().manual_seed(21)
@@ -655,15 +656,23 @@ def test_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(device,
     seeds = torch.tensor([5, 11, 2, 9, 31, 7], device=device)
     offsets = torch.tensor([0, 3, 1, 4, 1, 5], device=device)
     temps = torch.tensor([0.7, 1.0, 1.3, 0.5, -1.0, 2.0], device=device)  # row 4 invalid: -1
+    ps = torch.tensor([0.9, 0.5, 0.9, 0.3, 0.8, 1.5], device=device)  # row 5 invalid: -1
+    mps = torch.tensor([0.5, 0.3, 0.5, 0.6, 0.4, 0.5], device=device)  # on hot rows: removes most of the mass
     poison_allocations()
     try:
         for k in (1, 7, 50):
-            for temperature, seed, offset in ((1.0, 3, 0), (0.7, seeds, offsets), (temps, 17, offsets)):
-                want = ops.sample_rows(xs, temperature, k, None, None, seed, offset)
+            for temperature, p, mp, seed, offset in ((1.0, None, None, 3, 0), (0.7, None, None, seeds, offsets),
+                                                     (temps, None, None, 17, offsets), (1.0, 0.9, None, seeds, 2),
+                                                     (0.8, ps, 0.05, seeds, offsets), (2.0, None, mps, 5, 1)):
+                want = ops.sample_rows(xs, temperature, k, p, mp, seed, offset)
                 for programs in ((None, 1, 3) if k == 50 else (None,)):
-                    got = ops.sample_top_k_lanes_rows(xs, temperature, k, seed, offset, programs_per_row=programs)
-                    assert torch.equal(got, want), (k, programs, got, want)
-        assert got[2].item() == -1 and got[4].item() == -1
+                    got = ops.sample_top_k_lanes_rows(xs, temperature, k, p, mp, seed, offset,
+                                                      programs_per_row=programs)
+                    assert torch.equal(got, want), (k, p, mp, programs, got, want)
+                if isinstance(temperature, torch.Tensor):
+                    assert got[2].item() == -1 and got[4].item() == -1
+                if isinstance(p, torch.Tensor):
+                    assert got[5].item() == -1
         with pytest.raises(ValueError, match="k must be from 1 to 64"):
             ops.sample_top_k_lanes_rows(xs, 1.0, 65)
     finally:
@@ -1524,18 +1533,21 @@ def test_gpu_top_k_by_lane_maxima_equals_stable_sort(k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [1, 50, 64])
 def test_gpu_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(k):
+    # top-k alone, and with top-p and min-p inside it
     x = qwen_like_logits(64, 3)
     x[3] = torch.round(x[3])  # heavy ties
     x[4, ::7] = float("nan")
     x[5] = float("-inf")  # nothing to sample: -1
     seeds = torch.randint(0, 1 << 62, (64,), device="cuda")
     offsets = torch.randint(0, 1000, (64,), device="cuda")
-    for temperature in (1.0, 0.7, torch.linspace(0.3, 1.5, 64, device="cuda")):
-        want = ops.sample_rows(x, temperature, k, None, None, seeds, offsets)
+    ps = torch.linspace(0.2, 1.0, 64, device="cuda")
+    for temperature, p, mp in ((1.0, None, None), (0.7, 0.9, None), (torch.linspace(0.3, 1.5, 64, device="cuda"),
+                                                                      ps, 0.05)):
+        want = ops.sample_rows(x, temperature, k, p, mp, seeds, offsets)
         for programs in (None, 1, 7):
-            got = ops.sample_top_k_lanes_rows(x, temperature, k, seeds, offsets, programs_per_row=programs)
-            assert torch.equal(got, want), (k, programs)
-    assert want[5].item() == -1
+            got = ops.sample_top_k_lanes_rows(x, temperature, k, p, mp, seeds, offsets, programs_per_row=programs)
+            assert torch.equal(got, want), (k, p, mp, programs)
+        assert want[5].item() == -1
 
 
 @pytest.mark.gpu

@@ -120,7 +120,8 @@ _SCRIPT = textwrap.dedent("""
     sampling.sample_rows(logits, 0.7, top_k=50, top_p=0.9, min_p=0.05, seed=1, offset=3)
     sampling.top_k_rows(logits, 50)
     sampling.top_k_lanes_rows(logits, 50)  # the two launches of top_k by group maxima
-    sampling.sample_top_k_lanes_rows(logits, 0.7, 50, torch.arange(4), 3)  # and their race
+    sampling.sample_top_k_lanes_rows(logits, 0.7, 50, seed=torch.arange(4), offset=3)  # and their race
+    sampling.sample_top_k_lanes_rows(logits, 0.7, 50, torch.full((4,), 0.9), 0.05, 1, 3)  # top-p, min-p in the k
     sampling.filter_rows(logits.bfloat16(), top_p=0.9, probs=True)
     # the row passes loading each segment ahead (the default where a program reads several)
     sampling.sample_rows(logits, 0.0, prefetch=True)

@@ -655,19 +655,20 @@ def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int]
     if rows == 0:
         return values, indices
     run = _Run(True, dict(x=x, values=values, indices=indices)) if prepare_key is not None else _Run()
-    _top_k_lanes_launches(x, k, programs_per_row, run, (values, indices, indices, 1.0, 0, 0, 0, 0), {})
+    _top_k_lanes_launches(x, k, programs_per_row, run, (values, indices, indices, 1.0, 1.0, 0.0, 0, 0, 0, 0, 0), {})
     _keep_prepared(prepare_key, run, (("values", (rows, k), x.dtype), ("indices", (rows, k), torch.int64)))
     return values, indices
 
 
-def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, seed=0, offset=0, *,
-                            programs_per_row: Optional[int] = None, prepare_key=None) -> torch.Tensor:
-    """Token ids [rows] (int64) of logits x [rows, n] sampled under top-k alone: the tokens
-    ``sample_rows(x, temperature, top_k, None, None, seed, offset)`` gives, in the two launches
-    of ``top_k_lanes_rows`` (the first over finite logits only, the second racing the row's top
-    k instead of writing them out). ``top_k`` an int up to TOP_K_LANES_MAX and the row length;
-    temperature, seed and offset as ``sample_rows`` takes them. A launch choice under study: not
-    yet timed on a GPU, and ``sample`` does not take it.
+def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, top_p=None, min_p=None, seed=0, offset=0,
+                            *, programs_per_row: Optional[int] = None, prepare_key=None) -> torch.Tensor:
+    """Token ids [rows] (int64) of logits x [rows, n] sampled under top-k (then top-p and min-p
+    inside the top k): the tokens ``sample_rows(x, temperature, top_k, top_p, min_p, seed,
+    offset)`` gives, in the two launches of ``top_k_lanes_rows`` (the first over finite logits
+    only, the second deciding the filters over the row's top k as the pipeline's resolve does
+    and racing them instead of writing them out). ``top_k`` an int up to TOP_K_LANES_MAX and
+    the row length; the rest as ``sample_rows`` takes them. A launch choice under study: not yet
+    timed on a GPU, and ``sample`` does not take it.
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_lanes("sample_top_k_lanes_rows", x, top_k)
     rows, _ = x.shape
@@ -676,14 +677,14 @@ def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, seed=0, of
         return out
     run = _Run()
     if prepare_key is not None:
-        slots = dict(x=x, token=out, **_tensor_params(temperature, None, None, None, seed, offset))
+        slots = dict(x=x, token=out, **_tensor_params(temperature, None, top_p, min_p, seed, offset))
         run = _Run(True, slots, tuple(name for name, v in (("seed", seed), ("offset", offset))
                                       if not isinstance(v, torch.Tensor)))
-    t, t_row = _param(temperature)
-    s, s_stride, s_tensor = _random(seed)
-    o, o_stride, o_tensor = _random(offset)
-    _top_k_lanes_launches(x, top_k, programs_per_row, run, (out, out, out, t, s, s_stride, o, o_stride),
-                          dict(SAMPLE=True, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor))
+    c = _common(x, temperature, top_k, top_p, min_p, seed, offset)
+    t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
+    flags = {name: c["flags"][name] for name in ("T_ROW", "P_ROW", "MINP_ROW", "SEED_TENSOR", "OFFSET_TENSOR")}
+    _top_k_lanes_launches(x, top_k, programs_per_row, run, (out, out, out, t, p, mp, filters, s, s_stride, o, o_stride),
+                          dict(SAMPLE=True, MASSES=top_p is not None or min_p is not None, **flags))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
 
@@ -701,8 +702,9 @@ def _check_lanes(fn: str, x: torch.Tensor, k: int) -> None:
 def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[int], run: _Run,
                           outputs: tuple, race_flags: dict) -> None:
     """The two launches of top_k by group maxima for x [rows, n] (rows > 0). ``outputs``: the
-    finishing kernel's (values, indices, token, temperature, seed, seed stride, offset, offset
-    stride); ``race_flags``: its SAMPLE and per-row flags (empty: ``top_k``)."""
+    finishing kernel's (values, indices, token, temperature, top_p, min_p, filters, seed, seed
+    stride, offset, offset stride); ``race_flags``: its SAMPLE, MASSES and per-row flags (empty:
+    ``top_k``)."""
     rows, n = x.shape
     k_pow2 = order.next_pow2(k)
     most = TOP_K_LANES_CANDIDATES // k_pow2

@@ -2139,32 +2139,43 @@ def _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked,
 
 
 @triton.jit
-def _top_k_lanes_race(ranked, place, row, k, token_ptr, inv_t, noise_scale, ok, seed, stream, offset):
+def _top_k_lanes_race(ranked, place, row, k, token_ptr, inv_t, noise_scale, ok, p, mp, filters, seed, stream,
+                      offset, MASSES: tl.constexpr):
     """The race among the first k of ``ranked`` (composites of finite logits, the best first;
-    ``place`` its positions): the token with the highest y - log(E), the lowest index on a tie,
-    as the sampling pipeline races its kept tokens, stored at ``row`` of ``token_ptr`` (-1 where
-    no token races or the row's temperature is invalid)."""
+    ``place`` its positions) and, with MASSES, those of them top-p (on the top k's own mass)
+    and min-p keep, decided as the pipeline's resolve decides them (``_resolve_short``: the same
+    fixed-point weights summed in the composite order, the same target, the same w): the token
+    with the highest y - log(E), the lowest index on a tie, stored at ``row`` of ``token_ptr``
+    (-1 where no token races or the row's parameters are invalid)."""
     key, index = _split_composite(ranked)
-    kept = (place < k) & (ranked != INT64_MIN)
-    # the logit from its key: exact for finite values (-0.0 comes back as +0.0: the same y + g)
+    keep = (place < k) & (ranked != INT64_MIN)
+    # the logit from its key: exact for finite values (-0.0 comes back as +0.0: the same y)
     y = _scaled(_key_value(key), inv_t)
-    score, index = _race_entries(kept, y, index, seed, stream, offset, noise_scale)
+    if MASSES:
+        m = tl.max(tl.where(place == 0, y, float("-inf")), 0)  # the row's largest y: its best token's
+        w, w_fixed = _fixed_mass(y, m, keep)
+        mass_before = tl.cumsum(w_fixed, 0) - w_fixed
+        target = _top_p_target(p, tl.sum(w_fixed, 0))
+        keep = keep & (((filters & 2) == 0) | (mass_before < target))
+        keep = keep & (((filters & 4) == 0) | (w >= mp))
+    score, index = _race_entries(keep, y, index, seed, stream, offset, noise_scale)
     top, at = _winner(score, index, INT64_MAX)
     tl.store(token_ptr + row, tl.where((top > float("-inf")) & ok, at, -1))
 
 
 @triton.jit
 def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_ptr, programs_per_row, k,
-                              cand_stride, token_ptr, temperature, seed, seed_stride, offset, offset_stride,
-                              WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                              cand_stride, token_ptr, temperature, top_p, min_p, filters, seed, seed_stride,
+                              offset, offset_stride, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                               GROUP: tl.constexpr, HEAD: tl.constexpr, HEADS: tl.constexpr, CANDS: tl.constexpr,
                               SURVIVORS: tl.constexpr, K_POW2: tl.constexpr, GATHER: tl.constexpr,
-                              KEPT: tl.constexpr, SAMPLE: tl.constexpr = False, T_ROW: tl.constexpr = False,
-                              SEED_TENSOR: tl.constexpr = False, OFFSET_TENSOR: tl.constexpr = False,
-                              WAIT_FOR_PRIOR: tl.constexpr = False):
+                              KEPT: tl.constexpr, SAMPLE: tl.constexpr = False, MASSES: tl.constexpr = False,
+                              T_ROW: tl.constexpr = False, P_ROW: tl.constexpr = False,
+                              MINP_ROW: tl.constexpr = False, SEED_TENSOR: tl.constexpr = False,
+                              OFFSET_TENSOR: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False):
     """The top k of each row (values and indices, the composite order's first k) from the
     candidates of ``top_k_lanes_kernel``, or (SAMPLE) the token its race picks among the top k
-    of the row's finite logits. Grid rows.
+    of the row's finite logits, with top-p and min-p inside them. Grid rows.
 
     Sorts stay short (a sort in one program is a chain of dependent steps: offline sm_90, two
     sorts of 2048 int64 at 8 warps ran about 100 us): the k-th largest of the programs' HEAD
@@ -2189,7 +2200,8 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
         cand_stride: programs_per_row * k + SURVIVORS + K_POW2 + KEPT.
         token_ptr: int64 [rows] out (SAMPLE): the token, -1 for a row without a finite logit or
             with an invalid temperature.
-        temperature, seed, seed_stride, offset, offset_stride: as in ``race_kernel`` (SAMPLE).
+        temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride: as in
+            ``resolve_kernel`` (SAMPLE; top-k is the scalar k).
         WIDTH, SEGMENTS_PER_PROGRAM, GROUP: the groups, as in ``top_k_lanes_kernel``.
         HEAD: candidates per program in the bound (programs_per_row * min(HEAD, k) >= k).
         HEADS: next_pow2(programs_per_row) * HEAD.
@@ -2199,15 +2211,16 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
         GATHER: next_pow2(k * GROUP * SEGMENTS_PER_PROGRAM): the tokens of the k best groups.
         KEPT: the most tokens at or above the k-th best group that are sorted alone.
         SAMPLE: race the top k (the first launch's FINITE_ONLY) instead of writing them out.
-        T_ROW, SEED_TENSOR, OFFSET_TENSOR: per-row temperature, seed and offset tensors.
+        MASSES: top-p or min-p may be on in some row (``_top_k_lanes_race``).
+        T_ROW, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR: per-row parameter tensors.
         WAIT_FOR_PRIOR: a programmatic dependent launch of ``top_k_lanes_kernel``.
     """
     PER_GROUP: tl.constexpr = GROUP * SEGMENTS_PER_PROGRAM
     start_dependent_launch(WAIT_FOR_PRIOR, False)
     row = tl.program_id(0).to(tl.int64)
-    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
-    race_seed, stream, race_offset = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR,
-                                                 OFFSET_TENSOR)
+    inv_t, noise_scale, params_ok, _, p, mp, race_seed, stream, race_offset = _row_setup(
+        row, n, temperature, k, top_p, min_p, filters, seed, seed_stride, offset, offset_stride, T_ROW, False,
+        P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
     cand_row = cand_ptr + row * cand_stride
     num_cands = programs_per_row * k
     survivors_at = cand_row + num_cands
@@ -2258,14 +2271,14 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
         # (each branch's names its own: a name bound in both must have one shape)
         ranked_kept = tl.sort(tl.load(kept_at + t, mask=t < reached, other=INT64_MIN), descending=True)
         if SAMPLE:
-            _top_k_lanes_race(ranked_kept, t, row, k, token_ptr, inv_t, noise_scale, t_ok, race_seed, stream,
-                              race_offset)
+            _top_k_lanes_race(ranked_kept, t, row, k, token_ptr, inv_t, noise_scale, params_ok, p, mp, filters,
+                              race_seed, stream, race_offset, MASSES)
         else:
             _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked_kept, t)
     else:
         ranked_all = tl.sort(keys, descending=True)
         if SAMPLE:
-            _top_k_lanes_race(ranked_all, g, row, k, token_ptr, inv_t, noise_scale, t_ok, race_seed, stream,
-                              race_offset)
+            _top_k_lanes_race(ranked_all, g, row, k, token_ptr, inv_t, noise_scale, params_ok, p, mp, filters,
+                              race_seed, stream, race_offset, MASSES)
         else:
             _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked_all, g)
