@@ -638,8 +638,8 @@ def test_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(device,
     """``sample_top_k_lanes_rows`` (the top k by group maxima, filtered and raced) picks the
     token the pipeline picks (``sample_rows`` with the same filters), so that a request's token
     cannot depend on which of the two its batch takes: top-k alone, with top-p (scalar, and per
-    row with one invalid p: -1) and with min-p inside it; scalar and per-row temperatures (one
-    invalid), seeds and offsets; rows with NaN and +-inf (never kept), one without a finite
+    row with one invalid p: -1; p = 1 and min_p = 0, which keep everything) and with min-p
+    inside it; scalar and per-row temperatures (one invalid; 0, greedy), seeds and offsets; rows with NaN and +-inf (never kept), one without a finite
     logit (-1), one with fewer finite logits than k, ties; k = 1, 7, 50; several splits among
     programs. Segments of 64 tokens (the interpreter sorts slowly)."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
@@ -663,7 +663,8 @@ def test_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(device,
         for k in (1, 7, 50):
             for temperature, p, mp, seed, offset in ((1.0, None, None, 3, 0), (0.7, None, None, seeds, offsets),
                                                      (temps, None, None, 17, offsets), (1.0, 0.9, None, seeds, 2),
-                                                     (0.8, ps, 0.05, seeds, offsets), (2.0, None, mps, 5, 1)):
+                                                     (0.8, ps, 0.05, seeds, offsets), (2.0, None, mps, 5, 1),
+                                                     (0.0, 0.9, None, 3, 0), (1.0, 1.0, 0.0, seeds, 1)):
                 want = ops.sample_rows(xs, temperature, k, p, mp, seed, offset)
                 for programs in ((None, 1, 3) if k == 50 else (None,)):
                     got = ops.sample_top_k_lanes_rows(xs, temperature, k, p, mp, seed, offset,
@@ -1507,8 +1508,10 @@ def test_gpu_batch_invariance_64(dtype, config):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [1, 50, 1000, 2000])
-def test_gpu_top_k_equals_stable_sort(k):
-    x = qwen_like_logits(16, 2)
+@pytest.mark.parametrize("rows", [5, 16])
+def test_gpu_top_k_equals_stable_sort(k, rows):
+    # 5 rows: the pipeline; 16 rows, k <= 64: top_k by group maxima (TOP_K_LANES_MIN_ROWS)
+    x = qwen_like_logits(rows, 2)
     x[3] = torch.round(x[3])  # heavy ties
     x[4] = 0.0  # one tie group: the bracket search
     values, indices = treefold.top_k(x, k)

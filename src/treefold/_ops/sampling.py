@@ -622,10 +622,11 @@ TOP_K_LANES_CANDIDATES = 2048
 TOP_K_LANES_GROUP = 8
 #: The finishing program's bound is the k-th best of each program's TOP_K_LANES_HEAD best
 #: candidates (more where the programs have fewer than k between them): at most k + (k // HEAD)
-#: * (k - HEAD) candidates reach it and are sorted (152 for k = 50).
+#: * (k - HEAD) candidates reach it and are sorted (152 for k = 50). A power of two.
 TOP_K_LANES_HEAD = 16
 #: The tokens at or above the k-th best group's maximum are sorted alone when there are at most
-#: this many (about k in logits of models; the rest of the gathered tokens otherwise).
+#: this many (about k in logits of models; the rest of the gathered tokens otherwise). A power
+#: of two.
 TOP_K_LANES_KEPT = 128
 #: Warps of ``top_k_lanes_finish_kernel``'s one program per row.
 TOP_K_LANES_FINISH_WARPS = 8
@@ -639,6 +640,11 @@ TOP_K_LANES_DEPENDENT_LAUNCH = True
 #: interpreter the pipeline, whose sorts are short, serves every call.)
 TOP_K_LANES_MIN_ROWS = 8
 TOP_K_LANES_MIN_ROWS_16BIT = 4
+#: ... and while the finish gathers at most this many tokens per row (k x group x segments per
+#: program; the plan gives programs more segments as rows grow): 2000 for k = 50 at 8-72 rows
+#: of 151936 (measured to 64). Beyond it the finish's fallback sort of every gathered token grows with
+#: them, and ``top_k_rows`` serves.
+TOP_K_LANES_MAX_GATHER = 2048
 
 
 def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None, prepare_key=None):
@@ -670,6 +676,8 @@ def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, top_p=None
     the row length; the rest as ``sample_rows`` takes them. A launch choice under study: not yet
     timed on a GPU, and ``sample`` does not take it.
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"sample_top_k_lanes_rows: top_k must be an int, got {type(top_k).__name__}")
     _check_lanes("sample_top_k_lanes_rows", x, top_k)
     rows, _ = x.shape
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
@@ -699,6 +707,23 @@ def _check_lanes(fn: str, x: torch.Tensor, k: int) -> None:
         raise ValueError(f"{fn}: x must have its last dimension contiguous, got strides {x.stride()}")
 
 
+def _top_k_lanes_plan(rows: int, n: int, k: int, device: torch.device, programs_per_row: Optional[int] = None):
+    """(plan, lanes per group) of top_k by group maxima: the plan's programs per row cut to at
+    most TOP_K_LANES_CANDIDATES candidates per row."""
+    k_pow2 = order.next_pow2(k)
+    g = plan(rows, n, device, programs_per_row)
+    most = TOP_K_LANES_CANDIDATES // k_pow2
+    if g.programs_per_row > most:
+        g = plan(rows, n, device, most)
+    return g, max(1, min(TOP_K_LANES_GROUP, g.width // k_pow2))
+
+
+def _top_k_lanes_gather(rows: int, n: int, k: int, device: torch.device) -> int:
+    """The tokens the finishing program gathers per row: those of the k best groups."""
+    g, group = _top_k_lanes_plan(rows, n, k, device)
+    return k * group * g.segments_per_program
+
+
 def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[int], run: _Run,
                           outputs: tuple, race_flags: dict) -> None:
     """The two launches of top_k by group maxima for x [rows, n] (rows > 0). ``outputs``: the
@@ -707,14 +732,10 @@ def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[in
     ``top_k``)."""
     rows, n = x.shape
     k_pow2 = order.next_pow2(k)
-    most = TOP_K_LANES_CANDIDATES // k_pow2
-    g = plan(rows, n, x.device, programs_per_row)
-    if g.programs_per_row > most:
-        g = plan(rows, n, x.device, most)
+    g, group = _top_k_lanes_plan(rows, n, k, x.device, programs_per_row)
     if g.width < k:  # (segments of at least min(n, MAX_WIDTH) tokens: never with k <= 64)
         raise ValueError(f"top_k by group maxima: k={k} is more than the {g.width} lanes of a program")
     ppr = g.programs_per_row
-    group = max(1, min(TOP_K_LANES_GROUP, g.width // k_pow2))
     head = min(k_pow2, max(TOP_K_LANES_HEAD, order.next_pow2(order.cdiv(k, ppr))))
     survivors = order.next_pow2(k if head >= k else k + (k // head) * (k - head))
     cand_stride = ppr * k + survivors + k_pow2 + TOP_K_LANES_KEPT
@@ -734,8 +755,10 @@ def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[in
 def top_k_kernel_rows(x: torch.Tensor, k: int, prepare_key=None):
     """``top_k_lanes_rows`` where TOP_K_LANES_MIN_ROWS' rule takes it, else ``top_k_rows``: the
     same values and indices, by the faster launches (k <= TOP_K_KERNEL_MAX)."""
+    rows, n = x.shape
     least = TOP_K_LANES_MIN_ROWS if x.element_size() >= 4 else TOP_K_LANES_MIN_ROWS_16BIT
-    if x.is_cuda and k <= TOP_K_LANES_MAX and x.shape[0] >= least and (x.shape[1] <= 1 or x.stride(1) == 1):
+    if (x.is_cuda and k <= min(TOP_K_LANES_MAX, n) and rows >= least and (n <= 1 or x.stride(1) == 1)
+            and _top_k_lanes_gather(rows, n, k, x.device) <= TOP_K_LANES_MAX_GATHER):
         return top_k_lanes_rows(x, k, prepare_key=prepare_key)
     return top_k_rows(x, k, prepare_key=prepare_key)
 

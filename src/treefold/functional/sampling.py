@@ -282,9 +282,9 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     Ties go to the lowest index; -0.0 equals +0.0; NaN ranks above +inf (torch.sort's order, so
     the result equals ``torch.sort(x, descending=True, stable=True)`` cut to k). No sort of the
     row: a histogram of the row finds the few tokens near the k-th, and only those are ranked;
-    on CUDA, from a few rows and for k <= 64, one read of each row keeps the maxima of groups of
-    lanes instead, and only the tokens of the k best groups that can be among the top k are
-    ranked. Both give the same values and indices.
+    on CUDA, from a few rows to a few dozen and for k up to about 50, one read of each row
+    keeps the maxima of groups of lanes instead, and only the tokens of the k best groups that
+    can be among the top k are ranked. Both give the same values and indices.
 
     Args:
         x: float32, bfloat16 or float16, shape ``[..., n]`` (1 <= n <= 2^20).

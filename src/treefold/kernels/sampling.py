@@ -2139,12 +2139,14 @@ def _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked,
 
 
 @triton.jit
-def _top_k_lanes_race(ranked, place, row, k, token_ptr, inv_t, noise_scale, ok, p, mp, filters, seed, stream,
-                      offset, MASSES: tl.constexpr):
+def _top_k_lanes_race(ranked, place, row, k, token_ptr, inv_t, noise_scale, ok, p, mp, seed, stream, offset,
+                      MASSES: tl.constexpr):
     """The race among the first k of ``ranked`` (composites of finite logits, the best first;
     ``place`` its positions) and, with MASSES, those of them top-p (on the top k's own mass)
-    and min-p keep, decided as the pipeline's resolve decides them (``_resolve_short``: the same
-    fixed-point weights summed in the composite order, the same target, the same w): the token
+    and min-p keep (p and min_p as ``_row_filters`` gives them: an absent filter reads 1 or 0),
+    decided as the pipeline's resolve decides them (``_resolve_short``: on where p < 1 and
+    min_p > 0, the same fixed-point weights summed in the composite order, the same target,
+    the same w): the token
     with the highest y - log(E), the lowest index on a tie, stored at ``row`` of ``token_ptr``
     (-1 where no token races or the row's parameters are invalid)."""
     key, index = _split_composite(ranked)
@@ -2156,8 +2158,10 @@ def _top_k_lanes_race(ranked, place, row, k, token_ptr, inv_t, noise_scale, ok, 
         w, w_fixed = _fixed_mass(y, m, keep)
         mass_before = tl.cumsum(w_fixed, 0) - w_fixed
         target = _top_p_target(p, tl.sum(w_fixed, 0))
-        keep = keep & (((filters & 2) == 0) | (mass_before < target))
-        keep = keep & (((filters & 4) == 0) | (w >= mp))
+        topp_on = p < 1.0  # as in ``_plan``
+        minp_on = mp > 0.0
+        keep = keep & ((topp_on == 0) | (mass_before < target))
+        keep = keep & ((minp_on == 0) | (w >= mp))
     score, index = _race_entries(keep, y, index, seed, stream, offset, noise_scale)
     top, at = _winner(score, index, INT64_MAX)
     tl.store(token_ptr + row, tl.where((top > float("-inf")) & ok, at, -1))
@@ -2186,8 +2190,9 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
     sorted when there are at most KEPT of them, else all of them are.
 
     Bytes: reads 8 * (programs_per_row * k) bytes of candidates and k * GROUP *
-    SEGMENTS_PER_PROGRAM logits (from L2) per row, and the k values again; writes k values, k
-    int64 indices and at most SURVIVORS + K_POW2 + KEPT int64 of scratch.
+    SEGMENTS_PER_PROGRAM logits (from L2) per row, and (not SAMPLE) the k values again; writes
+    k values and k int64 indices (SAMPLE: one int64 token) and at most SURVIVORS + K_POW2 +
+    KEPT int64 of scratch.
 
     Args:
         x_ptr, n, stride_x: logits as in ``top_k_lanes_kernel``.
@@ -2199,7 +2204,7 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
         programs_per_row, k: as in ``top_k_lanes_kernel``.
         cand_stride: programs_per_row * k + SURVIVORS + K_POW2 + KEPT.
         token_ptr: int64 [rows] out (SAMPLE): the token, -1 for a row without a finite logit or
-            with an invalid temperature.
+            with an invalid temperature, top_p or min_p.
         temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride: as in
             ``resolve_kernel`` (SAMPLE; top-k is the scalar k).
         WIDTH, SEGMENTS_PER_PROGRAM, GROUP: the groups, as in ``top_k_lanes_kernel``.
@@ -2209,7 +2214,8 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
         SURVIVORS: next_pow2 of the most candidates that can reach the bound (>= k).
         K_POW2: next_pow2(k).
         GATHER: next_pow2(k * GROUP * SEGMENTS_PER_PROGRAM): the tokens of the k best groups.
-        KEPT: the most tokens at or above the k-th best group that are sorted alone.
+        KEPT: the most tokens at or above the k-th best group that are sorted alone (a power
+            of two, as HEAD).
         SAMPLE: race the top k (the first launch's FINITE_ONLY) instead of writing them out.
         MASSES: top-p or min-p may be on in some row (``_top_k_lanes_race``).
         T_ROW, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR: per-row parameter tensors.
@@ -2271,14 +2277,14 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
         # (each branch's names its own: a name bound in both must have one shape)
         ranked_kept = tl.sort(tl.load(kept_at + t, mask=t < reached, other=INT64_MIN), descending=True)
         if SAMPLE:
-            _top_k_lanes_race(ranked_kept, t, row, k, token_ptr, inv_t, noise_scale, params_ok, p, mp, filters,
-                              race_seed, stream, race_offset, MASSES)
+            _top_k_lanes_race(ranked_kept, t, row, k, token_ptr, inv_t, noise_scale, params_ok, p, mp, race_seed,
+                              stream, race_offset, MASSES)
         else:
             _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked_kept, t)
     else:
         ranked_all = tl.sort(keys, descending=True)
         if SAMPLE:
-            _top_k_lanes_race(ranked_all, g, row, k, token_ptr, inv_t, noise_scale, params_ok, p, mp, filters,
-                              race_seed, stream, race_offset, MASSES)
+            _top_k_lanes_race(ranked_all, g, row, k, token_ptr, inv_t, noise_scale, params_ok, p, mp, race_seed,
+                              stream, race_offset, MASSES)
         else:
             _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked_all, g)
