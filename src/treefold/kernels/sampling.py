@@ -2274,7 +2274,7 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
         tl.store(kept_at + tl.cumsum(reach_token.to(tl.int32), 0) - 1, keys, mask=reach_token)
         tl.debug_barrier()
         t = tl.arange(0, KEPT)
-        # (each branch's names its own: a name bound in both must have one shape)
+        # (each branch names its own sorted list: a name bound in both must have one shape)
         ranked_kept = tl.sort(tl.load(kept_at + t, mask=t < reached, other=INT64_MIN), descending=True)
         if SAMPLE:
             _top_k_lanes_race(ranked_kept, t, row, k, token_ptr, inv_t, noise_scale, params_ok, p, mp, race_seed,
