@@ -508,12 +508,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
     tensors = any(isinstance(v, torch.Tensor) for v in (top_k, top_p, min_p))
     filtered = any(v is not None for v in (top_k, top_p, min_p))
     greedy = not isinstance(temperature, torch.Tensor) and temperature == 0.0
-    run = _Run()
-    if prepare_key is not None:
-        slots = dict(x=x, token=out, **_tensor_params(temperature, top_k, top_p, min_p, seed, offset))
-        ints = tuple(name for name, v in (("seed", seed), ("offset", offset))
-                     if not greedy and not isinstance(v, torch.Tensor))
-        run = _Run(True, slots, ints)
+    run = _sample_run(prepare_key, x, out, temperature, top_k, top_p, min_p, seed, offset)
     if filtered and not (greedy and not tensors):
         _pipeline(x, kernels.MODE_SAMPLE.value, temperature, top_k, top_p, min_p, seed, offset,
                   all_values=False, outputs={"token": out}, k_out=0,
@@ -539,6 +534,19 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
             PROGRAMS_POW2=g.parts_pow2, num_warps=1, **last)
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
+
+
+def _sample_run(prepare_key, x: torch.Tensor, out: torch.Tensor, temperature, top_k, top_p, min_p, seed,
+                offset) -> _Run:
+    """How a sampling call's launches go: prepared (``prepare_key`` given) with the logits, the
+    token and the tensor parameters as slots, and seed and offset, where they are ints that a
+    noisy race reads, as the integers that change from call to call; else each at once."""
+    if prepare_key is None:
+        return _Run()
+    greedy = not isinstance(temperature, torch.Tensor) and temperature == 0.0
+    slots = dict(x=x, token=out, **_tensor_params(temperature, top_k, top_p, min_p, seed, offset))
+    return _Run(True, slots, tuple(name for name, v in (("seed", seed), ("offset", offset))
+                                   if not greedy and not isinstance(v, torch.Tensor)))
 
 
 def _keep_prepared(prepare_key, run: _Run, outputs: tuple) -> None:
@@ -661,7 +669,7 @@ def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int]
     if rows == 0:
         return values, indices
     run = _Run(True, dict(x=x, values=values, indices=indices)) if prepare_key is not None else _Run()
-    _top_k_lanes_launches(x, k, programs_per_row, run, (values, indices, indices, 1.0, 1.0, 0.0, 0, 0, 0, 0, 0), {})
+    _top_k_lanes_launches(x, k, programs_per_row, run, values, indices)
     _keep_prepared(prepare_key, run, (("values", (rows, k), x.dtype), ("indices", (rows, k), torch.int64)))
     return values, indices
 
@@ -683,28 +691,33 @@ def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, top_p=None
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
         return out
-    run = _Run()
-    if prepare_key is not None:
-        slots = dict(x=x, token=out, **_tensor_params(temperature, None, top_p, min_p, seed, offset))
-        run = _Run(True, slots, tuple(name for name, v in (("seed", seed), ("offset", offset))
-                                      if not isinstance(v, torch.Tensor)))
+    run = _sample_run(prepare_key, x, out, temperature, None, top_p, min_p, seed, offset)
     c = _common(x, temperature, top_k, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = {name: c["flags"][name] for name in ("T_ROW", "P_ROW", "MINP_ROW", "SEED_TENSOR", "OFFSET_TENSOR")}
-    _top_k_lanes_launches(x, top_k, programs_per_row, run, (out, out, out, t, p, mp, filters, s, s_stride, o, o_stride),
-                          dict(SAMPLE=True, MASSES=top_p is not None or min_p is not None, **flags))
+    _top_k_lanes_launches(x, top_k, programs_per_row, run, out, out, race=(
+        out, (t, p, mp, filters, s, s_stride, o, o_stride),
+        dict(MASSES=top_p is not None or min_p is not None, **flags)))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
 
 
-def _check_lanes(fn: str, x: torch.Tensor, k: int) -> None:
-    """The launch choices' own limits: 1 <= k <= TOP_K_LANES_MAX, k <= n, contiguous rows."""
+def _lanes_problem(x: torch.Tensor, k: int) -> Optional[str]:
+    """What keeps top_k by group maxima from serving x [rows, n] and k (None: nothing): its
+    limits are 1 <= k <= TOP_K_LANES_MAX, k <= n, contiguous rows."""
     if not 1 <= k <= TOP_K_LANES_MAX:
-        raise ValueError(f"{fn}: k must be from 1 to {TOP_K_LANES_MAX}, got {k}")
+        return f"k must be from 1 to {TOP_K_LANES_MAX}, got {k}"
     if k > x.shape[1]:
-        raise ValueError(f"{fn}: k={k} is more than the row length {x.shape[1]}")
+        return f"k={k} is more than the row length {x.shape[1]}"
     if x.shape[1] > 1 and x.stride(1) != 1:
-        raise ValueError(f"{fn}: x must have its last dimension contiguous, got strides {x.stride()}")
+        return f"x must have its last dimension contiguous, got strides {x.stride()}"
+    return None
+
+
+def _check_lanes(fn: str, x: torch.Tensor, k: int) -> None:
+    problem = _lanes_problem(x, k)
+    if problem is not None:
+        raise ValueError(f"{fn}: {problem}")
 
 
 def _top_k_lanes_plan(rows: int, n: int, k: int, device: torch.device, programs_per_row: Optional[int] = None):
@@ -724,12 +737,17 @@ def _top_k_lanes_gather(rows: int, n: int, k: int, device: torch.device) -> int:
     return k * group * g.segments_per_program
 
 
+#: The finishing kernel's race arguments where it races nothing (``top_k``): temperature 1, top_p
+#: 1, min_p 0, no filter, seed 0 (stride 0), offset 0 (stride 0).
+_NO_RACE = (1.0, 1.0, 0.0, 0, 0, 0, 0, 0)
+
+
 def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[int], run: _Run,
-                          outputs: tuple, race_flags: dict) -> None:
-    """The two launches of top_k by group maxima for x [rows, n] (rows > 0). ``outputs``: the
-    finishing kernel's (values, indices, token, temperature, top_p, min_p, filters, seed, seed
-    stride, offset, offset stride); ``race_flags``: its SAMPLE, MASSES and per-row flags (empty:
-    ``top_k``)."""
+                          values: torch.Tensor, indices: torch.Tensor, race: Optional[tuple] = None) -> None:
+    """The two launches of top_k by group maxima for x [rows, n] (rows > 0), writing ``values``
+    and ``indices``, or with ``race`` = (token, the finishing kernel's (temperature, top_p, min_p,
+    filters, seed, seed stride, offset, offset stride), its MASSES and per-row flags) the
+    sampled token instead (the first launch then over finite logits only)."""
     rows, n = x.shape
     k_pow2 = order.next_pow2(k)
     g, group = _top_k_lanes_plan(rows, n, k, x.device, programs_per_row)
@@ -741,11 +759,14 @@ def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[in
     cand_stride = ppr * k + survivors + k_pow2 + TOP_K_LANES_KEPT
     cand = run.buffer("cand", (rows, cand_stride), torch.int64, x.device)
     first, _, last = _chained(x.device) if TOP_K_LANES_DEPENDENT_LAUNCH else ({}, {}, {})
-    values, indices, *race_args = outputs
+    token, race_args, race_flags = (indices, _NO_RACE, {}) if race is None else race
+    if race is not None:
+        race_flags = dict(SAMPLE=True, **race_flags)
     run(_TOP_K_LANES, (rows * ppr,), x, n, x.stride(0), cand, ppr, k, cand_stride,
         WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group,
-        FINITE_ONLY=bool(race_flags), num_warps=g.num_warps, **first)
-    run(_TOP_K_LANES_FINISH, (rows,), x, n, x.stride(0), cand, values, indices, ppr, k, cand_stride, *race_args,
+        FINITE_ONLY=race is not None, num_warps=g.num_warps, **first)
+    run(_TOP_K_LANES_FINISH, (rows,), x, n, x.stride(0), cand, values, indices, ppr, k, cand_stride, token,
+        *race_args,
         WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group,
         HEAD=head, HEADS=order.next_pow2(ppr) * head, CANDS=order.next_pow2(ppr * k), SURVIVORS=survivors,
         K_POW2=k_pow2, GATHER=order.next_pow2(k * group * g.segments_per_program), KEPT=TOP_K_LANES_KEPT,
@@ -757,7 +778,7 @@ def top_k_kernel_rows(x: torch.Tensor, k: int, prepare_key=None):
     same values and indices, by the faster launches (k <= TOP_K_KERNEL_MAX)."""
     rows, n = x.shape
     least = TOP_K_LANES_MIN_ROWS if x.element_size() >= 4 else TOP_K_LANES_MIN_ROWS_16BIT
-    if (x.is_cuda and k <= min(TOP_K_LANES_MAX, n) and rows >= least and (n <= 1 or x.stride(1) == 1)
+    if (x.is_cuda and rows >= least and _lanes_problem(x, k) is None
             and _top_k_lanes_gather(rows, n, k, x.device) <= TOP_K_LANES_MAX_GATHER):
         return top_k_lanes_rows(x, k, prepare_key=prepare_key)
     return top_k_rows(x, k, prepare_key=prepare_key)
