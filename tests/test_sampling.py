@@ -230,8 +230,7 @@ def test_reference_chi_square(config):
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
-@pytest.mark.parametrize("config", [STAT_CONFIGS[0], STAT_CONFIGS[3], STAT_CONFIGS[4]],
-                         ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("config", STAT_CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_kernel_chi_square(device, config):
     # many rows with different seeds in one call (the interpreter runs programs one by one)
     draws = 20_000 if CUDA else (240 if len(config) == 1 else 60)
@@ -382,15 +381,25 @@ def test_bad_rows_sample_minus_one(device):
         assert out[0] >= 0 and out[1:].tolist() == [-1] * 8
         assert treefold.sample(x[7:], seed=1).tolist() == [-1, -1]
         assert treefold.sample(x[7:], temperature=0).tolist() == [-1, -1]
-    else:  # logits on the host: a row with nothing to sample is an error naming the rows
+        bad_t = torch.tensor([-0.5], device=device)
+        assert treefold.sample(x[:1], temperature=bad_t, seed=0).tolist() == [-1]
+    else:  # on the host: a bad row, of parameters or of logits, is an error naming the rows
         with pytest.raises(ValueError, match=r"row\(s\) 7, 8 .*no finite value"):
-            treefold.sample(x, temperature=t, top_k=k, top_p=p, min_p=mp, seed=1)
+            treefold.sample(x, temperature=t[0], top_k=3, seed=1)
         with pytest.raises(ValueError, match=r"row\(s\) 1 .*no finite value"):
             treefold.sample(x[6:8].reshape(1, 2, n), temperature=0)
-        out = treefold.sample(x[:7], temperature=t[:7], top_k=k[:7], top_p=p[:7], min_p=mp[:7], seed=1)
-        assert out[0] >= 0 and out[1:].tolist() == [-1] * 6
-    bad_t = torch.tensor([-0.5], device=device)
-    assert treefold.sample(x[:1], temperature=bad_t, seed=0).tolist() == [-1]
+        with pytest.raises(ValueError, match=r"sample: temperature is out of range in row\(s\) 1, 2, 3 .*"
+                                             r"got -1.0, expected finite and >= 0"):
+            treefold.sample(x, temperature=t, top_k=k, top_p=p, min_p=mp, seed=1)
+        with pytest.raises(ValueError, match=r"sample: top_k is out of range in row\(s\) 4, 5 .*got 0, "
+                                             r"expected in \[1, 20\]"):
+            treefold.sample(x[:7], top_k=k[:7], seed=1)
+        with pytest.raises(ValueError, match=r"sample: top_p is out of range in row\(s\) 6 .*got 0.0"):
+            treefold.sample(x[:7], top_p=p[:7], seed=1)
+        with pytest.raises(ValueError, match=r"sample: min_p is out of range in row\(s\) 6 .*got 1.5"):
+            treefold.sample(x[:7], min_p=mp[2:], seed=1)
+        with pytest.raises(ValueError, match=r"top_k_mask: k is out of range in row\(s\) 4, 5"):
+            treefold.top_k_mask(x[:7], k[:7])
 
 
 def test_unit_temperature_reads_the_logits_unscaled_with_the_same_tokens(device):
@@ -425,6 +434,9 @@ def test_non_finite_logits_are_never_drawn(device):
     (dict(temperature=-1.0), ValueError, "sample: temperature must be >= 0.0, got -1.0"),
     (dict(temperature=float("inf")), ValueError, "sample: temperature must be finite, got inf"),
     (dict(temperature="hot"), TypeError, "sample: temperature must be a number, got str"),
+    # the kernels take temperature and p as float32: a value that rounds to inf or 0 there is out of range
+    (dict(temperature=1e39), ValueError, r"sample: temperature=1e\+39 overflows float32"),
+    (dict(top_p=1e-50), ValueError, r"sample: top_p=1e-50 rounds to 0 in float32"),
     (dict(top_k=0), ValueError, r"sample: top_k=0 is out of range for 10 tokens"),
     (dict(top_k=11), ValueError, r"sample: top_k=11 is out of range for 10 tokens"),
     (dict(top_k=2.0), TypeError, "sample: top_k must be an int, a tensor or None, got float"),
@@ -1428,8 +1440,17 @@ def test_masks_take_per_row_parameters(device):
     want = torch.stack([torch.isfinite(ref.filter_mask(x[r:r + 1].cpu(), top_p=float(ps[r])))[0]
                         for r in range(3)])
     assert torch.equal(torch.isfinite(treefold.top_p_mask(x, ps)).cpu(), want)
-    bad = treefold.top_k_mask(x, torch.tensor([0, 5, 26], device=device))
+    bad_k = torch.tensor([0, 5, 26], device=device)
+    if x.is_cuda:  # never read back: the rows keep nothing
+        bad = treefold.top_k_mask(x, bad_k)
+        assert torch.isinf(bad[0]).all() and torch.isinf(bad[2]).all()
+    else:
+        with pytest.raises(ValueError, match=r"top_k_mask: k is out of range in row\(s\) 0, 2 .*got 0"):
+            treefold.top_k_mask(x, bad_k)
+    # below the checks, on every device, such rows keep nothing
+    bad = ops.sampling_filter(x, bad_k, None, None, False)
     assert torch.isinf(bad[0]).all() and torch.isinf(bad[2]).all()
+    assert torch.equal(bad[1], treefold.top_k_mask(x[1:2], 5)[0])
 
 
 def test_torch_compile_fullgraph(device):

@@ -762,7 +762,9 @@ def norm_prepare(is_rms, x, residual, weight, bias, eps, offset, casting, out_dt
 
 
 def _overlap(a: Tensor, b: Tensor) -> bool:
-    """Whether the memory spans of two tensors intersect (a conservative test)."""
+    """Whether two tensors share a byte of memory: exact where both are rows with a contiguous
+    last dimension under one row stride (two column ranges of one buffer, say), otherwise
+    whether their memory spans intersect."""
     if a.numel() == 0 or b.numel() == 0:
         return False
 
@@ -771,7 +773,32 @@ def _overlap(a: Tensor, b: Tensor) -> bool:
         return t.data_ptr(), t.data_ptr() + extent * t.element_size()
 
     (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
+    if not (a0 < b1 and b0 < a1):
+        return False
+    rows_a, rows_b = _row_bytes(a), _row_bytes(b)
+    if rows_a is None or rows_b is None:
+        return True
+    (starts_a, length_a), (starts_b, length_b) = rows_a, rows_b
+    # Rows of one tensor have equal lengths and start in increasing order, so their ends are in
+    # order too: a row of a meets b iff the last row of b starting before a's row ends reaches
+    # past a's row's start.
+    last = torch.searchsorted(starts_b, starts_a + length_a) - 1
+    met = (last >= 0) & (starts_b[last.clamp(min=0)] + length_b > starts_a)
+    return bool(met.any())
+
+
+def _row_bytes(t: Tensor) -> Optional[tuple[Tensor, int]]:
+    """(the first byte of each row, the bytes of a row) of t seen as rows of its last dimension,
+    or None where the rows are not one contiguous range each under a single row stride."""
+    n = t.shape[-1]
+    if n > 1 and t.stride(-1) != 1:
+        return None
+    try:
+        rows = t.view(-1, n)
+    except RuntimeError:  # the leading dimensions do not collapse into one row stride
+        return None
+    step = rows.stride(0) * t.element_size() if rows.shape[0] > 1 else 0
+    return t.data_ptr() + torch.arange(rows.shape[0], dtype=torch.int64) * step, n * t.element_size()
 
 
 def fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float,
@@ -779,8 +806,9 @@ def fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor
     """In place: ``residual = x + residual`` (residual's dtype), then ``x = rms_norm(residual) * w``
     with the "llama" casting, written in x's dtype. Raises ValueError if x and residual overlap."""
     if _overlap(x, residual):
-        raise ValueError("fused_add_rms_norm_: x and residual share memory; both are written in place, "
-                         "so they must not")
+        raise ValueError("fused_add_rms_norm_: x and residual share memory (or, where their strides keep "
+                         "that from being told exactly, their memory ranges intersect); both are written in "
+                         "place, so they must not")
     if x.numel() == 0:
         return
     x2, r2 = _rows(x), _rows(residual)

@@ -10,6 +10,7 @@ seen before skips its checks and takes a prepared launch (``treefold._ops.norms.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional, Sequence, Union
 
 import torch
@@ -98,7 +99,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
             - ``"llama"``: statistics in float32; the normalised row is rounded to the input's
               dtype, then multiplied by the weight (in torch's promotion of the two dtypes).
               Hugging Face's ``LlamaRMSNorm`` and its copies (Mistral, Mixtral, Qwen2, Qwen3,
-              Phi-3, DeepSeek-V3), and vLLM's / FlashInfer's ``rms_norm``. On bfloat16 the
+              Phi-3, DeepSeek-V3), and vLLM's CUDA ``rms_norm``. On bfloat16 the
               output equals Hugging Face's bit for bit on all but a few elements in 10^5
               (4096 x 4096 on the CPU: 99.9997%); the rest are one ulp apart, or two where
               |weight| > 1: the mean square is summed in the treefold order, not torch's, so
@@ -107,7 +108,8 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
             - ``"gemma"``: everything in float32 (``weight`` widened, ``offset`` added in float32),
               one rounding to the input's dtype at the end. Hugging Face's ``GemmaRMSNorm``
               (Gemma, Gemma 2, Gemma 3) with ``offset=1.0``; with ``offset=0.0`` it is the
-              arithmetic of ``torch.nn.functional.rms_norm``.
+              arithmetic of ``torch.nn.functional.rms_norm`` and of FlashInfer's ``rmsnorm``
+              (which rounds once, at the end; its approximate rsqrt moves the last bits).
             - ``"none"``: no intermediate rounding either, and the output dtype is torch's
               promotion of the input and weight dtypes (bfloat16 activations with a float32
               weight give float32), as an unrounded ``x * rstd * weight`` would.
@@ -165,9 +167,11 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
     """In place, the serving engines' fused add + RMSNorm: ``residual += x``, then
     ``x = rms_norm(residual) * weight``.
 
-    The same semantics as vLLM's ``fused_add_rms_norm`` and FlashInfer's
+    vLLM's ``fused_add_rms_norm`` semantics, and the call signature of FlashInfer's
     ``fused_add_rmsnorm``: the sum is rounded to the residual's dtype and is what gets
     normalised; the normalisation uses the ``"llama"`` casting and is written in x's dtype.
+    (FlashInfer's own kernel normalises the float32 sum before its rounding and rounds the
+    output once, at the end: on 16-bit inputs its bits differ from these in the last place.)
     Both tensors are overwritten; nothing is returned. It has no autograd formula (it is for
     inference): for training use ``rms_norm(x, weight, residual=residual)``, which returns
     ``(y, h)`` and is differentiable.
@@ -195,12 +199,25 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
         _ops.fused_add_rms_norm_impl(x, residual, weight, eps)
 
 
+def _dimension(d) -> Optional[int]:
+    """d as a Python int where it is an integer that is not a bool (NumPy's integers included,
+    as torch takes them), else None."""
+    if isinstance(d, (bool, torch.Tensor)):
+        return None
+    try:
+        return operator.index(d)
+    except TypeError:
+        return None
+
+
 def _normalized_shape(fn: str, normalized_shape) -> tuple[int, ...]:
-    if isinstance(normalized_shape, int) and not isinstance(normalized_shape, bool):
-        return (normalized_shape,)
-    if isinstance(normalized_shape, (tuple, list, torch.Size)) and len(normalized_shape) > 0 and all(
-            isinstance(d, int) and not isinstance(d, bool) for d in normalized_shape):
-        return tuple(normalized_shape)
+    single = _dimension(normalized_shape)
+    if single is not None:
+        return (single,)
+    if isinstance(normalized_shape, (tuple, list, torch.Size)) and len(normalized_shape) > 0:
+        dims = tuple(_dimension(d) for d in normalized_shape)
+        if None not in dims:
+            return dims
     raise TypeError(f"{fn}: normalized_shape must be an int or a non-empty sequence of ints, "
                     f"got {normalized_shape!r}")
 

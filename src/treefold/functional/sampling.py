@@ -11,11 +11,13 @@ tensors run the same kernels interpreted under ``TRITON_INTERPRET=1``, otherwise
 (``treefold.reference.sampling``), which gives the same tokens.
 
 Python scalars are checked here and raise TypeError / ValueError (an eager CUDA ``sample`` call
-of a kind of arguments checked before skips the checks: ``_validated_kind``). Tensor arguments
-on the GPU are never read back to the host (that would stall the GPU and break CUDA graphs): a
-row whose own parameter is out of range samples -1, as does a row without a finite logit. Logits
-on the CPU are on the host already: ``sample`` raises ValueError for a row without a finite
-logit there.
+of a kind of arguments checked before skips the checks: ``_validated_kind``); temperature, p and
+min_p are checked as they round to float32, the kernels' precision. Tensor arguments on the GPU
+are never read back to the host (that would stall the GPU and break CUDA graphs): a row whose own
+parameter is out of range samples -1 (a mask keeps nothing in it), as does a row without a
+finite logit. On the CPU the values are on the host already: a per-row parameter out of range
+raises ValueError naming the rows, and so does, in ``sample``, a row without a finite logit
+(inside torch.compile nothing is read back, and such rows give the GPU's results).
 """
 from __future__ import annotations
 
@@ -85,10 +87,19 @@ def _per_row(fn: str, name: str, value: torch.Tensor, rows: int, batch: tuple, d
     return value.reshape(rows).to(to).contiguous()
 
 
+# The kernels take temperature, p and min_p as float32, so a scalar is checked as it rounds
+# there: from 2^128 - 2^103 up a number rounds to inf, and up to 2^-150 to 0.
+_FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+_FLOAT32_ZERO = 2.0 ** -150
+
+
 def _temperature(fn: str, value, rows, batch, device):
     if isinstance(value, torch.Tensor):
         return _per_row(fn, "temperature", value, rows, batch, device, _FLOAT_PARAMS, torch.float32)
-    return _checks.finite_float(fn, "temperature", value, low=0.0)
+    v = _checks.finite_float(fn, "temperature", value, low=0.0)
+    if v >= _FLOAT32_OVERFLOW:
+        raise ValueError(f"{fn}: temperature={value} overflows float32, in which the kernels take it")
+    return v
 
 
 def _k(fn: str, name: str, value, n: int, rows, batch, device):
@@ -116,7 +127,28 @@ def _p(fn: str, name: str, value, rows, batch, device, *, low_open: bool):
     lo_ok = v > 0.0 if low_open else v >= 0.0
     if not (lo_ok and v <= 1.0):  # NaN fails too
         raise ValueError(f"{fn}: {name}={value} is outside {'(0, 1]' if low_open else '[0, 1]'}")
+    if low_open and v <= _FLOAT32_ZERO:
+        raise ValueError(f"{fn}: {name}={value} rounds to 0 in float32, in which the kernels take it "
+                         f"(expected {name} > 2^-150)")
     return v
+
+
+def _check_rows_on_host(fn: str, n: int, temperature, top_k, top_p, min_p,
+                        names=("temperature", "top_k", "top_p", "min_p")) -> None:
+    """ValueError naming the rows of CPU tensor parameters that are out of range: on the host the
+    values can be read for free, so a bad one is an error, as a bad scalar is (on the GPU such a
+    row samples -1, or keeps nothing in a mask, with no synchronisation)."""
+    checks = zip(names, (temperature, top_k, top_p, min_p),
+                 (lambda v: torch.isfinite(v) & (v >= 0), lambda v: (v >= 1) & (v <= n),
+                  lambda v: (v > 0) & (v <= 1), lambda v: (v >= 0) & (v <= 1)),
+                 ("finite and >= 0", f"in [1, {n}]", "in (0, 1] (as float32)", "in [0, 1]"))
+    for name, value, ok, expected in checks:
+        if isinstance(value, torch.Tensor):
+            bad = (~ok(value)).nonzero().flatten().tolist()
+            if bad:
+                shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+                raise ValueError(f"{fn}: {name} is out of range in row(s) {shown} (of the flattened batch): "
+                                 f"got {value[bad[0]].item()}, expected {expected}")
 
 
 def _random(fn: str, name: str, value, rows, batch, device):
@@ -149,12 +181,16 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
     top-k keeps the k first tokens of the order (logit descending, index ascending); top-p keeps
     the shortest prefix whose probability mass, renormalised over the top-k tokens, reaches p
     (a token is kept when the mass strictly before it is below p); min-p keeps the tokens whose
-    probability is at least ``min_p`` times the top token's. The draw is exact: an exponential
-    race in which every kept token draws its own Exp(1) number, no sort and no prefix sum. The
-    numbers come from 23 random bits each, and the compiled kernels compute the race noise with
-    fast logs, within 2^-21 of the float32 reference: a probability is off by a relative 2^-20
-    at most, and a GPU token differs from ``treefold.reference.sampling.sample`` only where two
-    scores lie that close.
+    probability is at least ``min_p`` times the top token's. The draw is exact up to float32: an
+    exponential race in which every kept token draws its own Exp(1) number, no sort and no
+    prefix sum. Each token's score is ``y + g`` in float32, with ``y = logit / temperature``
+    and its noise ``g = -log(E)`` (|g| < 17, from 23 random bits), and the row's maximum is not
+    subtracted first: rounding a score moves the token's probability by a relative
+    ``(|y| + 17) * 2^-24`` at most: about 2^-19 where |y| <= 16, growing with |y| (6e-4 at
+    |y| = 10^4, 6% at 10^6: shift rows of such logits by their maximum first). The
+    compiled kernels compute the noise with fast logs, within 2^-21 of the float32 reference,
+    so a GPU token differs from ``treefold.reference.sampling.sample`` only where two scores
+    lie that close.
 
     Args:
         logits: float32, bfloat16 or float16, shape ``[..., n]`` (1 <= n <= 2^20). Non-finite
@@ -176,15 +212,17 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
         offset: the decode step (an int or an integer tensor, per row or one element), folded
             into the counter of the random numbers: advance it to draw fresh numbers.
 
-    Returns int64 token ids. A row whose own tensor parameter is out of range (temperature
-    negative or not finite, k outside [1, n], p outside (0, 1], min_p outside [0, 1]) or, on the
-    GPU, that holds no finite logit (all -inf or NaN) gives -1, without any host
+    Returns int64 token ids. On the GPU a row whose own tensor parameter is out of range
+    (temperature negative or not finite, k outside [1, n], p outside (0, 1], min_p outside
+    [0, 1]) or that holds no finite logit (all NaN or infinite) gives -1, without any host
     synchronisation; the same call is CUDA-graph safe when every parameter that changes between
     replays is a device tensor.
 
-    Raises TypeError / ValueError for wrong types, shapes, devices and out-of-range scalars, and
-    ValueError for CPU logits with a row that holds no finite logit (the host path can tell;
-    inside torch.compile such a row gives -1 there too).
+    Raises TypeError / ValueError for wrong types, shapes, devices and out-of-range scalars
+    (temperature, p and min_p as they round to float32: a temperature that overflows it, a p
+    that rounds to 0), and, for CPU logits, ValueError naming the rows whose tensor parameter is
+    out of range or that hold no finite logit (the host can tell; inside torch.compile such rows
+    give -1 there too).
     """
     kind = _validated_kind(logits, temperature, top_k, top_p, min_p, seed, offset)
     if kind is not None:
@@ -216,12 +254,13 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
     if rows == 0:
         return torch.empty(batch, dtype=torch.int64, device=dev)
     if dev.type == "cpu" and not torch.compiler.is_compiling():  # (a compiled graph reads nothing back)
+        _check_rows_on_host(fn, n, t, k, p, mp)
         no_finite = ~torch.isfinite(x).any(dim=-1)
         if bool(no_finite.any()):
             bad = no_finite.nonzero().flatten().tolist()
             shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
             raise ValueError(f"{fn}: logits row(s) {shown} (of the flattened batch) hold no finite value "
-                             f"(every logit -inf or NaN): there is nothing to sample")
+                             f"(every logit NaN or infinite; such logits are never drawn): there is nothing to sample")
     if kind is not None:
         if len(_VALIDATED) >= _MAX_VALIDATED:
             _VALIDATED.clear()
@@ -314,8 +353,9 @@ _MASK_DOC = """
             instead of x with -inf outside the kept tokens.
 
     The order and the rule are those of ``sample`` (which applies top-k, then top-p, then
-    min-p); non-finite logits are never kept. A row without a finite logit, or whose own tensor
-    parameter is out of range, keeps nothing: all -inf, or all NaN with ``probs``.
+    min-p); non-finite logits are never kept. A row without a finite logit keeps nothing: all
+    -inf, or all NaN with ``probs``. A per-row parameter out of range raises ValueError naming
+    the rows on the CPU; on the GPU (never read back) its row keeps nothing.
 """
 
 
@@ -330,6 +370,8 @@ def _mask(fn: str, x, probs, top_k=None, top_p=None, min_p=None) -> torch.Tensor
     mp = _p(fn, "min_p", min_p, rows, batch, dev, low_open=False)
     if rows == 0:
         return torch.empty(x.shape, dtype=torch.float32 if probs else x.dtype, device=dev)
+    if dev.type == "cpu" and not torch.compiler.is_compiling():
+        _check_rows_on_host(fn, n, None, k, p, mp, names=(None, "k", "p", "min_p"))
     return _ops.sampling_filter(x2, k, p, mp, probs).reshape(x.shape)
 
 

@@ -128,7 +128,7 @@ def kept_mask(x: np.ndarray, inv_t, k: Optional[int], p: Optional[float],
 def row_parameters(rows: int, temperature, top_k, top_p, min_p, seed, offset):
     """Per-row Python values (None for an absent filter) from scalars or tensors, plus the
     Philox stream of each row: a per-row seed tensor gives stream 0, one seed gives stream r.
-    p and min_p are rounded to float32, as the kernels receive them."""
+    temperature, p and min_p are rounded to float32, as the kernels receive them."""
     def per_row(v, kind):
         if v is None:
             return [None] * rows
@@ -139,8 +139,8 @@ def row_parameters(rows: int, temperature, top_k, top_p, min_p, seed, offset):
         return [kind(v)] * rows
     per_row_seed = isinstance(seed, torch.Tensor) and seed.numel() == rows
     streams = [0] * rows if per_row_seed else list(range(rows))
-    as_f32 = lambda a: float(np.float32(a))  # noqa: E731  (the kernels take p and min_p as float32)
-    return (per_row(temperature, float), per_row(top_k, int), per_row(top_p, as_f32),
+    as_f32 = lambda a: float(np.float32(a))  # noqa: E731  (the kernels take these as float32)
+    return (per_row(temperature, as_f32), per_row(top_k, int), per_row(top_p, as_f32),
             per_row(min_p, as_f32), per_row(seed, int), per_row(offset, int), streams)
 
 
