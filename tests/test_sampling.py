@@ -436,7 +436,9 @@ def test_non_finite_logits_are_never_drawn(device):
     (dict(temperature="hot"), TypeError, "sample: temperature must be a number, got str"),
     # the kernels take temperature and p as float32: a value that rounds to inf or 0 there is out of range
     (dict(temperature=1e39), ValueError, r"sample: temperature=1e\+39 overflows float32"),
+    (dict(temperature=2.0 ** 128 - 2.0 ** 103), ValueError, r"overflows float32"),  # the first that does
     (dict(top_p=1e-50), ValueError, r"sample: top_p=1e-50 rounds to 0 in float32"),
+    (dict(top_p=2.0 ** -150), ValueError, r"rounds to 0 in float32"),  # the last that does
     (dict(top_k=0), ValueError, r"sample: top_k=0 is out of range for 10 tokens"),
     (dict(top_k=11), ValueError, r"sample: top_k=11 is out of range for 10 tokens"),
     (dict(top_k=2.0), TypeError, "sample: top_k must be an int, a tensor or None, got float"),
@@ -457,6 +459,29 @@ def test_sample_argument_errors(kwargs, exc, message):
     x = torch.randn(2, 10)
     with pytest.raises(exc, match=message):
         treefold.sample(x, **kwargs)
+
+
+def test_scalars_are_checked_as_they_round_to_float32(monkeypatch):
+    # the kernels take temperature, p and min_p as float32: the largest temperature that rounds
+    # to a finite one and the smallest p that does not round to 0 pass; a temperature that
+    # rounds to 0 is greedy, and draws nothing from torch's generator
+    calls = []
+    monkeypatch.setattr(treefold.functional.sampling._ops, "sample",
+                        lambda x, *args: calls.append(args) or torch.zeros(x.shape[0], dtype=torch.int64))
+    x = torch.randn(2, 10)
+    top_t, low_p = math.nextafter(2.0 ** 128 - 2.0 ** 103, 0.0), math.nextafter(2.0 ** -150, 1.0)
+    treefold.sample(x, temperature=top_t, top_p=low_p, seed=1)
+    assert calls[-1][0] == top_t and calls[-1][2] == low_p
+    assert float(torch.tensor(top_t, dtype=torch.float32)) < math.inf
+    assert float(torch.tensor(low_p, dtype=torch.float32)) > 0.0
+    state = torch.get_rng_state()
+    treefold.sample(x, temperature=2.0 ** -150)
+    assert calls[-1][0] == 0.0 and calls[-1][4] == 0 and torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(ValueError, match=r"sample: temperature is out of range in row\(s\) 1 .*got inf, "
+                                         r"expected finite and >= 0 \(as float32\)"):
+        treefold.sample(x, temperature=torch.tensor([1.0, 1e39], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"sample: top_p is out of range in row\(s\) 0 .*got 0.0"):
+        treefold.sample(x, top_p=torch.tensor([1e-50, 0.5], dtype=torch.float64))
 
 
 def _same_arguments(a, b) -> bool:

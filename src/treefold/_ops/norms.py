@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .. import backend, order
+from .. import _checks
 from .._checks import as_rows
 from ..kernels.norms import column_tree_sum_kernel, norm_backward_kernel, norm_forward_kernel
 from ..reference import norms as ref
@@ -761,12 +762,13 @@ def norm_prepare(is_rms, x, residual, weight, bias, eps, offset, casting, out_dt
     return y if h is None else (y, h)
 
 
-def _overlap(a: Tensor, b: Tensor) -> bool:
-    """Whether two tensors share a byte of memory: exact where both are rows with a contiguous
-    last dimension under one row stride (two column ranges of one buffer, say), otherwise
-    whether their memory spans intersect."""
+def _overlap(a: Tensor, b: Tensor) -> Optional[str]:
+    """None where two tensors share no byte of memory, else how they meet: "share memory", or,
+    where their memory ranges intersect but their strides keep the test from telling whether an
+    element is shared, that. Exact for tensors whose rows (of the last dimension) are each one
+    contiguous range under one row stride (two column ranges of one buffer, say)."""
     if a.numel() == 0 or b.numel() == 0:
-        return False
+        return None
 
     def span(t: Tensor) -> tuple[int, int]:
         extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1
@@ -774,41 +776,63 @@ def _overlap(a: Tensor, b: Tensor) -> bool:
 
     (a0, a1), (b0, b1) = span(a), span(b)
     if not (a0 < b1 and b0 < a1):
-        return False
-    rows_a, rows_b = _row_bytes(a), _row_bytes(b)
+        return None
+    rows_a, rows_b = _row_layout(a), _row_layout(b)
     if rows_a is None or rows_b is None:
-        return True
-    (starts_a, length_a), (starts_b, length_b) = rows_a, rows_b
-    # Rows of one tensor have equal lengths and start in increasing order, so their ends are in
-    # order too: a row of a meets b iff the last row of b starting before a's row ends reaches
-    # past a's row's start.
+        return ("have memory ranges that intersect, with strides too irregular to tell whether they "
+                "share memory (pass separate buffers, or rows evenly strided)")
+    return "share memory" if _rows_meet(rows_a, rows_b) else None
+
+
+def _row_layout(t: Tensor) -> Optional[tuple[int, int, int, int]]:
+    """(first byte, rows, row stride in bytes, bytes of a row) of t seen as rows of its last
+    dimension, or None where a row is not one contiguous range or the rows not one stride apart
+    (read from the shape and strides: no view is made, this is on an eager call's path)."""
+    if not _checks.last_dim_contiguous(t):
+        return None
+    size = t.element_size()
+    rows, row_stride = 1, 0
+    # leading dimensions of more than one entry, innermost first: each must step over the next
+    for extent, stride in reversed([(e, st) for e, st in zip(t.shape[:-1], t.stride()[:-1]) if e > 1]):
+        if rows > 1 and stride != row_stride * rows:
+            return None
+        if rows == 1:
+            row_stride = stride
+        rows *= extent
+    n = t.shape[-1] if t.ndim else 1
+    return t.data_ptr(), rows, row_stride * size, n * size
+
+
+def _rows_meet(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    """Whether row i of a ([start + i * stride, + length) in bytes) meets row j of b for some i, j."""
+    (a0, rows_a, stride_a, length_a), (b0, rows_b, stride_b, length_b) = a, b
+    if rows_a == 1:
+        stride_a = stride_b
+    if rows_b == 1:
+        stride_b = stride_a
+    if stride_a == stride_b and stride_a > 0:
+        # rows i and j meet iff a0 - b0 - length_b < (j - i) * stride < a0 - b0 + length_a, with
+        # j - i from -(rows_a - 1) to rows_b - 1: is there such a whole number?
+        lo, hi, s = a0 - b0 - length_b, a0 - b0 + length_a, stride_a
+        first, last = max(lo // s + 1, 1 - rows_a), min(-(-hi // s) - 1, rows_b - 1)
+        return first <= last
+    # Other strides (rare: the spans intersect already): every row of a against the rows of b.
+    # Rows of b start in increasing order and have one length, so their ends are in order too:
+    # a row of a meets b iff the last row of b starting before it ends reaches past its start.
+    starts_a = a0 + torch.arange(rows_a, dtype=torch.int64, device="cpu") * stride_a
+    starts_b = b0 + torch.arange(rows_b, dtype=torch.int64, device="cpu") * stride_b
     last = torch.searchsorted(starts_b, starts_a + length_a) - 1
-    met = (last >= 0) & (starts_b[last.clamp(min=0)] + length_b > starts_a)
-    return bool(met.any())
-
-
-def _row_bytes(t: Tensor) -> Optional[tuple[Tensor, int]]:
-    """(the first byte of each row, the bytes of a row) of t seen as rows of its last dimension,
-    or None where the rows are not one contiguous range each under a single row stride."""
-    n = t.shape[-1]
-    if n > 1 and t.stride(-1) != 1:
-        return None
-    try:
-        rows = t.view(-1, n)
-    except RuntimeError:  # the leading dimensions do not collapse into one row stride
-        return None
-    step = rows.stride(0) * t.element_size() if rows.shape[0] > 1 else 0
-    return t.data_ptr() + torch.arange(rows.shape[0], dtype=torch.int64) * step, n * t.element_size()
+    return bool(((last >= 0) & (starts_b[last.clamp(min=0)] + length_b > starts_a)).any())
 
 
 def fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float,
                             **launch) -> None:
     """In place: ``residual = x + residual`` (residual's dtype), then ``x = rms_norm(residual) * w``
     with the "llama" casting, written in x's dtype. Raises ValueError if x and residual overlap."""
-    if _overlap(x, residual):
-        raise ValueError("fused_add_rms_norm_: x and residual share memory (or, where their strides keep "
-                         "that from being told exactly, their memory ranges intersect); both are written in "
-                         "place, so they must not")
+    overlap = _overlap(x, residual)
+    if overlap is not None:
+        raise ValueError(f"fused_add_rms_norm_: x and residual {overlap}; both are written in place, so they "
+                         f"must not share any")
     if x.numel() == 0:
         return
     x2, r2 = _rows(x), _rows(residual)

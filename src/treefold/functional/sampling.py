@@ -11,8 +11,9 @@ tensors run the same kernels interpreted under ``TRITON_INTERPRET=1``, otherwise
 (``treefold.reference.sampling``), which gives the same tokens.
 
 Python scalars are checked here and raise TypeError / ValueError (an eager CUDA ``sample`` call
-of a kind of arguments checked before skips the checks: ``_validated_kind``); temperature, p and
-min_p are checked as they round to float32, the kernels' precision. Tensor arguments on the GPU
+of a kind of arguments checked before skips the checks: ``_validated_kind``); a temperature or
+p is checked as it rounds to float32, the kernels' precision (one that overflows it, or a p that
+rounds to 0, is out of range; a temperature that rounds to 0 is greedy). Tensor arguments on the GPU
 are never read back to the host (that would stall the GPU and break CUDA graphs): a row whose own
 parameter is out of range samples -1 (a mask keeps nothing in it), as does a row without a
 finite logit. On the CPU the values are on the host already: a per-row parameter out of range
@@ -99,7 +100,7 @@ def _temperature(fn: str, value, rows, batch, device):
     v = _checks.finite_float(fn, "temperature", value, low=0.0)
     if v >= _FLOAT32_OVERFLOW:
         raise ValueError(f"{fn}: temperature={value} overflows float32, in which the kernels take it")
-    return v
+    return 0.0 if v <= _FLOAT32_ZERO else v  # (what the kernels would see: greedy, drawing nothing)
 
 
 def _k(fn: str, name: str, value, n: int, rows, batch, device):
@@ -141,14 +142,18 @@ def _check_rows_on_host(fn: str, n: int, temperature, top_k, top_p, min_p,
     checks = zip(names, (temperature, top_k, top_p, min_p),
                  (lambda v: torch.isfinite(v) & (v >= 0), lambda v: (v >= 1) & (v <= n),
                   lambda v: (v > 0) & (v <= 1), lambda v: (v >= 0) & (v <= 1)),
-                 ("finite and >= 0", f"in [1, {n}]", "in (0, 1] (as float32)", "in [0, 1]"))
+                 ("finite and >= 0 (as float32)", f"in [1, {n}]", "in (0, 1] (as float32)", "in [0, 1] (as float32)"))
     for name, value, ok, expected in checks:
         if isinstance(value, torch.Tensor):
             bad = (~ok(value)).nonzero().flatten().tolist()
             if bad:
-                shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-                raise ValueError(f"{fn}: {name} is out of range in row(s) {shown} (of the flattened batch): "
-                                 f"got {value[bad[0]].item()}, expected {expected}")
+                raise ValueError(f"{fn}: {name} is out of range in row(s) {_named_rows(bad)} (of the flattened "
+                                 f"batch): got {value[bad[0]].item()}, expected {expected}")
+
+
+def _named_rows(rows: list) -> str:
+    """The first few of a list of row numbers, for an error message."""
+    return ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
 
 
 def _random(fn: str, name: str, value, rows, batch, device):
@@ -258,8 +263,7 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
         no_finite = ~torch.isfinite(x).any(dim=-1)
         if bool(no_finite.any()):
             bad = no_finite.nonzero().flatten().tolist()
-            shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-            raise ValueError(f"{fn}: logits row(s) {shown} (of the flattened batch) hold no finite value "
+            raise ValueError(f"{fn}: logits row(s) {_named_rows(bad)} (of the flattened batch) hold no finite value "
                              f"(every logit NaN or infinite; such logits are never drawn): there is nothing to sample")
     if kind is not None:
         if len(_VALIDATED) >= _MAX_VALIDATED:
