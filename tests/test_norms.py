@@ -765,6 +765,22 @@ def test_non_contiguous_inputs():
         assert_bits(g.contiguous(), g_want)
 
 
+def test_rows_that_a_dimension_of_one_entry_does_not_space_evenly():
+    # [B, 1, T, K] cut to [B, 1, q, K]: the 1's stride equals the B's, and the rows are not one
+    # stride apart (copied); [B, 1, T, K] cut to [B, 1, T, n] is (read in place)
+    n = 33
+    w = weight_like(n, torch.float32)
+    for x in (randn((2, 1, 7, n), torch.float32, seed=6)[:, :, :3],
+              randn((2, 1, 7, n + 5), torch.float32, seed=7)[:, :, :, :n]):
+        r = randn(x.shape, torch.float32, seed=8)
+        assert_bits(treefold.rms_norm(x, w), treefold.rms_norm(x.contiguous(), w))
+        assert_bits(treefold.layer_norm(x, n, w, w), treefold.layer_norm(x.contiguous(), n, w, w))
+        y, h = treefold.rms_norm(x, w, residual=r)
+        assert_bits(y, treefold.rms_norm(x.contiguous(), w, residual=r)[0])
+    assert ops._checks.row_stride(randn((2, 1, 7, n), torch.float32, seed=6)[:, :, :3]) == (6, None)
+    assert ops._checks.row_stride(randn((2, 1, 7, n + 5), torch.float32, seed=7)[:, :, :, :n]) == (14, n + 5)
+
+
 def test_strided_and_expanded_weights_and_biases():
     """A weight or bias that is a strided view or an expanded scalar is read element by element:
     every entry point gives the bits of its contiguous copy, forward and backward."""

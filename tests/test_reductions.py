@@ -147,6 +147,15 @@ def test_evenly_strided_rows_are_read_in_place(rng, monkeypatch):
     assert_same_bits(got, want_sum(x.contiguous().cpu(), -1))
 
 
+def test_rows_that_a_dimension_of_one_entry_does_not_space_evenly(rng):
+    # [B, 1, T, K] cut to [B, 1, q, K]: the 1's stride equals the B's; the rows are not one
+    # stride apart, so they are copied, not read at the wrong places
+    x = data(rng, (2, 1, 7, 50), torch.float32).to(DEVICE)[:, :, :3]
+    assert x.stride() == (350, 350, 50, 1)
+    assert_same_bits(on_device.sum(x, dim=-1), want_sum(x.contiguous().cpu(), -1))
+    assert torch.equal(on_device.argmax(x, dim=-1).cpu(), x.cpu().argmax(-1))
+
+
 def test_non_contiguous_tensors_reduce_their_logical_order(rng):
     base = data(rng, (300, 70), torch.float32)
     xt = base.t()  # not contiguous

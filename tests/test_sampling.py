@@ -588,6 +588,10 @@ def test_shapes_empty_batch_and_strided_rows(device):
                        treefold.sample(x.contiguous(), seed=seeds, top_p=0.8))
     x3 = wide.reshape(2, 2, 30)
     assert treefold.sample(x3, seed=1, top_k=3).shape == (2, 2)
+    # a dimension of one entry between sliced ones: rows not one stride apart, copied
+    heads = torch.randn(2, 1, 7, 19, generator=g).to(device)[:, :, :3]
+    assert torch.equal(treefold.sample(heads, temperature=0), heads.argmax(-1))
+    assert torch.equal(treefold.top_k(heads, 2)[1], treefold.top_k(heads.contiguous(), 2)[1])
     v, i = treefold.top_k(torch.randn(0, 9, device=device), 4)
     assert v.shape == (0, 4) and i.shape == (0, 4)
     assert treefold.top_p_mask(torch.randn(0, 9, device=device), 0.5).shape == (0, 9)

@@ -434,6 +434,17 @@ def test_strided_rows_are_read_in_place():
     assert_same_bits(treefold.log_softmax(every_other), treefold.log_softmax(every_other.contiguous()))
     not_contiguous = wide.t()[:50]  # last dim strided: copied
     assert_same_bits(treefold.softmax(not_contiguous), treefold.softmax(not_contiguous.contiguous()))
+    # a dimension of one entry between sliced ones (one attention head, [B, 1, T, K] cut to
+    # [B, 1, q, K]): its stride says nothing of where the rows lie; the rows are not one stride
+    # apart here, so they are copied, not read at the wrong places
+    heads = _data((2, 1, 7, 50), torch.float32, seed=4)[:, :, :3]
+    assert heads.stride() == (350, 350, 50, 1)
+    for op in (treefold.softmax, treefold.log_softmax, treefold.logsumexp):
+        assert_same_bits(op(heads), op(heads.contiguous()))
+    dy = _data((2, 1, 7, 50), torch.float32, seed=5)[:, :, :3]
+    xg, xc = heads.clone().requires_grad_(), heads.contiguous().requires_grad_()
+    assert_same_bits(torch.autograd.grad(treefold.softmax(xg), xg, dy)[0],
+                     torch.autograd.grad(treefold.softmax(xc), xc, dy.contiguous())[0])
 
 
 @needs_kernel

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 
@@ -89,13 +89,23 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
 def _strided_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     # Rows evenly spaced in memory (e.g. x[:, :n] of a wider buffer) can be viewed as 2-D
     # with a row stride, no copy. Leading dims must collapse into one stride.
-    lead = t.shape[:-1]
-    strides = t.stride()[:-1]
-    rows = 1
-    for s in lead:
-        rows *= s
-    # collapse check: stride[i] == stride[i+1] * shape[i+1] for all leading dims
-    for i in range(len(lead) - 1):
-        if lead[i] > 1 and strides[i] != strides[i + 1] * lead[i + 1]:
-            raise RuntimeError("rows not evenly strided")
-    return t.as_strided((rows, n), (strides[-1] if rows > 1 else max(n, 1), 1))
+    rows, stride = row_stride(t)
+    if stride is None:
+        raise RuntimeError("rows not evenly strided")
+    return t.as_strided((rows, n), (stride if rows > 1 else max(n, 1), 1))
+
+
+def row_stride(t: torch.Tensor) -> tuple[int, Optional[int]]:
+    """(rows, the stride in elements from one row of the last dimension to the next) of ``t``,
+    the stride None where its leading dimensions do not collapse into one (0 for one row).
+    Dimensions of one entry are left out: their strides mean nothing (a [B, 1, T, K] slice
+    may carry any stride on its 1)."""
+    rows, stride = 1, 0
+    lead = [(e, s) for e, s in zip(t.shape[:-1], t.stride()[:-1]) if e > 1]
+    for extent, s in reversed(lead):  # innermost first: each must step over the ones inside it
+        if rows == 1:
+            stride = s
+        elif s != stride * rows:
+            return rows * extent, None
+        rows *= extent
+    return rows, stride

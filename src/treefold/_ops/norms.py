@@ -790,17 +790,11 @@ def _row_layout(t: Tensor) -> Optional[tuple[int, int, int, int]]:
     (read from the shape and strides: no view is made, this is on an eager call's path)."""
     if not _checks.last_dim_contiguous(t):
         return None
+    rows, stride = _checks.row_stride(t)
+    if stride is None:
+        return None
     size = t.element_size()
-    rows, row_stride = 1, 0
-    # leading dimensions of more than one entry, innermost first: each must step over the next
-    for extent, stride in reversed([(e, st) for e, st in zip(t.shape[:-1], t.stride()[:-1]) if e > 1]):
-        if rows > 1 and stride != row_stride * rows:
-            return None
-        if rows == 1:
-            row_stride = stride
-        rows *= extent
-    n = t.shape[-1] if t.ndim else 1
-    return t.data_ptr(), rows, row_stride * size, n * size
+    return t.data_ptr(), rows, stride * size, (t.shape[-1] if t.ndim else 1) * size
 
 
 def _rows_meet(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
