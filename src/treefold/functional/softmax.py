@@ -21,9 +21,10 @@ _COMMON_DOC = """
         dim: the dimension to reduce (negative counts from the end). The last dimension is the
             fast path; rows that are evenly strided with a contiguous last dimension (for
             example ``x[:, :n]`` of a wider buffer) are read in place. Any other ``dim`` is
-            moved last with one copy, and the result copied back to ``x``'s layout.
-        temperature: a finite number > 0. The float32 input is multiplied by float32(1 /
-            temperature) before anything else, in every strategy and in the gradient.
+            moved last with one copy, and the result is returned contiguous in ``x``'s shape.
+        temperature: a finite number > 0 whose inverse float32 holds (about 3e-39 to 1e45).
+            The float32 input is multiplied by float32(1 / temperature) before anything else,
+            in every strategy and in the gradient.
         dtype: the output dtype (float32, bfloat16 or float16); default ``x.dtype``. Unlike
             torch, ``x`` is not rounded to ``dtype`` first: the result is computed from ``x``
             in float32 and rounded once to ``dtype``.
@@ -40,10 +41,19 @@ _COMMON_DOC = """
 """
 
 
+# float32 rounds from 2^128 - 2^103 up to inf, and up to 2^-150 to 0
+_FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+_FLOAT32_ZERO = 2.0 ** -150
+
+
 def _prepare(fn: str, x, dim, temperature, dtype):
     _checks.tensor(fn, "x", x)
     d = _checks.dim(fn, dim, x.ndim)
     t = _checks.finite_float(fn, "temperature", temperature, low=0.0, low_open=True)
+    inverse = 1.0 / t
+    if not _FLOAT32_ZERO < inverse < _FLOAT32_OVERFLOW:
+        raise ValueError(f"{fn}: temperature={temperature} has an inverse that rounds to "
+                         f"{'0' if inverse <= _FLOAT32_ZERO else 'inf'} in float32, which the kernels multiply by")
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"{fn}: dtype must be a torch.dtype or None, got {type(dtype).__name__}")
     if dtype is not None and dtype not in _checks.FLOAT_DTYPES:
@@ -70,7 +80,7 @@ def _plain_call(x, dim, temperature, dtype) -> bool:
     too long) needs no further validation: checked here in a few attribute reads."""
     return (dim.__class__ is int and dim == -1 and temperature.__class__ is float and temperature == 1.0
             and dtype is None and isinstance(x, torch.Tensor) and x.dtype in _checks.FLOAT_DTYPES
-            and x.ndim > 0 and x.shape[-1] <= _ops.MAX_ROW)
+            and x.ndim > 0 and x.shape[-1] <= _ops.MAX_ROW and (x.is_cuda or x.is_cpu))
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, temperature: float = 1.0,
@@ -107,7 +117,8 @@ def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Te
     works under ``torch.compile(fullgraph=True)`` through the ``treefold::logsumexp`` op.
     """
     if (dim.__class__ is int and dim == -1 and keepdim is False and isinstance(x, torch.Tensor)
-            and x.dtype in _checks.FLOAT_DTYPES and x.ndim > 0 and x.shape[-1] <= _ops.MAX_ROW):
+            and x.dtype in _checks.FLOAT_DTYPES and x.ndim > 0 and x.shape[-1] <= _ops.MAX_ROW
+            and (x.is_cuda or x.is_cpu)):
         return _ops.logsumexp(x)
     fn = "logsumexp"
     _checks.tensor(fn, "x", x)
