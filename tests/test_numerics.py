@@ -147,6 +147,15 @@ def test_compare_measures_known_errors():
     assert (report.worst_actual, report.worst_expected) == (-4.0 - 3 * 2.0 ** -21, -4.0)
 
 
+def test_compare_relative_l2_at_the_ends_of_float64():
+    # squares of 1e300 overflow float64 and squares of 1e-300 underflow: the norms are taken
+    # over a common power-of-two scale
+    for scale in (1e300, 1e-300):
+        expected = torch.tensor([1.0, 2.0, -4.0], dtype=torch.float64) * scale
+        report = compare(expected * 1.5, expected, dtype=torch.float64)
+        assert report.relative_l2 == pytest.approx(0.5, rel=1e-12), scale
+
+
 def test_compare_ulps_in_the_judged_dtype():
     one = torch.tensor([1.5], dtype=torch.float32)
     assert compare(one + 2.0 ** -7, one, dtype=torch.bfloat16).max_ulps == 1.0

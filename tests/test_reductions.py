@@ -10,6 +10,7 @@ with a GPU the same tests run the compiled kernels (``on_device``). Without eith
 functions run the references and the kernel-only tests skip.
 GPU tier (``gpu`` marker): the compiled kernels at the issue's sizes.
 """
+import fractions
 import math
 
 import numpy as np
@@ -289,6 +290,24 @@ def test_accurate_sum_beats_float32_where_float32_fails(rng):
     assert_same_bits(on_device.sum(x, accurate=True), torch.tensor(nearest))
 
 
+def test_accurate_sum_keeps_what_cancels_inside_a_group(rng):
+    # a small value between two large ones that cancel, all in one 16-byte group: plain float64
+    # adds there lose it (1.4901161e-07 for 1.5e-07); the default TwoSum groups keep it
+    cases = [np.array([1e8, 0, 1.5e-7, 0, -1e8, 0, 0, 0], dtype=np.float32),
+             np.array([2.0 ** 31, 0, 1 + 2.0 ** -23, 0, -(2.0 ** 31), 0, 0, 0], dtype=np.float32)]
+    pairs = (rng.standard_normal(2048) * 1e8).astype(np.float32)
+    groups = np.stack([pairs, rng.standard_normal(2048).astype(np.float32), -pairs,
+                       rng.standard_normal(2048).astype(np.float32)], axis=1)  # x, noise, -x, noise
+    cases.append(groups.reshape(-1))
+    for a in cases:
+        x = torch.from_numpy(a).to(DEVICE)
+        nearest = ref.correctly_rounded_sum(a)
+        assert_same_bits(tf.sum(x, accurate=True).cpu(), torch.tensor(nearest))
+        exact_mean = np.float32(float(sum(map(fractions.Fraction, a.tolist())) / len(a)))
+        assert float(tf.mean(x, accurate=True)) == float(exact_mean)
+    assert float(tf.sum(torch.from_numpy(cases[0]).to(DEVICE), accurate=True)) == float(np.float32(1.5e-7))
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_accurate_sum_rows_and_dtypes(rng):
     for dtype in FLOATS:
@@ -435,6 +454,7 @@ def test_bad_arguments_raise_with_the_function_and_the_value():
     cases = [
         (lambda: on_device.sum([1.0, 2.0]), TypeError, "sum: x must be a torch.Tensor, got list"),
         (lambda: on_device.sum(x.double()), TypeError, "sum: x has dtype float64"),
+        (lambda: tf.sum(x.to_sparse()), TypeError, "sum: x is a sparse_coo tensor; treefold takes dense"),
         (lambda: on_device.mean(x.int()), TypeError, "mean: x has dtype int32"),
         (lambda: on_device.norm(x.long()), TypeError, "norm: x has dtype int64"),
         (lambda: on_device.sum(x, dim=0), ValueError, r"sum: dim=0 is not supported; only the last dimension"),

@@ -30,6 +30,9 @@ def tensor(fn: str, name: str, value, dtypes=FLOAT_DTYPES) -> torch.Tensor:
                         f"expected one of {_dtype_names(dtypes)}")
     if value.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: {name} is on {value.device}; treefold runs on cuda and cpu tensors")
+    if value.layout is not torch.strided:
+        raise TypeError(f"{fn}: {name} is a {str(value.layout).replace('torch.', '')} tensor; treefold takes "
+                        f"dense (strided) tensors")
     return value
 
 

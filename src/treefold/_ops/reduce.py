@@ -64,11 +64,12 @@ NODE_MIN_SEGMENTS = 4
 NODE_MAX_SEGMENTS = 256
 #: Triton's largest block (elements).
 MAX_BLOCK_ELEMENTS = 1 << 20
-#: The accurate sum adds inside 16-byte groups with TwoSum too (every add error-free). Off: the
-#: groups are added in plain float64 (exact while a group spans less than 2^27 for float32;
-#: ``treefold.functional.reductions.sum`` states the bound): at 2^28 float32 on the H200 the
-#: accurate sum then took 1.017x the float32 sum's time, against 1.07x-1.26x with TwoSum groups.
-ACCURATE_EXACT_GROUPS = False
+#: The accurate sum adds inside 16-byte groups with TwoSum too (every add error-free), so that
+#: cancellation inside a group (1e8, x, -1e8) keeps x. Off: the groups are added in plain
+#: float64, exact only while a group spans less than 2^27 for float32: at 2^28 float32 on the
+#: H200 the accurate sum then took 0.99x-1.02x the float32 sum's time, against 1.06x with TwoSum
+#: groups (benchmarks/results/h200-reductions-sweep.txt).
+ACCURATE_EXACT_GROUPS = True
 
 SUM_KINDS = ("sum", "sum_accurate", "mean", "mean_accurate", "norm1", "norm2")
 INT_DTYPES = (torch.int32, torch.int64)

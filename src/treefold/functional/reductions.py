@@ -109,23 +109,21 @@ def sum(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
     The error is at most D * 2^-24 * sum|x_i| / (1 - D * 2^-24), D = the adds per element
     (``order.pairwise_error_bound``).
 
-    With ``accurate=True`` every input is converted to float64; the values of each 16-byte group
-    (4 float32, or 8 bfloat16 / float16) are added with plain float64 adds, and the group results
-    and everything after are unevaluated pairs (s, c) added with error-free TwoSums. The group
-    adds are exact while a group's nonzero magnitudes span less than a factor 2^27 for float32
-    (2^42 bfloat16, 2^39 float16), which covers uniform and normal data and anything else with
-    that dynamic range. Then the pair s + c is the exact sum whenever every input is a multiple
+    With ``accurate=True`` every input is converted to float64 and every add, inside the 16-byte
+    groups (4 float32, or 8 bfloat16 / float16) and after them, is an error-free TwoSum on
+    unevaluated pairs (s, c). The pair s + c is the exact sum whenever every input is a multiple
     of a power of two q with sum|x_i| < 2^106 / D * q, D the adds an element passes through (at
     most 36 below 2^36 elements; 64 is used below): every TwoSum is exact, and every error word
     is a multiple of q below 2^53 q, so adding them is exact too. A float32 value m is a multiple
     of 2^-24 m, so this covers all data whose nonzero magnitudes span less than a factor
-    2^(76 - log2 N) (2^50 for N = 2^26), and the result is the float32 nearest the exact sum,
-    ties to even. Beyond either condition, |s + c - exact| <= (3 * 2^-53 + 2 D^2 2^-106) *
-    sum|x_i|, and the result is still the nearest float32 unless the exact sum lies that close
-    to a midpoint between two float32 values. (``treefold._ops.reduce.ACCURATE_EXACT_GROUPS =
-    True`` makes the group adds TwoSums too, which lifts the span condition on groups; it cost
-    7% to 24% more time than this default on the H200, depending on the warps per segment; see
-    benchmarks/NOTES.md.)
+    2^(76 - log2 N) (2^50 for N = 2^26; cancellation such as 1e8 + 1.5e-7 - 1e8 included), and
+    the result is the float32 nearest the exact sum, ties to even. Beyond that condition,
+    |s + c - exact| <= 2 D^2 2^-106 * sum|x_i|, and the result is still the nearest float32
+    unless the exact sum lies that close to a midpoint between two float32 values.
+    (``treefold._ops.reduce.ACCURATE_EXACT_GROUPS = False`` adds inside the groups in plain
+    float64 instead: exact only while a group's nonzero magnitudes span less than 2^27 for
+    float32 (2^42 bfloat16, 2^39 float16); at 2^28 float32 on the H200 it took 0.99x-1.02x the
+    default sum's time where TwoSum groups took 1.06x; see benchmarks/NOTES.md.)
     A bfloat16 or float16 ``dtype`` rounds that float32 again. Empty: 0.
     """
     fn = "sum"
@@ -242,7 +240,8 @@ def norm(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None, ord=2)
             above 3.4e38 overflow to inf); 1: the treefold sum of |x|; ``math.inf``: max |x|.
 
     Same bits as the reference on every device for ord 1 and 2. Empty: 0 (ord 1, 2); ord inf
-    raises, like torch.
+    raises, like torch. The gradient of ord inf goes to the first element of largest |x| only,
+    as ``amax``'s does (torch shares it among the ties).
     """
     fn = "norm"
     key = ops.prepared_key(fn, x, dim, keepdim, dtype, ord)

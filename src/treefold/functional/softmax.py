@@ -80,7 +80,7 @@ def _plain_call(x, dim, temperature, dtype) -> bool:
     too long) needs no further validation: checked here in a few attribute reads."""
     return (dim.__class__ is int and dim == -1 and temperature.__class__ is float and temperature == 1.0
             and dtype is None and isinstance(x, torch.Tensor) and x.dtype in _checks.FLOAT_DTYPES
-            and x.ndim > 0 and x.shape[-1] <= _ops.MAX_ROW and (x.is_cuda or x.is_cpu))
+            and x.ndim > 0 and x.shape[-1] <= _ops.MAX_ROW and (x.is_cuda or x.is_cpu) and x.layout is torch.strided)
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, temperature: float = 1.0,
@@ -118,7 +118,7 @@ def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Te
     """
     if (dim.__class__ is int and dim == -1 and keepdim is False and isinstance(x, torch.Tensor)
             and x.dtype in _checks.FLOAT_DTYPES and x.ndim > 0 and x.shape[-1] <= _ops.MAX_ROW
-            and (x.is_cuda or x.is_cpu)):
+            and (x.is_cuda or x.is_cpu) and x.layout is torch.strided):
         return _ops.logsumexp(x)
     fn = "logsumexp"
     _checks.tensor(fn, "x", x)
