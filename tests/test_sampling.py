@@ -2041,14 +2041,15 @@ def test_prepared_sample_calls_through_the_interpreter(monkeypatch):
     seeds = torch.tensor([4, 5, 6])
     temps = torch.tensor([0.5, 1.0, 2.0])
     configs = [(0.0, None, None, None), (1.0, None, None, None), (0.7, None, 0.9, None), (0.7, 20, None, None),
-               (1.0, None, None, 0.05), (temps, torch.tensor([5, 50, 500]), 0.8, None)]
+               (1.0, None, None, 0.05), (temps, torch.tensor([5, 50, 500]), 0.8, None),
+               (0.0, torch.tensor([5, 50, 500]), None, None)]  # greedy through the filters: no seed read
     for step in (0, 1, 2, 16, 17):
         xs = x * (1 + step % 2)
         for t, k, p, mp in configs:
-            for seed in (seeds, 7 + step):
-                got = ops._sample_prepared(xs, t, k, p, mp, seed, step)
-                want = ops.sample_rows(xs, t, k, p, mp, seed, step)
-                assert torch.equal(got, want), (step, t, k, p, mp, seed)
+            for seed, offset in ((seeds, step), (7 + step, step), (seeds, torch.tensor([step])), (step, step)):
+                got = ops._sample_prepared(xs, t, k, p, mp, seed, offset)
+                want = ops.sample_rows(xs, t, k, p, mp, seed, offset)
+                assert torch.equal(got, want), (step, t, k, p, mp, seed, offset)
     assert len(ops._PREPARED) >= 2 * len(configs)
     # later calls of a kind took the prepared launches (two or more per call)
     assert InterpretedPrepared.launched >= 2 * 2 * len(configs) * 2

@@ -508,6 +508,10 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
     tensors = any(isinstance(v, torch.Tensor) for v in (top_k, top_p, min_p))
     filtered = any(v is not None for v in (top_k, top_p, min_p))
     greedy = not isinstance(temperature, torch.Tensor) and temperature == 0.0
+    if greedy:
+        # nothing is drawn: no launch takes the seed or the offset, so a prepared greedy call
+        # (whose kind leaves them out, ``_sample_key``) has no slot for them
+        seed, offset = 0, 0
     run = _sample_run(prepare_key, x, out, temperature, top_k, top_p, min_p, seed, offset)
     if filtered and not (greedy and not tensors):
         _pipeline(x, kernels.MODE_SAMPLE.value, temperature, top_k, top_p, min_p, seed, offset,
@@ -517,8 +521,8 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         # no filter, or greedy with scalar filters (they never remove the top token): one race
         g = race_plan(rows, n, x.dtype, x.device, greedy, programs_per_row, prefetch)
         t, t_row = _param(temperature)
-        s, s_stride, s_tensor = _random(0 if greedy else seed)
-        o, o_stride, o_tensor = _random(0 if greedy else offset)
+        s, s_stride, s_tensor = _random(seed)
+        o, o_stride, o_tensor = _random(offset)
         grid = rows * g.programs_per_row
         part_score = run.buffer("part_score", grid, torch.float32, x.device)
         part_index = run.buffer("part_index", grid, torch.int64, x.device)
@@ -691,6 +695,8 @@ def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, top_p=None
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
         return out
+    if not isinstance(temperature, torch.Tensor) and temperature == 0.0:
+        seed, offset = 0, 0  # greedy draws nothing (as in ``sample_rows``)
     run = _sample_run(prepare_key, x, out, temperature, None, top_p, min_p, seed, offset)
     c = _common(x, temperature, top_k, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
