@@ -781,6 +781,37 @@ def test_rows_that_a_dimension_of_one_entry_does_not_space_evenly():
     assert ops._checks.row_stride(randn((2, 1, 7, n + 5), torch.float32, seed=7)[:, :, :, :n]) == (14, n + 5)
 
 
+def test_vectors_strided_or_flattened_and_stride_0_gradients():
+    # a 1-D x whose elements are not adjacent is copied (and written back in place); the
+    # stride-0 gradient of out.sum().backward() is read as a gradient of ones, also where the
+    # whole input is normalized_shape (flattened to one row)
+    n = 7
+    v = randn((2 * n,), torch.float32, seed=9)[::2]
+    w = weight_like(n, torch.float32)
+    assert_bits(treefold.rms_norm(v, w), treefold.rms_norm(v.contiguous(), w))
+    assert_bits(treefold.layer_norm(v, n, w, w), treefold.layer_norm(v.contiguous(), n, w, w))
+    for x, call in ((randn((33,), torch.float32, seed=10), lambda t, wt: treefold.rms_norm(t, wt)),
+                    (randn((33,), torch.float32, seed=11), lambda t, wt: treefold.layer_norm(t, 33, wt, wt)),
+                    (randn((4, 5), torch.float32, seed=12), lambda t, wt: treefold.layer_norm(t, (4, 5)))):
+        wt = weight_like(33, torch.float32).requires_grad_()
+        xg, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        call(xg, wt).sum().backward()
+        gw = wt.grad.clone() if wt.grad is not None else None
+        wt.grad = None
+        call(xc, wt).backward(torch.ones_like(x))
+        assert_bits(xg.grad, xc.grad)
+        if gw is not None:
+            assert_bits(gw, wt.grad)
+    buf_x, buf_r = randn((2 * n,), torch.float32, seed=13), randn((2 * n,), torch.float32, seed=14)
+    keep_x, keep_r = buf_x[1::2].clone(), buf_r[1::2].clone()
+    want_y, want_h = treefold.rms_norm(buf_x[::2].clone(), w, residual=buf_r[::2].clone())
+    treefold.fused_add_rms_norm_(buf_x[::2], buf_r[::2], w)
+    assert_bits(buf_x[::2], want_y)
+    assert_bits(buf_r[::2], want_h)
+    assert_bits(buf_x[1::2], keep_x)  # nothing written between the elements
+    assert_bits(buf_r[1::2], keep_r)
+
+
 def test_strided_and_expanded_weights_and_biases():
     """A weight or bias that is a strided view or an expanded scalar is read element by element:
     every entry point gives the bits of its contiguous copy, forward and backward."""

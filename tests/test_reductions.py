@@ -157,6 +157,18 @@ def test_rows_that_a_dimension_of_one_entry_does_not_space_evenly(rng):
     assert torch.equal(on_device.argmax(x, dim=-1).cpu(), x.cpu().argmax(-1))
 
 
+def test_strided_vectors_and_one_column_slices(rng):
+    # tensors whose elements, taken in logical order, are not adjacent: copied into one row
+    w = data(rng, (5, 3), torch.float32).to(DEVICE)
+    v = data(rng, (10,), torch.float32).to(DEVICE)[::2]
+    for x in (w[:, :1], w[:, 0], v, data(rng, (1, 4), torch.float32).to(DEVICE).expand(3, 4)):
+        assert_same_bits(on_device.sum(x), want_sum(x.contiguous().reshape(-1).cpu(), -1))
+        assert float(on_device.amax(x)) == float(x.amax())
+        assert_same_bits(on_device.norm(x), on_device.norm(x.contiguous()))
+    assert_same_bits(on_device.sum(v, dim=-1), want_sum(v.contiguous().cpu(), -1))
+    assert_same_bits(on_device.mean(w[:, 0], dim=-1), on_device.mean(w[:, 0].contiguous(), dim=-1))
+
+
 def test_non_contiguous_tensors_reduce_their_logical_order(rng):
     base = data(rng, (300, 70), torch.float32)
     xt = base.t()  # not contiguous

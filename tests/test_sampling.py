@@ -588,6 +588,10 @@ def test_shapes_empty_batch_and_strided_rows(device):
                        treefold.sample(x.contiguous(), seed=seeds, top_p=0.8))
     x3 = wide.reshape(2, 2, 30)
     assert treefold.sample(x3, seed=1, top_k=3).shape == (2, 2)
+    # a vector whose elements are not adjacent: copied
+    v = torch.randn(20, generator=g).to(device)[::2]
+    assert treefold.sample(v, temperature=0).item() == int(v.argmax())
+    assert torch.equal(treefold.top_k(v, 3)[1], treefold.top_k(v.contiguous(), 3)[1])
     # a dimension of one entry between sliced ones: rows not one stride apart, copied
     heads = torch.randn(2, 1, 7, 19, generator=g).to(device)[:, :, :3]
     assert torch.equal(treefold.sample(heads, temperature=0), heads.argmax(-1))

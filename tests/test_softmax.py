@@ -448,6 +448,23 @@ def test_strided_rows_are_read_in_place():
 
 
 @needs_kernel
+def test_strided_vectors_and_their_gradients():
+    # a 1-D tensor whose elements are not adjacent (a column, every other element) is copied,
+    # and so is the stride-0 gradient that out.sum().backward() hands the backward pass
+    v = _data((14,), torch.float32, seed=6)[::2]
+    for op in (treefold.softmax, treefold.log_softmax, treefold.logsumexp):
+        assert_same_bits(op(v), op(v.contiguous()))
+    for op in (treefold.softmax, treefold.log_softmax):
+        xg, xc = v.clone().requires_grad_(), v.clone().requires_grad_()
+        op(xg).sum().backward()
+        op(xc).backward(torch.ones(7, device=xc.device))
+        assert_same_bits(xg.grad, xc.grad)
+        xd = v.detach().double().requires_grad_()
+        (torch.log_softmax if op is treefold.log_softmax else torch.softmax)(xd, -1).sum().backward()
+        assert torch.allclose(xg.grad.double(), xd.grad, atol=1e-6), op
+
+
+@needs_kernel
 def test_empty_tensors_and_scalars():
     assert treefold.softmax(torch.empty(0, 7, device=DEVICE)).shape == (0, 7)
     assert treefold.log_softmax(torch.empty(3, 0, device=DEVICE)).shape == (3, 0)

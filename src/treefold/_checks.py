@@ -80,7 +80,8 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     contiguous; otherwise a contiguous copy (documented by callers as such)."""
     n = t.shape[-1] if t.ndim else 1
     if t.ndim <= 1:
-        return t.reshape(1, n)
+        # (not reshape: a strided vector would come back a view whose last stride is not 1)
+        return t.view(1, n) if last_dim_contiguous(t) else t.contiguous().view(1, n)
     if last_dim_contiguous(t):
         try:
             return t.view(-1, n) if t.is_contiguous() else _strided_rows(t, n)

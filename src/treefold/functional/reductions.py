@@ -60,8 +60,9 @@ def _rows(fn: str, x: torch.Tensor, dim, keepdim) -> tuple[torch.Tensor, tuple]:
     """x as [rows, n] and the shape of the result."""
     _flag(fn, "keepdim", keepdim)
     if dim is None:
-        # reshape is a view for a contiguous tensor, else a contiguous copy in logical order.
-        return x.reshape(1, x.numel()), ((1,) * x.ndim if keepdim else ())
+        # the elements in logical order as one row: a view of a contiguous tensor, else a copy
+        # (reshape alone can give a view whose last stride is not 1: x[:, :1], an expanded x)
+        return _checks.as_rows(x.reshape(-1)), ((1,) * x.ndim if keepdim else ())
     d = _checks.dim(fn, dim, x.ndim)
     last = max(x.ndim, 1) - 1
     if d != last:
