@@ -1160,8 +1160,14 @@ def test_bad_arguments_name_themselves():
         treefold.fused_add_rms_norm_(x, x, w)
     with pytest.raises(ValueError, match=r"fused_add_rms_norm_: an input requires grad"):
         treefold.fused_add_rms_norm_(x.clone().requires_grad_(), x.clone(), w)
-    with pytest.raises(ValueError, match=r"fused_add_rms_norm_: x has rows that overlap in memory"):
+    with pytest.raises(ValueError, match=r"fused_add_rms_norm_: x has elements that share memory"):
         treefold.fused_add_rms_norm_(torch.ones(8).expand(2, 8), x.clone(), w)
+    # refused before anything is written: the residual keeps its values
+    r = x.clone()
+    for bad_x, bad_r in ((torch.ones(2, 1).expand(2, 8), r), (x.clone(), torch.ones(18).as_strided((2, 8), (2, 2)))):
+        with pytest.raises(ValueError, match=r"fused_add_rms_norm_: (x|residual) has elements that share memory"):
+            treefold.fused_add_rms_norm_(bad_x, bad_r, w)
+        assert torch.equal(r, x)
 
 
 def test_layer_norm_takes_numpy_integers_as_torch_does():

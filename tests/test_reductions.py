@@ -450,6 +450,9 @@ def test_empty_tensors():
     assert on_device.sum(torch.empty(0, 4), dim=-1).shape == (0,)
     assert on_device.argmax(torch.empty(0, 4), dim=-1).shape == (0,)
     assert on_device.amax(torch.empty(2, 0, 4), dim=-1).shape == (2, 0)
+    for odd in (torch.empty(0, 1).expand(0, 4), torch.empty(0, 8)[:, ::2]):  # empty, with odd strides
+        assert on_device.sum(odd, dim=-1).shape == (0,) and on_device.amax(odd, dim=-1).shape == (0,)
+        assert float(on_device.sum(odd)) == 0.0
     for fn in (on_device.amax, on_device.amin, on_device.argmax, on_device.argmin):
         with pytest.raises(ValueError, match=f"{fn.__name__}: cannot reduce an empty tensor"):
             fn(e)

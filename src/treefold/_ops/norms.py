@@ -784,6 +784,19 @@ def _overlap(a: Tensor, b: Tensor) -> Optional[str]:
     return "share memory" if _rows_meet(rows_a, rows_b) else None
 
 
+def _may_overlap_itself(t: Tensor) -> bool:
+    """Whether two elements of t may share memory: False where, with its dimensions of more than
+    one entry taken by increasing stride, each stride steps past everything the smaller ones span
+    (the usual layouts: contiguous, transposed, sliced); True otherwise (stride 0, an expanded
+    tensor; strides that interleave, which may or may not meet)."""
+    span = 1  # elements the dimensions taken so far reach, from the first
+    for stride, extent in sorted((s, e) for e, s in zip(t.shape, t.stride()) if e > 1):
+        if stride < span:
+            return True
+        span += (extent - 1) * stride
+    return False
+
+
 def _row_layout(t: Tensor) -> Optional[tuple[int, int, int, int]]:
     """(first byte, rows, row stride in bytes, bytes of a row) of t seen as rows of its last
     dimension, or None where a row is not one contiguous range or the rows not one stride apart
@@ -829,11 +842,12 @@ def fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor
                          f"must not share any")
     if x.numel() == 0:
         return
+    for name, t in (("x", x), ("residual", residual)):
+        if _may_overlap_itself(t):
+            raise ValueError(f"fused_add_rms_norm_: {name} has elements that share memory (shape {tuple(t.shape)}, "
+                             f"strides {t.stride()}: expanded, or strides that interleave); it is written in "
+                             f"place, so they must not")
     x2, r2 = _rows(x), _rows(residual)
-    for name, t in (("x", x2), ("residual", r2)):
-        if t.shape[0] > 1 and abs(t.stride(0)) < t.shape[1]:
-            raise ValueError(f"fused_add_rms_norm_: {name} has rows that overlap in memory (row stride "
-                             f"{t.stride(0)}, rows of {t.shape[1]}); it is written in place, so they must not")
     if not backend.use_kernel(x):
         y, h, _ = ref.rms_norm(x, weight, eps, residual, 0.0, "llama", x.dtype)
         residual.copy_(h)

@@ -69,8 +69,8 @@ def _rows(fn: str, x: torch.Tensor, dim, keepdim) -> tuple[torch.Tensor, tuple]:
         raise ValueError(f"{fn}: dim={dim} is not supported; only the last dimension (dim=-1 or dim={last}) "
                          f"or dim=None (the whole tensor) is; move it last first, e.g. x.movedim({dim}, -1)")
     shape = () if x.ndim == 0 else tuple(x.shape[:-1]) + ((1,) if keepdim else ())
-    if x.numel() == 0:
-        return x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), shape
+    if x.numel() == 0:  # (nothing is read: rows of the right shape, whatever x's strides)
+        return x.new_empty((math.prod(x.shape[:-1]), x.shape[-1])), shape
     return _checks.as_rows(x), shape
 
 
