@@ -844,9 +844,9 @@ def fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor
         return
     for name, t in (("x", x), ("residual", residual)):
         if _may_overlap_itself(t):
-            raise ValueError(f"fused_add_rms_norm_: {name} has elements that share memory (shape {tuple(t.shape)}, "
-                             f"strides {t.stride()}: expanded, or strides that interleave); it is written in "
-                             f"place, so they must not")
+            raise ValueError(f"fused_add_rms_norm_: {name} may have elements that share memory (shape "
+                             f"{tuple(t.shape)}, strides {t.stride()}: expanded, or strides that interleave, "
+                             f"which are refused whether or not they meet); it is written in place")
     x2, r2 = _rows(x), _rows(residual)
     if not backend.use_kernel(x):
         y, h, _ = ref.rms_norm(x, weight, eps, residual, 0.0, "llama", x.dtype)

@@ -180,8 +180,9 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
         TypeError: a non-tensor or non-float argument.
         ValueError: a residual or weight of the wrong shape or device, x and residual sharing
             memory (told exactly where each is rows of a contiguous last dimension one row
-            stride apart; for other strides, memory ranges that intersect are refused), a tensor
-            that requires grad while grad mode is on, a bad eps.
+            stride apart; for other strides, memory ranges that intersect are refused), an x or
+            residual whose own elements may share memory (expanded, or strides that interleave),
+            a tensor that requires grad while grad mode is on, a bad eps.
     """
     fn = "fused_add_rms_norm_"
     _check_x(fn, x)
