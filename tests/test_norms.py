@@ -1162,12 +1162,13 @@ def test_bad_arguments_name_themselves():
         treefold.fused_add_rms_norm_(x.clone().requires_grad_(), x.clone(), w)
     with pytest.raises(ValueError, match=r"fused_add_rms_norm_: x may have elements that share memory"):
         treefold.fused_add_rms_norm_(torch.ones(8).expand(2, 8), x.clone(), w)
-    # refused before anything is written: the residual keeps its values
-    r = x.clone()
-    for bad_x, bad_r in ((torch.ones(2, 1).expand(2, 8), r), (x.clone(), torch.ones(18).as_strided((2, 8), (2, 2)))):
+    # refused before anything is written: both keep their values
+    for bad_x, bad_r in ((torch.ones(2, 1).expand(2, 8), x.clone()),
+                         (x.clone(), torch.arange(18.0).as_strided((2, 8), (2, 2)))):
+        before = bad_x.clone(), bad_r.clone()
         with pytest.raises(ValueError, match=r"fused_add_rms_norm_: (x|residual) may have elements that share memory"):
             treefold.fused_add_rms_norm_(bad_x, bad_r, w)
-        assert torch.equal(r, x)
+        assert torch.equal(bad_x, before[0]) and torch.equal(bad_r, before[1])
 
 
 def test_layer_norm_takes_numpy_integers_as_torch_does():

@@ -81,7 +81,7 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     n = t.shape[-1] if t.ndim else 1
     if t.ndim <= 1:
         # (not reshape: a strided vector would come back a view whose last stride is not 1)
-        return t.view(1, n) if last_dim_contiguous(t) else t.contiguous().view(1, n)
+        return t.view(1, n) if t.ndim == 0 or n <= 1 or t.stride(0) == 1 else t.contiguous().view(1, n)
     if last_dim_contiguous(t):
         try:
             return t.view(-1, n) if t.is_contiguous() else _strided_rows(t, n)
@@ -104,12 +104,14 @@ def row_stride(t: torch.Tensor) -> tuple[int, Optional[int]]:
     the stride None where its leading dimensions do not collapse into one (0 for one row).
     Dimensions of one entry are left out: their strides mean nothing (a [B, 1, T, K] slice
     may carry any stride on its 1)."""
-    rows, stride = 1, 0
-    lead = [(e, s) for e, s in zip(t.shape[:-1], t.stride()[:-1]) if e > 1]
-    for extent, s in reversed(lead):  # innermost first: each must step over the ones inside it
-        if rows == 1:
+    rows = math.prod(t.shape[:-1])
+    if rows <= 1:
+        return rows, 0
+    inner, stride = 1, 0  # rows of the dimensions taken so far, innermost first
+    for extent, s in reversed([(e, s) for e, s in zip(t.shape[:-1], t.stride()[:-1]) if e > 1]):
+        if inner == 1:
             stride = s
-        elif s != stride * rows:
-            return rows * extent, None
-        rows *= extent
+        elif s != stride * inner:  # each must step over the ones inside it
+            return rows, None
+        inner *= extent
     return rows, stride

@@ -843,7 +843,7 @@ def fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor
     if x.numel() == 0:
         return
     for name, t in (("x", x), ("residual", residual)):
-        if _may_overlap_itself(t):
+        if not t.is_contiguous() and _may_overlap_itself(t):  # (a contiguous tensor cannot)
             raise ValueError(f"fused_add_rms_norm_: {name} may have elements that share memory (shape "
                              f"{tuple(t.shape)}, strides {t.stride()}: expanded, or strides that interleave, "
                              f"which are refused whether or not they meet); it is written in place")

@@ -228,8 +228,10 @@ def _node_level(n: int, rows: int, dtype: torch.dtype, partial_bytes: int, tunin
     spp = _pow2("segments_per_program", tuning.segments_per_program) if tuning.segments_per_program else 1
     spp = min(spp, node_segments, MAX_BLOCK_ELEMENTS // lanes)
     # Warps by the bytes an element occupies in registers: the input's, or one float64 word for
-    # the accurate sum (its second word starts as -0.0 and folds away inside the groups); 2 warps
-    # per float64 segment measured 1.7% behind the float32 sum on the H200, 4 warps 5%.
+    # the accurate sum (sized when its groups were added in plain float64, where the second word
+    # starts as -0.0 and folds away inside them: 2 warps per segment measured 1.7% behind the
+    # float32 sum on the H200, 4 warps 5%; with TwoSum groups, ACCURATE_EXACT_GROUPS, the second
+    # word is carried and the sizing is to be measured again).
     item = max(order.itemsize(dtype), partial_bytes // 2 if partial_bytes == 16 else partial_bytes)
     warps = _pow2("num_warps", tuning.num_warps) if tuning.num_warps is not None else _warps_for(spp * lanes * item)
     return SumLevel(

@@ -62,15 +62,16 @@ def _rows(fn: str, x: torch.Tensor, dim, keepdim) -> tuple[torch.Tensor, tuple]:
     if dim is None:
         # the elements in logical order as one row: a view of a contiguous tensor, else a copy
         # (reshape alone can give a view whose last stride is not 1: x[:, :1], an expanded x)
-        return _checks.as_rows(x.reshape(-1)), ((1,) * x.ndim if keepdim else ())
+        rows = x.view(1, x.numel()) if x.is_contiguous() else _checks.as_rows(x.reshape(-1))
+        return rows, ((1,) * x.ndim if keepdim else ())
     d = _checks.dim(fn, dim, x.ndim)
     last = max(x.ndim, 1) - 1
     if d != last:
         raise ValueError(f"{fn}: dim={dim} is not supported; only the last dimension (dim=-1 or dim={last}) "
                          f"or dim=None (the whole tensor) is; move it last first, e.g. x.movedim({dim}, -1)")
     shape = () if x.ndim == 0 else tuple(x.shape[:-1]) + ((1,) if keepdim else ())
-    if x.numel() == 0:  # (nothing is read: rows of the right shape, whatever x's strides)
-        return x.new_empty((math.prod(x.shape[:-1]), x.shape[-1])), shape
+    if x.numel() == 0:  # (nothing is read: rows of the right shape whatever x's strides, in x's graph)
+        return x.as_strided((math.prod(x.shape[:-1]), x.shape[-1]), (max(x.shape[-1], 1), 1)), shape
     return _checks.as_rows(x), shape
 
 

@@ -69,7 +69,7 @@ def _dd_level(s_in: np.ndarray, c_in: np.ndarray, group_width: int, exact_groups
     return _dd_halving_tree(s[..., 0], c[..., 0])
 
 
-def accurate_sum_parts(x, axis: int = -1, exact_groups: bool = False, dtype=None):
+def accurate_sum_parts(x, axis: int = -1, exact_groups: bool = True, dtype=None):
     """The unevaluated pair (s, c), float64, of the accurate sum along ``axis``: the treefold
     order (groups of the input ``dtype``, default x's) with double-double arithmetic, TwoSum
     inside the groups too with ``exact_groups``, as the kernels compute it."""
@@ -105,13 +105,13 @@ def double_double_to_float32(s: np.ndarray, c: np.ndarray) -> np.ndarray:
         return np.where(np.abs(s) < np.inf, rounded, s.astype(np.float32))
 
 
-def accurate_sum(x, axis: int = -1, exact_groups: bool = False, dtype=None) -> np.ndarray:
+def accurate_sum(x, axis: int = -1, exact_groups: bool = True, dtype=None) -> np.ndarray:
     """``sum(x, accurate=True)`` along ``axis``: float32, the same bits as the kernel."""
     s, c = accurate_sum_parts(x, axis, exact_groups, dtype)
     return double_double_to_float32(s, c)
 
 
-def accurate_mean(x, axis: int = -1, dtype=None) -> np.ndarray:
+def accurate_mean(x, axis: int = -1, dtype=None, exact_groups: bool = True) -> np.ndarray:
     """``mean(x, accurate=True)``: fl64(s + c) / n in float64, rounded once to float32."""
     if isinstance(x, torch.Tensor):
         dtype = x.dtype if dtype is None else dtype
@@ -119,7 +119,7 @@ def accurate_mean(x, axis: int = -1, dtype=None) -> np.ndarray:
     n = a.shape[axis]
     if n == 0:
         return np.full(np.delete(a.shape, axis % max(a.ndim, 1)), np.nan, dtype=np.float32)
-    s, c = accurate_sum_parts(a, axis, dtype=dtype)
+    s, c = accurate_sum_parts(a, axis, exact_groups, dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         hi = np.where(c == 0, s, s + c)
         mean = (hi / np.float64(n)).astype(np.float32)
@@ -232,7 +232,7 @@ def reference_sum_chunked(x: torch.Tensor, chunk_segments: int = 1 << 14) -> np.
 
 # ---- the references the kernels are tested against ----------------------------------------
 
-def sum_rows(x: torch.Tensor, kind: str, out_dtype: torch.dtype, exact_groups: bool = False) -> torch.Tensor:
+def sum_rows(x: torch.Tensor, kind: str, out_dtype: torch.dtype, exact_groups: bool = True) -> torch.Tensor:
     """``kind`` of each row of the 2-D ``x`` as the kernels compute it, as ``out_dtype``.
 
     kind: "sum", "mean" (float32 sum in the order, divided by n in float64, rounded once),
@@ -259,7 +259,7 @@ def sum_rows(x: torch.Tensor, kind: str, out_dtype: torch.dtype, exact_groups: b
         elif kind == "mean":
             r = (order.reference_sum(a, dtype=dt).astype(np.float64) / np.float64(n)).astype(np.float32)
         elif kind == "mean_accurate":
-            r = accurate_mean(a, dtype=dt)
+            r = accurate_mean(a, dtype=dt, exact_groups=exact_groups)
         elif kind == "norm1":
             r = order.reference_sum(np.abs(a), dtype=dt)
         else:
