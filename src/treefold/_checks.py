@@ -15,6 +15,11 @@ from typing import Iterable, Optional
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: Python floats the kernels take as float32 round to inf from FLOAT32_OVERFLOW up (the midpoint
+#: above float32's largest, a tie that goes to inf) and to 0 up to FLOAT32_ZERO (half the smallest
+#: subnormal): checks of such arguments test the values the kernels will see.
+FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+FLOAT32_ZERO = 2.0 ** -150
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:

@@ -507,12 +507,8 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         return out
     tensors = any(isinstance(v, torch.Tensor) for v in (top_k, top_p, min_p))
     filtered = any(v is not None for v in (top_k, top_p, min_p))
-    greedy = not isinstance(temperature, torch.Tensor) and temperature == 0.0
-    if greedy:
-        # nothing is drawn: no launch takes the seed or the offset, so a prepared greedy call
-        # (whose kind leaves them out, ``_sample_key``) has no slot for them
-        seed, offset = 0, 0
-    run = _sample_run(prepare_key, x, out, temperature, top_k, top_p, min_p, seed, offset)
+    greedy = _scalar_greedy(temperature)
+    run, seed, offset = _sample_run(prepare_key, x, out, temperature, top_k, top_p, min_p, seed, offset)
     if filtered and not (greedy and not tensors):
         _pipeline(x, kernels.MODE_SAMPLE.value, temperature, top_k, top_p, min_p, seed, offset,
                   all_values=False, outputs={"token": out}, k_out=0,
@@ -540,17 +536,26 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
     return out
 
 
+def _scalar_greedy(temperature) -> bool:
+    """A scalar temperature of 0: greedy in every row, drawing nothing."""
+    return not isinstance(temperature, torch.Tensor) and temperature == 0.0
+
+
 def _sample_run(prepare_key, x: torch.Tensor, out: torch.Tensor, temperature, top_k, top_p, min_p, seed,
-                offset) -> _Run:
-    """How a sampling call's launches go: prepared (``prepare_key`` given) with the logits, the
-    token and the tensor parameters as slots, and seed and offset, where they are ints that a
-    noisy race reads, as the integers that change from call to call; else each at once."""
+                offset) -> tuple:
+    """(how a sampling call's launches go, the seed and offset they take). Prepared
+    (``prepare_key`` given): the logits, the token and the tensor parameters are slots, and seed
+    and offset, where they are ints, the integers that change from call to call; else each
+    launch at once. A scalar greedy call draws nothing: its launches take seed and offset 0 (its
+    kind leaves them out, ``_sample_key``, so a prepared one has no slot for them)."""
+    if _scalar_greedy(temperature):
+        seed, offset = 0, 0
     if prepare_key is None:
-        return _Run()
-    greedy = not isinstance(temperature, torch.Tensor) and temperature == 0.0
+        return _Run(), seed, offset
     slots = dict(x=x, token=out, **_tensor_params(temperature, top_k, top_p, min_p, seed, offset))
-    return _Run(True, slots, tuple(name for name, v in (("seed", seed), ("offset", offset))
-                                   if not greedy and not isinstance(v, torch.Tensor)))
+    ints = () if _scalar_greedy(temperature) else tuple(
+        name for name, v in (("seed", seed), ("offset", offset)) if not isinstance(v, torch.Tensor))
+    return _Run(True, slots, ints), seed, offset
 
 
 def _keep_prepared(prepare_key, run: _Run, outputs: tuple) -> None:
@@ -594,7 +599,7 @@ def _sample_key(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset)
     they were made with, so code that changes a setting clears ``_PREPARED``."""
     key = [x.shape, x.stride(), x.dtype, x.get_device()]
     tensors = []
-    greedy = not isinstance(temperature, torch.Tensor) and temperature == 0.0
+    greedy = _scalar_greedy(temperature)
     for i, v in enumerate((temperature, top_k, top_p, min_p, seed, offset)):
         if greedy and i >= 4:
             key.append(None)  # greedy draws no random numbers: seed and offset are never read
@@ -695,9 +700,7 @@ def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, top_p=None
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
         return out
-    if not isinstance(temperature, torch.Tensor) and temperature == 0.0:
-        seed, offset = 0, 0  # greedy draws nothing (as in ``sample_rows``)
-    run = _sample_run(prepare_key, x, out, temperature, None, top_p, min_p, seed, offset)
+    run, seed, offset = _sample_run(prepare_key, x, out, temperature, None, top_p, min_p, seed, offset)
     c = _common(x, temperature, top_k, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = {name: c["flags"][name] for name in ("T_ROW", "P_ROW", "MINP_ROW", "SEED_TENSOR", "OFFSET_TENSOR")}

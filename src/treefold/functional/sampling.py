@@ -88,19 +88,13 @@ def _per_row(fn: str, name: str, value: torch.Tensor, rows: int, batch: tuple, d
     return value.reshape(rows).to(to).contiguous()
 
 
-# The kernels take temperature, p and min_p as float32, so a scalar is checked as it rounds
-# there: from 2^128 - 2^103 up a number rounds to inf, and up to 2^-150 to 0.
-_FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
-_FLOAT32_ZERO = 2.0 ** -150
-
-
 def _temperature(fn: str, value, rows, batch, device):
     if isinstance(value, torch.Tensor):
         return _per_row(fn, "temperature", value, rows, batch, device, _FLOAT_PARAMS, torch.float32)
     v = _checks.finite_float(fn, "temperature", value, low=0.0)
-    if v >= _FLOAT32_OVERFLOW:
+    if v >= _checks.FLOAT32_OVERFLOW:  # (the kernels take temperature, p and min_p as float32)
         raise ValueError(f"{fn}: temperature={value} overflows float32, in which the kernels take it")
-    return 0.0 if v <= _FLOAT32_ZERO else v  # (what the kernels would see: greedy, drawing nothing)
+    return 0.0 if v <= _checks.FLOAT32_ZERO else v  # (what the kernels would see: greedy, drawing nothing)
 
 
 def _k(fn: str, name: str, value, n: int, rows, batch, device):
@@ -128,7 +122,7 @@ def _p(fn: str, name: str, value, rows, batch, device, *, low_open: bool):
     lo_ok = v > 0.0 if low_open else v >= 0.0
     if not (lo_ok and v <= 1.0):  # NaN fails too
         raise ValueError(f"{fn}: {name}={value} is outside {'(0, 1]' if low_open else '[0, 1]'}")
-    if low_open and v <= _FLOAT32_ZERO:
+    if low_open and v <= _checks.FLOAT32_ZERO:
         raise ValueError(f"{fn}: {name}={value} rounds to 0 in float32, in which the kernels take it "
                          f"(expected {name} > 2^-150)")
     return v

@@ -41,19 +41,15 @@ _COMMON_DOC = """
 """
 
 
-# float32 rounds from 2^128 - 2^103 up to inf, and up to 2^-150 to 0
-_FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
-_FLOAT32_ZERO = 2.0 ** -150
-
-
 def _prepare(fn: str, x, dim, temperature, dtype):
     _checks.tensor(fn, "x", x)
     d = _checks.dim(fn, dim, x.ndim)
     t = _checks.finite_float(fn, "temperature", temperature, low=0.0, low_open=True)
     inverse = 1.0 / t
-    if not _FLOAT32_ZERO < inverse < _FLOAT32_OVERFLOW:
+    if not _checks.FLOAT32_ZERO < inverse < _checks.FLOAT32_OVERFLOW:
         raise ValueError(f"{fn}: temperature={temperature} has an inverse that rounds to "
-                         f"{'0' if inverse <= _FLOAT32_ZERO else 'inf'} in float32, which the kernels multiply by")
+                         f"{'0' if inverse <= _checks.FLOAT32_ZERO else 'inf'} in float32, which the kernels "
+                         f"multiply by")
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"{fn}: dtype must be a torch.dtype or None, got {type(dtype).__name__}")
     if dtype is not None and dtype not in _checks.FLOAT_DTYPES:
