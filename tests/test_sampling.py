@@ -1609,6 +1609,33 @@ def test_gpu_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [2, 16, 64])
+def test_gpu_sample_under_top_k_takes_the_faster_launches_with_the_same_tokens(rows, dtype, monkeypatch):
+    # treefold.sample under a scalar top_k: by group maxima from SAMPLE_TOP_K_LANES_MIN_ROWS
+    # rows, the pipeline below; eager, prepared (the second call of a kind) and compiled calls
+    # all give the pipeline's tokens
+    x = qwen_like_logits(rows, 4).to(dtype)
+    x[1, ::5] = float("nan")
+    seeds = torch.arange(rows, device="cuda") * 7919 + 3
+    taken = []
+    lanes = ops.sample_top_k_lanes_rows
+    monkeypatch.setattr(ops, "sample_top_k_lanes_rows", lambda *a, **kw: taken.append(1) or lanes(*a, **kw))
+    monkeypatch.setattr(ops, "_PREPARED", {})
+    least = ops.SAMPLE_TOP_K_LANES_MIN_ROWS if dtype == torch.float32 else ops.SAMPLE_TOP_K_LANES_MIN_ROWS_16BIT
+    for config in (dict(top_k=50), dict(temperature=0.8, top_k=50, top_p=0.9), dict(top_k=20, min_p=0.05),
+                   dict(temperature=torch.full((rows,), 0.7, device="cuda"), top_k=64)):
+        want = ops.sample_rows(x, config.get("temperature", 1.0), config["top_k"], config.get("top_p"),
+                               config.get("min_p"), seeds, 9)
+        taken.clear()
+        for _ in range(2):  # the second call goes through the prepared launches
+            assert torch.equal(treefold.sample(x, seed=seeds, offset=9, **config), want), config
+        assert bool(taken) == (rows >= least), (rows, config)
+    compiled = torch.compile(lambda t: treefold.sample(t, top_k=50, seed=seeds, offset=9), fullgraph=True)
+    assert torch.equal(compiled(x), ops.sample_rows(x, 1.0, 50, None, None, seeds, 9))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gpu_sure_kept_race_inside_or_after_the_compaction_gives_the_same_tokens(rows, monkeypatch):
     # flat rows keep tens of thousands of tokens for sure: they race them in place, in the

@@ -662,6 +662,13 @@ TOP_K_LANES_MIN_ROWS_16BIT = 4
 #: of 151936 (measured to 64). Beyond it the finish's fallback sort of every gathered token grows with
 #: them, and ``top_k_rows`` serves.
 TOP_K_LANES_MAX_GATHER = 2048
+#: ``sample`` on CUDA under a scalar top_k (with or without top-p and min-p, which then act inside
+#: the top k) takes ``sample_top_k_lanes_rows`` from this many rows of 4-byte logits, and from
+#: SAMPLE_TOP_K_LANES_MIN_ROWS_16BIT rows of 2-byte ones, within the limits of ``top_k`` by group
+#: maxima (k <= TOP_K_LANES_MAX, TOP_K_LANES_MAX_GATHER); ``sample_rows`` below. The same tokens
+#: either way, so a request's token does not depend on its batch's choice.
+SAMPLE_TOP_K_LANES_MIN_ROWS = 8
+SAMPLE_TOP_K_LANES_MIN_ROWS_16BIT = 4
 
 
 def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = None, prepare_key=None):
@@ -690,8 +697,8 @@ def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, top_p=None
     offset)`` gives, in the two launches of ``top_k_lanes_rows`` (the first over finite logits
     only, the second deciding the filters over the row's top k as the pipeline's resolve does
     and racing them instead of writing them out). ``top_k`` an int up to TOP_K_LANES_MAX and
-    the row length; the rest as ``sample_rows`` takes them. A launch choice under study: not yet
-    timed on a GPU, and ``sample`` does not take it.
+    the row length; the rest as ``sample_rows`` takes them. ``sample`` takes it on CUDA where
+    SAMPLE_TOP_K_LANES_MIN_ROWS' rule says (``sample_kernel_rows``).
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     if isinstance(top_k, bool) or not isinstance(top_k, int):
         raise TypeError(f"sample_top_k_lanes_rows: top_k must be an int, got {type(top_k).__name__}")
@@ -782,15 +789,33 @@ def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[in
         num_warps=TOP_K_LANES_FINISH_WARPS, **race_flags, **last)
 
 
+def _lanes_serve(x: torch.Tensor, k: int, least: int, least_16bit: int) -> bool:
+    """Whether the two launches by group maxima serve x [rows, n] and k on CUDA: from ``least``
+    rows of 4-byte logits (``least_16bit`` of 2-byte ones), within their limits."""
+    rows, n = x.shape
+    return (x.is_cuda and rows >= (least if x.element_size() >= 4 else least_16bit)
+            and _lanes_problem(x, k) is None and _top_k_lanes_gather(rows, n, k, x.device) <= TOP_K_LANES_MAX_GATHER)
+
+
 def top_k_kernel_rows(x: torch.Tensor, k: int, prepare_key=None):
     """``top_k_lanes_rows`` where TOP_K_LANES_MIN_ROWS' rule takes it, else ``top_k_rows``: the
     same values and indices, by the faster launches (k <= TOP_K_KERNEL_MAX)."""
-    rows, n = x.shape
-    least = TOP_K_LANES_MIN_ROWS if x.element_size() >= 4 else TOP_K_LANES_MIN_ROWS_16BIT
-    if (x.is_cuda and rows >= least and _lanes_problem(x, k) is None
-            and _top_k_lanes_gather(rows, n, k, x.device) <= TOP_K_LANES_MAX_GATHER):
+    if _lanes_serve(x, k, TOP_K_LANES_MIN_ROWS, TOP_K_LANES_MIN_ROWS_16BIT):
         return top_k_lanes_rows(x, k, prepare_key=prepare_key)
     return top_k_rows(x, k, prepare_key=prepare_key)
+
+
+def sample_kernel_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None, seed=0, offset=0,
+                       prepare_key=None) -> torch.Tensor:
+    """``sample_top_k_lanes_rows`` where SAMPLE_TOP_K_LANES_MIN_ROWS' rule takes it (a scalar
+    top_k, a call that samples: greedy with scalar filters is ``sample_rows``' single race), else
+    ``sample_rows``: the same tokens, by the faster launches."""
+    greedy_race = (not isinstance(temperature, torch.Tensor) and temperature == 0.0
+                   and not any(isinstance(v, torch.Tensor) for v in (top_p, min_p)))
+    if (top_k.__class__ is int and not greedy_race
+            and _lanes_serve(x, top_k, SAMPLE_TOP_K_LANES_MIN_ROWS, SAMPLE_TOP_K_LANES_MIN_ROWS_16BIT)):
+        return sample_top_k_lanes_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
+    return sample_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
 
 
 def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool = False, *,
@@ -845,7 +870,7 @@ def _sample_op(logits: torch.Tensor, temperature: Optional[torch.Tensor], temper
             _unpack(min_p, min_p_value, has_min_p),
             seed if seed is not None else seed_value, offset if offset is not None else offset_value)
     if backend.use_kernel(logits):
-        return sample_rows(logits, *args)
+        return sample_kernel_rows(logits, *args)
     return reference.sample(logits, *args)
 
 
@@ -918,7 +943,7 @@ def _sample_prepared(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, of
     return _through_prepared(
         _sample_key(x, temperature, top_k, top_p, min_p, seed, offset), x,
         _tensor_params(temperature, top_k, top_p, min_p, seed, offset), {"seed": seed, "offset": offset},
-        lambda key: sample_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=key))
+        lambda key: sample_kernel_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=key))
 
 
 def sample(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> torch.Tensor:
