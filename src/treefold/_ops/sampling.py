@@ -810,8 +810,7 @@ def sample_kernel_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min
     """``sample_top_k_lanes_rows`` where SAMPLE_TOP_K_LANES_MIN_ROWS' rule takes it (a scalar
     top_k, a call that samples: greedy with scalar filters is ``sample_rows``' single race), else
     ``sample_rows``: the same tokens, by the faster launches."""
-    greedy_race = (not isinstance(temperature, torch.Tensor) and temperature == 0.0
-                   and not any(isinstance(v, torch.Tensor) for v in (top_p, min_p)))
+    greedy_race = _scalar_greedy(temperature) and not any(isinstance(v, torch.Tensor) for v in (top_p, min_p))
     if (top_k.__class__ is int and not greedy_race
             and _lanes_serve(x, top_k, SAMPLE_TOP_K_LANES_MIN_ROWS, SAMPLE_TOP_K_LANES_MIN_ROWS_16BIT)):
         return sample_top_k_lanes_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
