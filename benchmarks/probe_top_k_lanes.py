@@ -5,6 +5,7 @@ process:
     python benchmarks/probe_top_k_lanes.py OUT_DIR
     ROWS=2,8,32 ONLY=rows,lanes python benchmarks/probe_top_k_lanes.py OUT_DIR   # a subset
     SAMPLE=1 ONLY=rows,lanes python benchmarks/probe_top_k_lanes.py OUT_DIR   # sampling under top-k 50
+    SAMPLE=1 TOP_P=0.9 ONLY=rows,lanes python benchmarks/probe_top_k_lanes.py OUT_DIR   # and top-p 0.9
 
 Variants: the finishing program at 4, 8 and 16 warps; the finish as a programmatic dependent
 launch or not; its bound over each program's 8 or 16 best candidates; the tokens that reach the
@@ -49,6 +50,8 @@ VARIANTS = {  # name -> the ops module's settings (None: top_k_rows)
 #: group outnumber TOP_K_LANES_KEPT and the finish sorts all it gathered)
 #: SAMPLE=1: time sampling under top-k 50 instead (``sample_rows`` against ``sample_top_k_lanes_rows``)
 SAMPLE = os.environ.get("SAMPLE") == "1"
+#: TOP_P=p (with SAMPLE=1): top-p p inside the top k as well
+TOP_P = float(os.environ["TOP_P"]) if os.environ.get("TOP_P") else None
 CASES = ((1, torch.float32, "peaked"), (1, torch.bfloat16, "peaked"), (64, torch.float32, "peaked"),
          (64, torch.bfloat16, "peaked"), (64, torch.float32, "flat"), (64, torch.float32, "ties"))
 
@@ -72,10 +75,10 @@ def table() -> dict:
                 continue
             if SAMPLE:  # sampling under top-k 50 at temperature 1: the pipeline or the race of the lanes' top k
                 if values is None:
-                    calls[name] = (lambda x=x, s=seeds: (ops.sample_rows(x, 1.0, K, None, None, s, 3),))
+                    calls[name] = (lambda x=x, s=seeds: (ops.sample_rows(x, 1.0, K, TOP_P, None, s, 3),))
                 else:
                     calls[name] = with_values(ops, values, lambda x=x, s=seeds: (
-                        ops.sample_top_k_lanes_rows(x, 1.0, K, None, None, s, 3),))
+                        ops.sample_top_k_lanes_rows(x, 1.0, K, TOP_P, None, s, 3),))
             elif values is None:
                 calls[name] = (lambda x=x: ops.top_k_rows(x, K))
             else:
