@@ -505,11 +505,9 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
         return out
-    tensors = any(isinstance(v, torch.Tensor) for v in (top_k, top_p, min_p))
-    filtered = any(v is not None for v in (top_k, top_p, min_p))
     greedy = _scalar_greedy(temperature)
     run, seed, offset = _sample_run(prepare_key, x, out, temperature, top_k, top_p, min_p, seed, offset)
-    if filtered and not (greedy and not tensors):
+    if not _one_race(temperature, top_k, top_p, min_p):
         _pipeline(x, kernels.MODE_SAMPLE.value, temperature, top_k, top_p, min_p, seed, offset,
                   all_values=False, outputs={"token": out}, k_out=0,
                   programs_per_row=programs_per_row, prefetch=prefetch, run=run)
@@ -541,6 +539,14 @@ def _scalar_greedy(temperature) -> bool:
     return not isinstance(temperature, torch.Tensor) and temperature == 0.0
 
 
+def _one_race(temperature, top_k, top_p, min_p) -> bool:
+    """Whether ``sample_rows`` serves the call with one race over the whole row: no filter, or
+    greedy with scalar filters only (they never remove the top token)."""
+    if all(v is None for v in (top_k, top_p, min_p)):
+        return True
+    return _scalar_greedy(temperature) and not any(isinstance(v, torch.Tensor) for v in (top_k, top_p, min_p))
+
+
 def _sample_run(prepare_key, x: torch.Tensor, out: torch.Tensor, temperature, top_k, top_p, min_p, seed,
                 offset) -> tuple:
     """(how a sampling call's launches go, the seed and offset they take). Prepared
@@ -548,12 +554,13 @@ def _sample_run(prepare_key, x: torch.Tensor, out: torch.Tensor, temperature, to
     and offset, where they are ints, the integers that change from call to call; else each
     launch at once. A scalar greedy call draws nothing: its launches take seed and offset 0 (its
     kind leaves them out, ``_sample_key``, so a prepared one has no slot for them)."""
-    if _scalar_greedy(temperature):
+    greedy = _scalar_greedy(temperature)
+    if greedy:
         seed, offset = 0, 0
     if prepare_key is None:
         return _Run(), seed, offset
     slots = dict(x=x, token=out, **_tensor_params(temperature, top_k, top_p, min_p, seed, offset))
-    ints = () if _scalar_greedy(temperature) else tuple(
+    ints = () if greedy else tuple(
         name for name, v in (("seed", seed), ("offset", offset)) if not isinstance(v, torch.Tensor))
     return _Run(True, slots, ints), seed, offset
 
@@ -808,10 +815,9 @@ def top_k_kernel_rows(x: torch.Tensor, k: int, prepare_key=None):
 def sample_kernel_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None, seed=0, offset=0,
                        prepare_key=None) -> torch.Tensor:
     """``sample_top_k_lanes_rows`` where SAMPLE_TOP_K_LANES_MIN_ROWS' rule takes it (a scalar
-    top_k, a call that samples: greedy with scalar filters is ``sample_rows``' single race), else
-    ``sample_rows``: the same tokens, by the faster launches."""
-    greedy_race = _scalar_greedy(temperature) and not any(isinstance(v, torch.Tensor) for v in (top_p, min_p))
-    if (top_k.__class__ is int and not greedy_race
+    top_k, a call ``sample_rows`` would not serve with one race), else ``sample_rows``: the same
+    tokens, by the faster launches."""
+    if (top_k.__class__ is int and not _one_race(temperature, top_k, top_p, min_p)
             and _lanes_serve(x, top_k, SAMPLE_TOP_K_LANES_MIN_ROWS, SAMPLE_TOP_K_LANES_MIN_ROWS_16BIT)):
         return sample_top_k_lanes_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
     return sample_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
