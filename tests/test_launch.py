@@ -116,7 +116,9 @@ def test_prepared_launch_calls_the_c_launcher_as_triton_does(monkeypatch):
     # Triton 3.6's C entry point: grid, stream, function, cooperative and PDL flags, no scratch
     # buffers, the packed metadata, no launch metadata or hooks, then the kernel's arguments
     from treefold._ops.launch import PreparedLaunch, int_key
+    from treefold._ops import launch as launch_module
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    monkeypatch.setattr(launch_module, "_current_device", lambda: 1)  # the launch's own device is current
     launched = []
     prepared = PreparedLaunch((lambda *a: launched.append(a), True, False), (5, 2, 1), "function", (4, 1, 0),
                               [0, 5, "constexpr", 0], ((0, 3),), 1, ((1, int_key(5)),))
@@ -129,6 +131,37 @@ def test_prepared_launch_calls_the_c_launcher_as_triton_does(monkeypatch):
     # a pipeline's launches, checked by the pipeline, take the same list
     prepared.launch_addresses([x.data_ptr()], (7,))
     assert launched[-1] == launched[0]
+
+
+def test_prepared_launch_runs_with_its_own_device_current(monkeypatch):
+    # a model split over GPUs calls with tensors on a device other than the current one: Triton's
+    # kernels are loaded per device, so the launch (and the stream it takes) must be that device's
+    from treefold._ops import launch as launch_module
+    from treefold._ops.launch import PreparedLaunch
+    current, entered = [0], []
+
+    class DeviceGuard:  # torch.cuda.device's part in this: make its index current, then restore
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+            self.before, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.before
+
+    monkeypatch.setattr(launch_module, "_current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", DeviceGuard)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    launched = []
+    prepared = PreparedLaunch((lambda *a: launched.append((current[0], a[3])), False, False), (1, 1, 1),
+                              None, None, [0], ((0,),), 1)
+    assert prepared(torch.empty(4))
+    assert launched == [(1, 1001)] and entered == [1] and current == [0]
+    current[0] = 1  # already current: no guard
+    assert prepared(torch.empty(4))
+    assert launched[-1] == (1, 1001) and entered == [1]
 
 
 def test_wrong_argument_count_names_the_kernel():
@@ -396,3 +429,48 @@ def test_block_bits_and_warp_levels_follow_tritons_layouts():
     # a run of warp levels must be at least two long to be worth an exchange; the longest wins
     assert warp_levels(["W", "R", "W", "W", "R", "W", "W", "W"]) == (0, 3)
     assert warp_levels(["W"]) == (0, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_gpu_calls_on_another_device_than_the_current_one_give_its_bits():
+    # a model split over GPUs (Hugging Face's device_map="auto") calls with tensors on cuda:1 while
+    # cuda:0 is current: every launch must run on the tensors' device, ordinary, prepared (second
+    # and third calls) and through autograd, with the bits the same call gives on cuda:0
+    import treefold
+    torch.manual_seed(5)
+    x0 = torch.randn(64, 4096, device="cuda:0", dtype=torch.bfloat16)
+    w0 = torch.randn(4096, device="cuda:0", dtype=torch.bfloat16)
+    logits0 = torch.randn(8, 151936, device="cuda:0") * 4
+    calls = {
+        "rms_norm": lambda x, w, z: treefold.rms_norm(x, w),
+        "rms_norm residual": lambda x, w, z: treefold.rms_norm(x, w, residual=x.flip(0)),
+        "layer_norm": lambda x, w, z: treefold.layer_norm(x, (4096,), w, w),
+        "softmax": lambda x, w, z: treefold.softmax(z),
+        "logsumexp": lambda x, w, z: treefold.logsumexp(z),
+        "sum": lambda x, w, z: treefold.sum(x.float()),
+        "argmax": lambda x, w, z: treefold.argmax(z, dim=-1),
+        "top_k": lambda x, w, z: treefold.top_k(z, 50),
+        "sample top-p": lambda x, w, z: treefold.sample(z, top_p=0.9, seed=7, offset=3),
+        "sample top-k": lambda x, w, z: treefold.sample(z, top_k=20, seed=7),
+        "sample greedy": lambda x, w, z: treefold.sample(z, temperature=0.0),
+    }
+    torch.cuda.set_device(0)
+    for name, call in calls.items():
+        want = call(x0, w0, logits0)
+        for step in range(3):
+            got = call(x0.to("cuda:1"), w0.to("cuda:1"), logits0.to("cuda:1"))
+            for a, b in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+                assert b.device == torch.device("cuda:1"), name
+                assert torch.equal(a, b.to("cuda:0")), (name, step)
+    # training: forward and backward of the norms on cuda:1
+    for fn in (lambda x, w: treefold.rms_norm(x, w), lambda x, w: treefold.layer_norm(x, (4096,), w)):
+        grads = []
+        for device in ("cuda:0", "cuda:1", "cuda:1"):
+            x = x0.to(device).requires_grad_()
+            w = w0.to(device).requires_grad_()
+            y = fn(x, w)
+            grads.append([t.to("cuda:0") for t in (y, *torch.autograd.grad(y, (x, w), torch.ones_like(y)))])
+        for other in grads[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(grads[0], other))
+    assert torch.cuda.current_device() == 0

@@ -42,6 +42,8 @@ _MAX_ENTRIES = 4096
 _INT32_END = 1 << 31
 _INT64_END = 1 << 63
 _PLAIN = INTERPRETED or os.environ.get("TREEFOLD_TRITON_LAUNCH", "0") not in ("", "0")
+#: The current CUDA device's index; None in a CPU-only torch build, which launches on no GPU.
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
 def _active(hook):
@@ -256,11 +258,17 @@ class Launcher:
         self._cache: dict = {}
 
     def __call__(self, grid, *args, **kwargs):
-        if (_PLAIN or not args or not isinstance(args[0], torch.Tensor) or not args[0].is_cuda
-                or launch_hooks_active()):
+        cuda = bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_cuda
+        if cuda:
+            device = args[0].device.index
+            if device != _current_device():
+                # Triton compiles, loads and launches for the current device: a tensor on
+                # another GPU (a model split over devices) is launched from its own device
+                with torch.cuda.device(device):
+                    return self(grid, *args, **kwargs)
+        if _PLAIN or not cuda or launch_hooks_active():
             # Launch hooks (profilers) see what Triton's own path gives them.
             return self._triton_launch(grid, args, kwargs)
-        device = args[0].device.index
         spec, run_args = _specialise(args)
         key = (device, spec, tuple(kwargs.items()))
         entry = self._cache.get(key)
@@ -375,6 +383,9 @@ class PreparedLaunch:
         # 1.4-1.6 to 2.2-2.4 us with a stand-in launcher, benchmarks/probe_prepared_host.py)
         if launch_hooks_active():
             return False
+        if _current_device is not None and _current_device() != self._device:
+            with torch.cuda.device(self._device):
+                return self(*tensors, scalars=scalars)
         args = self._args.copy()
         addresses = 0  # every address OR-ed: one alignment test for all
         for positions, tensor in zip(self._slots, tensors):
@@ -454,6 +465,9 @@ class PreparedPipeline:
                                          for prepared, _, scalars in self._plan):
             return None
         device = x.device
+        if x.is_cuda and device.index != _current_device():
+            with torch.cuda.device(device):  # the launches' own device (see ``Launcher``)
+                return self(x, tensors, ints)
         outs = [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in self.outputs]
         values = [x_address, *(out.data_ptr() for out in outs)]
         workspace = None  # (held until the launches are queued: the stream orders its reuse after them)
