@@ -27,7 +27,7 @@ def call(parts, out, parts2, out2, block_n, warps):
     grid = (order.cdiv(n, block_n), 2 if parts2 is not None else 1)
     return lambda: norms._column_sum_kernel(
         grid, parts, out, parts2 if parts2 is not None else parts, out2 if out2 is not None else out, p, n,
-        PARTS=padded, LOG2_PARTS=order.log2(padded), BLOCK_N=block_n, SOFT_BF16=False, num_warps=warps,
+        PARTS=padded, LOG2_PARTS=order.log2(padded), BLOCK_N=block_n, num_warps=warps,
         enable_fp_fusion=False)
 
 

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from treefold import order
 from treefold._ops import norms
-from treefold.kernels.combine import round_to, tree_sum
+from treefold.kernels.combine import tree_sum
 from probe_report import time_against_roof
 
 
@@ -52,7 +52,7 @@ def variant_kernel(x_ptr, w_ptr, y_ptr, n, n_float, eps, SEGMENTS: tl.constexpr,
         x = tl.load(x_ptr + row * n + col, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     if WEIGHT_LATE:
         w = tl.load(w_ptr + col, mask=mask, other=0.0).to(tl.float32)
-    y = round_to(x * rstd, y_ptr.dtype.element_ty, False).to(tl.float32) * w
+    y = (x * rstd).to(y_ptr.dtype.element_ty).to(tl.float32) * w
     tl.store(y_ptr + row * n + col, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 

@@ -1,4 +1,6 @@
 """The lean launch path: same results as Triton's own, cache keyed on what Triton specialises."""
+import os
+
 import pytest
 import torch
 
@@ -474,3 +476,59 @@ def test_gpu_calls_on_another_device_than_the_current_one_give_its_bits():
         for other in grads[1:]:
             assert all(torch.equal(a, b) for a, b in zip(grads[0], other))
     assert torch.cuda.current_device() == 0
+
+
+@triton.jit
+def _bfloat16_casts_kernel(wide_ptr, narrow_in_ptr, widened_ptr, narrowed_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    keep = i < n
+    tl.store(widened_ptr + i, tl.load(narrow_in_ptr + i, mask=keep).to(tl.float32), mask=keep)
+    tl.store(narrowed_ptr + i, tl.load(wide_ptr + i, mask=keep).to(tl.bfloat16), mask=keep)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")),
+                    reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_bfloat16_casts_in_kernels_are_torchs():
+    # every kernel widens bfloat16 loads and narrows float32 results: compiled, the casts are
+    # exact and round to nearest even; interpreted, treefold.backend makes them so (Triton's
+    # interpreter got subnormals wrong both ways and truncated)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    every_bf16 = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    g = torch.Generator().manual_seed(3)
+    bits = torch.randint(-(1 << 31), (1 << 31) - 1, (1 << 16,), generator=g, dtype=torch.int64)
+    bits[: 1 << 14] &= 0x807FFFFF  # subnormals (and zeros) of both signs
+    bits[1 << 14: 1 << 15] = (bits[1 << 14: 1 << 15] & ~0xFFFF) | 0x8000  # ties: to even
+    edges = [0x7F7FFFFF, 0x7F7F8000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x00008000,
+             0x00018000, 0x807FFFFF, 0x00000001, 0x80000000]
+    bits[-len(edges):] = torch.tensor(edges, dtype=torch.int64)
+    wide = bits.to(torch.int32).view(torch.float32)
+    n = wide.numel()
+    widened = torch.full((n,), 7.0, device=device)
+    narrowed = torch.full((n,), 7.0, device=device, dtype=torch.bfloat16)
+    _bfloat16_casts_kernel[(triton.cdiv(n, 1024),)](wide.to(device), every_bf16.to(device), widened, narrowed, n,
+                                                     BLOCK=1024)
+    assert torch.equal(widened.cpu().view(torch.int32), every_bf16.float().view(torch.int32))
+    want = wide.to(torch.bfloat16)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(narrowed.cpu()), nan)  # a NaN stays a NaN (its payload may differ)
+    assert torch.equal(narrowed.cpu()[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")),
+                    reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_bfloat16_subnormals_give_the_references_bits():
+    import treefold
+    from treefold.reference import norms as norms_ref
+    from treefold.reference import softmax as softmax_ref
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    bf = torch.bfloat16
+    tiny = torch.full((4,), 9.1835e-40, dtype=bf)
+    assert treefold.sum(tiny.to(device), dtype=torch.float32).item() == 4 * tiny[0].item()
+    x = torch.tensor([1, 16], dtype=torch.int16).view(bf)
+    assert treefold.argmax(x.to(device)).item() == 1 and treefold.amax(x.to(device)).cpu() == x[1]
+    row = torch.tensor([[0.0, -88.5, -89.0, -90.0, -91.0, -92.0]], dtype=bf)
+    want = torch.from_numpy(softmax_ref.order_forward(row)).to(bf)  # float32 result, rounded once
+    assert torch.equal(treefold.softmax(row.to(device)).cpu().view(torch.int16), want.view(torch.int16))
+    row = torch.tensor([[1.0, 9.1835e-40, -2e-39, 3e-39]], dtype=bf)
+    assert torch.equal(treefold.rms_norm(row.to(device)).cpu().view(torch.int16),
+                       norms_ref.rms_norm(row)[0].view(torch.int16))

@@ -600,9 +600,9 @@ def check_llama_agreement(x, w, eps=1e-6):
     CUDA's approximate rsqrt), so the normalised row, rounded to bfloat16, lands one ulp from
     Hugging Face's in a few elements in 10^5. The weight then multiplies that rounded value once,
     in both codes: treefold's y is exactly ``w * normalised`` (asserted bit for bit), so every
-    difference in y comes from the normalised row, and one ulp of a value times |w| > 1 can round
-    to two ulps of the product (never more: the product's ulp is more than half of
-    ulp(normalised) * |w|). Measured on CPU at 4096 x 4096: 99.9996% of normalised values equal
+    difference in y comes from the normalised row. One ulp of a normalised value times w is the
+    weight's significand (1 to 2) times at most one ulp of the product, so the rounded products
+    can be two ulps apart, never more, for any w that is not a power of two, whatever |w|. Measured on CPU at 4096 x 4096: 99.9996% of normalised values equal
     (the rest one ulp apart), 99.9997% of y equal, two elements two ulps apart.
     """
     normalised = treefold.rms_norm(x, None, eps)
@@ -1148,6 +1148,13 @@ def test_bad_arguments_name_themselves():
         treefold.rms_norm([1.0, 2.0])
     with pytest.raises(TypeError, match=r"rms_norm: x has dtype int64"):
         treefold.rms_norm(torch.ones(2, 8, dtype=torch.int64))
+    # (the prepared path reads tensors' attributes first: a list must still reach the checks)
+    with pytest.raises(TypeError, match=r"rms_norm: weight must be a torch.Tensor, got list"):
+        treefold.rms_norm(x, [1.0] * 8)
+    with pytest.raises(TypeError, match=r"rms_norm: residual must be a torch.Tensor, got ndarray"):
+        treefold.rms_norm(x, residual=np.zeros((2, 8), np.float32))
+    with pytest.raises(TypeError, match=r"layer_norm: bias must be a torch.Tensor, got list"):
+        treefold.layer_norm(x, 8, None, [0.0] * 8)
     with pytest.raises(TypeError, match=r"rms_norm: out_dtype must be one of"):
         treefold.rms_norm(x, out_dtype=torch.int32)
     with pytest.raises(ValueError, match=r"rms_norm: x must have at least one dimension"):
@@ -1773,12 +1780,32 @@ def test_modules_reject_bad_arguments_by_name():
         RMSNorm((2, 4))(torch.randn(3, 2, 4), torch.randn(5))
     with pytest.raises(ValueError, match=r"RMSNorm: residual has shape \(1, 2, 4\), expected x's shape \(3, 2, 4\)"):
         RMSNorm((2, 4))(torch.randn(3, 2, 4), torch.randn(1, 2, 4))
+    # the constructor checks what forward would (a string offset is not taken as a number)
+    with pytest.raises(TypeError, match="RMSNorm: offset must be a number, got str"):
+        RMSNorm(8, offset="1")
+    with pytest.raises(TypeError, match="RMSNorm: offset must be a number, got NoneType"):
+        RMSNorm(8, offset=None)
+    with pytest.raises(ValueError, match="RMSNorm: eps must be >= 0.0, got -1.0"):
+        RMSNorm(8, eps=-1.0)
+    with pytest.raises(ValueError, match="LayerNorm: eps must be finite, got nan"):
+        LayerNorm(8, eps=float("nan"))
+    with pytest.raises(TypeError, match="RMSNorm: normalized_shape must be an int or a sequence of ints, got float"):
+        RMSNorm((4.0,))
+    # a weight replaced after construction must still have the normalised shape
+    for wrong in (8, 16):
+        m = RMSNorm((4, 4))
+        m.weight = torch.nn.Parameter(torch.ones(wrong))
+        with pytest.raises(ValueError, match=rf"RMSNorm: weight has shape \({wrong},\), expected normalized_shape \(4, 4\)"):
+            m(torch.randn(2, 4, 4))
 
 
 def test_numpy_scalars_are_accepted_like_python_numbers():
     import numpy as np
+    from treefold.nn import LayerNorm, RMSNorm
     x = torch.randn(3, 8)
     assert torch.equal(treefold.rms_norm(x, None, np.float32(1e-6)), treefold.rms_norm(x, None, 1e-6))
+    # as torch's modules take them
+    assert RMSNorm(np.int64(8)).normalized_shape == (8,) and LayerNorm((np.int32(2), 4)).normalized_shape == (2, 4)
 
 
 def test_tensors_on_other_devices_are_refused_by_name():

@@ -562,6 +562,10 @@ def test_logits_errors():
         treefold.top_k(torch.ones(2, 3), torch.tensor([1, 2]))
     with pytest.raises(ValueError, match=r"top_p_mask: p=2 is outside \(0, 1\]"):
         treefold.top_p_mask(torch.ones(2, 3), 2)
+    with pytest.raises(ValueError, match=r"top_p_mask: p=1.0000001 is outside \(0, 1\]"):
+        treefold.top_p_mask(torch.ones(2, 3), 1.0000001)
+    # a scalar is checked as it rounds to float32, as a tensor's values are: 1 + 2^-25 is 1
+    assert torch.equal(treefold.top_p_mask(torch.ones(2, 3), 1 + 2 ** -25), torch.ones(2, 3))
     with pytest.raises(TypeError, match="min_p_mask: probs must be a bool, got int"):
         treefold.min_p_mask(torch.ones(2, 3), 0.1, probs=1)
     with pytest.raises(TypeError, match="top_k_mask: k must be an int or a tensor, got NoneType"):
@@ -676,6 +680,20 @@ def test_top_k_by_lane_maxima_equals_stable_sort(device, dtype, poison_allocatio
             ops.top_k_lanes_rows(xs[:, ::2], 5)
     finally:
         ops.plan.cache_clear()
+
+
+def test_row_launches_refuse_rows_that_are_not_contiguous(device):
+    # the launches read each row at x.stride(0) as contiguous: the public functions copy other
+    # layouts first, and the launches themselves refuse them rather than read the wrong logits
+    x = torch.randn(4, 64, device=device)[:, ::2]
+    calls = (("sample_rows", lambda: ops.sample_rows(x, 1.0, top_p=0.9)),
+             ("sample_rows", lambda: ops.sample_rows(x, 0.0)),  # the one-race launches
+             ("sample_rows", lambda: ops.sample_rows(x.unsqueeze(0), 1.0)),
+             ("top_k_rows", lambda: ops.top_k_rows(x, 5)),
+             ("filter_rows", lambda: ops.filter_rows(x, top_p=0.9)))
+    for name, call in calls:
+        with pytest.raises(ValueError, match=f"{name}: x must be \\[rows, n\\] with contiguous rows"):
+            call()
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
@@ -1485,6 +1503,35 @@ def test_masks_take_per_row_parameters(device):
     bad = ops.sampling_filter(x, bad_k, None, None, False)
     assert torch.isinf(bad[0]).all() and torch.isinf(bad[2]).all()
     assert torch.equal(bad[1], treefold.top_k_mask(x[1:2], 5)[0])
+
+
+def test_top_k_and_the_masks_pass_gradients_like_torch(device):
+    # values and masks keep the kernels' bits when x needs a gradient; the gradient is torch's
+    # for the same kept set: torch.topk's scatter, pass-through for kept logits, softmax's over
+    # the kept tokens for probabilities; every k takes the same path (k > 1024 sorts)
+    g = torch.Generator().manual_seed(14)
+    x0 = torch.randn(3, 1100, generator=g).to(device)
+    dy_of = lambda t: torch.randn(t.shape, generator=g).to(device)
+    for k in (5, 1050):
+        x = x0.clone().requires_grad_()
+        values, indices = treefold.top_k(x, k)
+        assert values.requires_grad and torch.equal(values.detach(), treefold.top_k(x0, k)[0])
+        dy = dy_of(values)
+        (got,) = torch.autograd.grad(values, x, dy)
+        assert torch.equal(got, torch.zeros_like(x0).scatter_(-1, indices, dy))
+    for probs in (False, True):
+        for mask, arg in ((treefold.top_k_mask, 7), (treefold.top_p_mask, 0.8), (treefold.min_p_mask, 0.05)):
+            x = x0.clone().requires_grad_()
+            out = mask(x, arg, probs=probs)
+            want = mask(x0, arg, probs=probs)
+            assert out.requires_grad and torch.equal(out.detach(), want)
+            kept = torch.isfinite(want) & (want != 0)
+            dy = torch.where(kept, dy_of(out), 0.0)
+            (got,) = torch.autograd.grad(out, x, dy)
+            xd = x0.double().requires_grad_()
+            ref_out = torch.softmax(torch.where(kept, xd, float("-inf")), -1) if probs else torch.where(kept, xd, 0.0)
+            (ref_grad,) = torch.autograd.grad(ref_out, xd, dy.double())
+            torch.testing.assert_close(got.double(), ref_grad, rtol=1e-5, atol=1e-7)
 
 
 def test_torch_compile_fullgraph(device):

@@ -590,17 +590,35 @@ def test_gradient_dtypes_and_other_dims():
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
-def test_backward_under_create_graph_gives_dx_and_refuses_a_second_derivative(op):
-    # the eager backward skips once_differentiable while grad mode is off; with create_graph it
-    # must still return the same dx and make a gradient of that dx raise, not return zeros
-    x = _data((3, 40), torch.float32, seed=21).requires_grad_()
-    out = _call(op, x)
-    dy = _data(out.shape, torch.float32, scale=1.0, seed=22).requires_grad_()
-    (plain,) = torch.autograd.grad(out, x, dy, retain_graph=True)
-    (dx,) = torch.autograd.grad(out, x, dy, create_graph=True)
-    assert torch.equal(dx, plain)
-    with pytest.raises(RuntimeError, match="once_differentiable"):
-        dx.sum().backward()
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_second_derivatives_are_torchs(op, temperature):
+    # a gradient penalty (|dx|^2 added to the loss) and a Hessian-vector product: a backward
+    # recorded with create_graph is torch's operations on the saved tensors (the float64
+    # reference), whose gradient flows back to x and dy; without create_graph the kernels answer
+    kw = {} if op == "logsumexp" else {"temperature": temperature}
+    if op == "logsumexp" and temperature != 1.0:
+        pytest.skip("logsumexp takes no temperature")
+    x0 = _data((3, 40), torch.float32, seed=21)
+    dy0 = _data((3, 40) if op != "logsumexp" else (3,), torch.float32, scale=1.0, seed=22)
+    results = []
+    calls = ((lambda v: _call(op, v, **kw), torch.float32, False),
+             (lambda v: _call(op, v, **kw), torch.float32, True),  # a Parameter: the registered op's autograd
+             (lambda v: _float64(op, v, temperature=temperature), torch.float64, False))
+    for fn, dtype, parameter in calls:
+        x = x0.to(dtype).requires_grad_()
+        x = torch.nn.Parameter(x.detach()) if parameter else x
+        dy = dy0.to(dtype).requires_grad_()
+        out = fn(x)
+        (dx,) = torch.autograd.grad(out, x, dy, create_graph=True)
+        penalty_x, penalty_dy = torch.autograd.grad(out.sum() + dx.pow(2).sum(), (x, dy), retain_graph=True)
+        (hvp,) = torch.autograd.grad(dx, x, torch.ones_like(dx))
+        results.append([t.double() for t in (dx, penalty_x, penalty_dy, hvp)])
+        if dtype == torch.float32:
+            (plain,) = torch.autograd.grad(fn(x), x, dy)  # the kernels; float32 apart from the reference
+            assert torch.allclose(plain, dx, rtol=1e-5, atol=1e-6)
+    for got_results in results[:2]:
+        for name, got, want in zip(("dx", "penalty dx", "penalty ddy", "hvp"), got_results, results[2]):
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (op, name, (got - want).abs().max())
 
 
 def test_prepared_calls_take_their_tensors_distinct_and_in_launch_order():

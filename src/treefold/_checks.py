@@ -60,6 +60,15 @@ def dim(fn: str, value: int, ndim: int, name: str = "dim") -> int:
     return value % max(ndim, 1)
 
 
+def flag(fn: str, name: str, value) -> bool:
+    """A Python bool (a NumPy bool is named as such: its type is also called "bool")."""
+    if value.__class__ is not bool:
+        kind = value.__class__
+        shown = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+        raise TypeError(f"{fn}: {name} must be a bool, got {shown}")
+    return value
+
+
 def finite_float(fn: str, name: str, value, *, low=None, high=None, low_open=False) -> float:
     """A finite Python number inside [low, high] (or (low, high] with ``low_open``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

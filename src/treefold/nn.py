@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import nn
 
+from . import _checks
 from .functional.norms import layer_norm, rms_norm
 
 __all__ = ["RMSNorm", "LayerNorm"]
@@ -26,14 +27,26 @@ def _as_shape(module: str, normalized_shape: _Shape) -> tuple[int, ...]:
                         f"got {type(normalized_shape).__name__}")
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
+    if not isinstance(normalized_shape, bool) and hasattr(normalized_shape, "__index__"):
+        normalized_shape = (normalized_shape,)  # an int, or an integer such as NumPy's, as torch takes
     try:
         shape = tuple(normalized_shape)
     except TypeError:
         raise TypeError(f"{module}: normalized_shape must be an int or a sequence of ints, "
                         f"got {type(normalized_shape).__name__}") from None
-    if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
+    if any(isinstance(d, bool) or not hasattr(d, "__index__") for d in shape):
+        raise TypeError(f"{module}: normalized_shape must be an int or a sequence of ints, got "
+                        f"{', '.join(type(d).__name__ for d in shape)}")
+    shape = tuple(d.__index__() for d in shape)
+    if not shape or any(d < 1 for d in shape):
         raise ValueError(f"{module}: normalized_shape must be one or more positive ints, got {normalized_shape!r}")
     return shape
+
+
+def _check_weight(module: str, name: str, value, shape: tuple[int, ...]) -> None:
+    """A parameter that was replaced after construction still has the normalised shape."""
+    if value is not None and tuple(value.shape) != shape:
+        raise ValueError(f"{module}: {name} has shape {tuple(value.shape)}, expected normalized_shape {shape}")
 
 
 def _check_input(module: str, name: str, value, shape: tuple[int, ...]) -> None:
@@ -69,10 +82,10 @@ class RMSNorm(nn.Module):
         self.normalized_shape = _as_shape("RMSNorm", normalized_shape)
         if casting not in ("llama", "gemma", "none"):
             raise ValueError(f"RMSNorm: casting must be 'llama', 'gemma' or 'none', got {casting!r}")
-        self.eps = eps
+        self.eps = None if eps is None else _checks.finite_float("RMSNorm", "eps", eps, low=0.0)
         self.elementwise_affine = elementwise_affine
         self.casting = casting
-        self.offset = float(offset)
+        self.offset = _checks.finite_float("RMSNorm", "offset", offset)
         if elementwise_affine:
             self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
         else:
@@ -91,6 +104,7 @@ class RMSNorm(nn.Module):
             if residual.shape != x.shape:
                 raise ValueError(f"RMSNorm: residual has shape {tuple(residual.shape)}, expected x's shape "
                                  f"{tuple(x.shape)}")
+        _check_weight("RMSNorm", "weight", self.weight, self.normalized_shape)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         n = math.prod(self.normalized_shape)
         flat = x if k == 1 else x.reshape(*x.shape[:-k], n)
@@ -123,7 +137,7 @@ class LayerNorm(nn.Module):
                  bias: bool = True, device=None, dtype=None):
         super().__init__()
         self.normalized_shape = _as_shape("LayerNorm", normalized_shape)
-        self.eps = eps
+        self.eps = _checks.finite_float("LayerNorm", "eps", eps, low=0.0)
         self.elementwise_affine = elementwise_affine
         if elementwise_affine:
             self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))

@@ -318,7 +318,7 @@ def _forward_plan(n: int, dtype: torch.dtype, is_rms: bool, has_residual: bool, 
     return rows, order.cdiv(segments, held) if held else 1, dict(
         IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
         HAS_OFFSET=has_offset, ROUND_NORMALISED=round_normalised, STORE_STATS=store_stats,
-        SOFT_BF16=backend.INTERPRETED, ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
+        ROWS=rows, **layout, SHARED_ROW=bool(held), HELD=held or 1,
         READ_POLICY=read_policy, READ_TWICE=bool(read_twice), HOLD_16BIT=bool(hold_16bit),
         **({"STORE_POLICY": store_hint} if store_hint else {}),
         # (h's store: its own policy where it is read back; "" without a residual, no h)
@@ -514,7 +514,7 @@ def _backward_plan(m: int, n: int, dtype: torch.dtype, is_rms: bool, has_dh_out:
     return dict(
         IS_RMS=is_rms, HAS_DH_OUT=has_dh_out, HAS_WEIGHT=has_weight, HAS_OFFSET=has_offset,
         ROUND_NORMALISED=round_normalised, STORE_DRES=store_dres, WEIGHT_GRAD=weight_grad,
-        BIAS_GRAD=bias_grad, SOFT_BF16=backend.INTERPRETED,
+        BIAS_GRAD=bias_grad,
         # a power of two (every block of rows of at most WIDE_ROW) as a constant: LayerNorm
         # 8192 x 4096 ran 66.4 us with it on the H200, 68.6-68.9 with the bound at run time.
         # Other counts (ceil(M / 132) for wider rows) stay at run time, or each M would compile a
@@ -577,7 +577,7 @@ def _column_sum_plan(parts: int, n: int, dependent: bool) -> tuple[int, dict]:
         raise ValueError(f"launch_column_sum: {parts} partial rows exceed one tree of {order.MAX_LANES}")
     block_n = min(order.next_pow2(n), max(16, _COLUMN_TILE // padded))
     return order.cdiv(n, block_n), dict(PARTS=padded, LOG2_PARTS=order.log2(padded), BLOCK_N=block_n,
-                                        SOFT_BF16=backend.INTERPRETED, num_warps=_COLUMN_WARPS,
+                                        num_warps=_COLUMN_WARPS,
                                         enable_fp_fusion=False,
                                         **(dict(WAIT_FOR_PRIOR=True, launch_pdl=True) if dependent else {}))
 
@@ -688,10 +688,14 @@ def norm_prepared(is_rms, x, residual, weight, bias, eps, offset=0.0, casting=""
     if torch.compiler.is_compiling():
         # (first: traced, eps may be a symbolic float, whose class the key cannot read)
         return None
-    grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
-                                        or (residual is not None and residual.requires_grad)
-                                        or (bias is not None and bias.requires_grad))
-    key = _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape, grad)
+    try:
+        grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
+                                            or (residual is not None and residual.requires_grad)
+                                            or (bias is not None and bias.requires_grad))
+        key = _prepared_key(is_rms, x, residual, weight, bias, eps, offset, casting, out_dtype, normalized_shape,
+                            grad)
+    except AttributeError:  # a weight, residual or bias that is no tensor: the full path's checks name it
+        return None
     entry = _PREPARED.get(key) if key is not None else None
     if entry is None:
         return None

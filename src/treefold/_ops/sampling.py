@@ -495,12 +495,21 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     return g
 
 
+def _check_rows(fn: str, x: torch.Tensor) -> None:
+    """The layout every launch here reads: rows [rows, n] at x.stride(0) apart, each contiguous
+    (the public functions copy other layouts first)."""
+    if x.dim() != 2 or (x.shape[1] > 1 and x.stride(1) != 1):
+        raise ValueError(f"{fn}: x must be [rows, n] with contiguous rows, got shape {tuple(x.shape)} "
+                         f"and strides {x.stride()}")
+
+
 def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None, seed=0,
                 offset=0, *, programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None,
                 prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits [rows, n] with the Triton kernels (``programs_per_row``
     and ``prefetch``: launch choices, see ``plan``). ``prepare_key``: keep this call's launches
     as a ``PreparedPipeline`` under this key (``_sample_prepared``)."""
+    _check_rows("sample_rows", x)
     rows, n = x.shape
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
@@ -626,6 +635,7 @@ def top_k_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int] = Non
                prefetch: Optional[bool] = None, prepare_key=None):
     """(values, indices) of the k largest of each row of x [rows, n], k <= TOP_K_KERNEL_MAX.
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
+    _check_rows("top_k_rows", x)
     rows, n = x.shape
     values = torch.empty((rows, k), dtype=x.dtype, device=x.device)
     indices = torch.empty((rows, k), dtype=torch.int64, device=x.device)
@@ -828,6 +838,7 @@ def filter_rows(x: torch.Tensor, top_k=None, top_p=None, min_p=None, probs: bool
                 prepare_key=None) -> torch.Tensor:
     """Masked logits or renormalised probabilities of x [rows, n] (filters as in sample).
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
+    _check_rows("filter_rows", x)
     rows, n = x.shape
     out = torch.empty((rows, n), dtype=torch.float32 if probs else x.dtype, device=x.device)
     if rows == 0:

@@ -645,9 +645,18 @@ def _softmax_setup(ctx, inputs, output):
     ctx.log, ctx.temperature, ctx.x_dtype, ctx.strategy = log, temperature, x.dtype, strategy
 
 
+def _recorded_eagerly() -> bool:
+    """Whether an eager backward is itself being recorded (create_graph): it then runs as torch's
+    operations, which can be differentiated again (``_differentiable_when_recorded``)."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
 def _softmax_grad(ctx, grad):
     (y,) = ctx.saved_tensors
-    dx = _softmax_backward_op(grad, y, ctx.log, ctx.temperature, ctx.x_dtype, ctx.strategy)
+    if _recorded_eagerly():
+        dx = reference.softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
+    else:
+        dx = _softmax_backward_op(grad, y, ctx.log, ctx.temperature, ctx.x_dtype, ctx.strategy)
     return dx, None, None, None, None
 
 
@@ -659,6 +668,8 @@ def _logsumexp_setup(ctx, inputs, output):
 
 def _logsumexp_grad(ctx, grad):
     x, lse = ctx.saved_tensors
+    if _recorded_eagerly():
+        return reference.logsumexp_backward(grad, x, lse), None
     return _logsumexp_backward_op(grad, x, lse, ctx.strategy), None
 
 
@@ -690,14 +701,13 @@ class _SoftmaxFunction(torch.autograd.Function):
         return _softmax_backward_recorded(ctx, grad)
 
 
-def _once_when_recorded(backward):
-    """``backward`` itself, wrapped in ``once_differentiable`` only while the backward is being
-    recorded (create_graph), where a gradient of its result must raise: the wrapper costs host
-    time on every call."""
-    once = torch.autograd.function.once_differentiable(backward)
-
+def _differentiable_when_recorded(backward, recorded):
+    """``backward`` (the kernels), or ``recorded`` while the backward is itself being recorded
+    (create_graph: a gradient penalty, a Hessian-vector product), which computes the same
+    gradient with torch's operations (the float64 reference, rounded once to x's dtype) so that
+    it can be differentiated again; the kernels' backward has no gradient of its own."""
     def run(ctx, *grads):
-        return once(ctx, *grads) if torch.is_grad_enabled() else backward(ctx, *grads)
+        return recorded(ctx, *grads) if _recorded_eagerly() else backward(ctx, *grads)
     return run
 
 
@@ -712,7 +722,13 @@ def _softmax_backward(ctx, grad):
     return dx, None, None, None
 
 
-_softmax_backward_recorded = _once_when_recorded(_softmax_backward)
+def _softmax_backward_torch(ctx, grad):
+    (y,) = ctx.saved_tensors
+    return (reference.softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype),
+            None, None, None)
+
+
+_softmax_backward_recorded = _differentiable_when_recorded(_softmax_backward, _softmax_backward_torch)
 
 
 class _LogsumexpFunction(torch.autograd.Function):
@@ -739,7 +755,12 @@ def _logsumexp_backward(ctx, grad):
     return reference.logsumexp_backward(grad, x, lse)
 
 
-_logsumexp_backward_recorded = _once_when_recorded(_logsumexp_backward)
+def _logsumexp_backward_torch(ctx, grad):
+    x, lse = ctx.saved_tensors
+    return reference.logsumexp_backward(grad, x, lse)
+
+
+_logsumexp_backward_recorded = _differentiable_when_recorded(_logsumexp_backward, _logsumexp_backward_torch)
 
 
 # ---- entry points for the public functions --------------------------------------------------

@@ -101,10 +101,11 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
               Hugging Face's ``LlamaRMSNorm`` and its copies (Mistral, Mixtral, Qwen2, Qwen3,
               Phi-3, DeepSeek-V3), and vLLM's CUDA ``rms_norm``. On bfloat16 the
               output equals Hugging Face's bit for bit on all but a few elements in 10^5
-              (4096 x 4096 on the CPU: 99.9997%); the rest are one ulp apart, or two where
-              |weight| > 1: the mean square is summed in the treefold order, not torch's, so
-              the rounded normalised row can land one ulp away, and the weight's multiply can
-              round that to two ulps of the product.
+              (4096 x 4096 on the CPU: 99.9997%); the rest are one or two ulps apart: the
+              mean square is summed in the treefold order, not torch's, so the rounded
+              normalised value can land one ulp away, and the weight's multiply scales that ulp
+              by the weight's significand (1 to 2), which the product's rounding can make two
+              ulps of the product (any weight that is not a power of two, whatever its size).
             - ``"gemma"``: everything in float32 (``weight`` widened, ``offset`` added in float32),
               one rounding to the input's dtype at the end. Hugging Face's ``GemmaRMSNorm``
               (Gemma, Gemma 2, Gemma 3) with ``offset=1.0``; with ``offset=0.0`` it is the

@@ -22,6 +22,7 @@ buffer), and copies otherwise. Offsets are 64-bit: tensors over 2^31 elements ar
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -39,12 +40,6 @@ def _dtype_name(d) -> str:
     return str(d).replace("torch.", "")
 
 
-def _flag(fn: str, name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{fn}: {name} must be a bool, got {type(value).__name__}")
-    return value
-
-
 def _out_dtype(fn: str, dtype, default: torch.dtype, allowed) -> torch.dtype:
     if dtype is None:
         return default
@@ -58,7 +53,7 @@ def _out_dtype(fn: str, dtype, default: torch.dtype, allowed) -> torch.dtype:
 
 def _rows(fn: str, x: torch.Tensor, dim, keepdim) -> tuple[torch.Tensor, tuple]:
     """x as [rows, n] and the shape of the result."""
-    _flag(fn, "keepdim", keepdim)
+    _checks.flag(fn, "keepdim", keepdim)
     if dim is None:
         # the elements in logical order as one row: a view of a contiguous tensor, else a copy
         # (reshape alone can give a view whose last stride is not 1: x[:, :1], an expanded x)
@@ -134,7 +129,7 @@ def sum(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
     if result is not None:
         return result
     _checks.tensor(fn, "x", x, _FLOATS + _INTS)
-    _flag(fn, "accurate", accurate)
+    _checks.flag(fn, "accurate", accurate)
     integer = x.dtype in _INTS
     out = _out_dtype(fn, dtype, torch.int64 if integer else x.dtype, _INTS if integer else _FLOATS)
     x2, shape = _rows(fn, x, dim, keepdim)
@@ -163,7 +158,7 @@ def mean(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
     if result is not None:
         return result
     _checks.tensor(fn, "x", x, _FLOATS)
-    _flag(fn, "accurate", accurate)
+    _checks.flag(fn, "accurate", accurate)
     out = _out_dtype(fn, dtype, x.dtype, _FLOATS)
     x2, shape = _rows(fn, x, dim, keepdim)
     prepare = None if prepared else _preparation(key, x, x2, shape, out)
@@ -251,7 +246,9 @@ def norm(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None, ord=2)
     if result is not None:
         return result
     _checks.tensor(fn, "x", x, _FLOATS)
-    if isinstance(ord, bool) or not isinstance(ord, (int, float)) or ord not in (1, 2, math.inf):
+    if isinstance(ord, bool) or not isinstance(ord, numbers.Real):
+        raise TypeError(f"norm: ord must be 1, 2 or math.inf, got {type(ord).__name__}")
+    if ord not in (1, 2, math.inf):
         raise ValueError(f"norm: ord must be 1, 2 or math.inf, got {ord!r}")
     out = _out_dtype(fn, dtype, x.dtype, _FLOATS)
     x2, shape = _rows(fn, x, dim, keepdim)

@@ -38,6 +38,9 @@ Number = Union[int, float]
 _FLOAT_PARAMS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _INT_PARAMS = (torch.int64, torch.int32)
 _INT64_MIN, _UINT64_END = -(1 << 63), 1 << 64
+#: Python floats above 1 that round to 1.0 in float32 lie below 1 + 2^-24 (the tie, which goes to
+#: the even 1.0, included).
+_JUST_ABOVE_ONE = 1.0 + 2.0 ** -24 + 2.0 ** -52
 
 
 def _dtype_name(d) -> str:
@@ -119,12 +122,14 @@ def _p(fn: str, name: str, value, rows, batch, device, *, low_open: bool):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{fn}: {name} must be a number, a tensor or None, got {type(value).__name__}")
     v = float(value)
+    if low_open and 0.0 < v <= _checks.FLOAT32_ZERO:
+        raise ValueError(f"{fn}: {name}={value} rounds to 0 in float32, in which the kernels take it "
+                         f"(expected {name} > 2^-150)")
+    # checked as the kernels take it, rounded to float32, as a tensor's values are (1 + 2^-30 is 1)
+    v = v if not 1.0 < v < _JUST_ABOVE_ONE else 1.0
     lo_ok = v > 0.0 if low_open else v >= 0.0
     if not (lo_ok and v <= 1.0):  # NaN fails too
         raise ValueError(f"{fn}: {name}={value} is outside {'(0, 1]' if low_open else '[0, 1]'}")
-    if low_open and v <= _checks.FLOAT32_ZERO:
-        raise ValueError(f"{fn}: {name}={value} rounds to 0 in float32, in which the kernels take it "
-                         f"(expected {name} > 2^-150)")
     return v
 
 
@@ -333,6 +338,7 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
             ``torch.sort``.
 
     Returns ``(values, indices)`` of shape ``[..., k]``: values in x's dtype, int64 indices.
+    Differentiable in x through the values, as ``torch.topk``.
     """
     fn = "top_k"
     x2, batch = _logits(fn, "x", x)
@@ -344,6 +350,9 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return (torch.empty(batch + (kk,), dtype=x.dtype, device=x.device),
                 torch.empty(batch + (kk,), dtype=torch.int64, device=x.device))
     values, indices = _ops.top_k(x2, kk)
+    if x2.requires_grad and torch.is_grad_enabled() and not values.requires_grad:
+        # the same values, gathered from x so that their gradient reaches it (as torch.topk's)
+        values = torch.gather(x2, -1, indices)
     return values.reshape(batch + (kk,)), indices.reshape(batch + (kk,))
 
 
@@ -358,14 +367,16 @@ _MASK_DOC = """
     min-p); non-finite logits are never kept. A row without a finite logit keeps nothing: all
     -inf, or all NaN with ``probs``. A per-row parameter out of range raises ValueError naming
     the rows on the CPU; on the GPU (never read back) its row keeps nothing.
+
+    Differentiable in x with the kept set held fixed: kept logits pass their gradient through,
+    dropped ones get 0; with ``probs``, the gradient of softmax over the kept tokens.
 """
 
 
 def _mask(fn: str, x, probs, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
     x2, batch = _logits(fn, "x", x)
     rows, n = x2.shape
-    if not isinstance(probs, bool):
-        raise TypeError(f"{fn}: probs must be a bool, got {type(probs).__name__}")
+    _checks.flag(fn, "probs", probs)
     dev = x.device
     k = _k(fn, "k", top_k, n, rows, batch, dev)
     p = _p(fn, "p", top_p, rows, batch, dev, low_open=True)
@@ -374,7 +385,21 @@ def _mask(fn: str, x, probs, top_k=None, top_p=None, min_p=None) -> torch.Tensor
         return torch.empty(x.shape, dtype=torch.float32 if probs else x.dtype, device=dev)
     if dev.type == "cpu" and not torch.compiler.is_compiling():
         _check_rows_on_host(fn, n, None, k, p, mp, names=(None, "k", "p", "min_p"))
-    return _ops.sampling_filter(x2, k, p, mp, probs).reshape(x.shape)
+    out = _ops.sampling_filter(x2, k, p, mp, probs)
+    if x2.requires_grad and torch.is_grad_enabled():
+        out = _with_filter_gradient(x2, out, probs)
+    return out.reshape(x.shape)
+
+
+def _with_filter_gradient(x: torch.Tensor, out: torch.Tensor, probs: bool) -> torch.Tensor:
+    """``out`` (the kernels' result for logits ``x``) with the gradient of the filter it applied,
+    the kept set held fixed: the kept logits pass theirs through; probabilities take softmax's
+    over the kept tokens, computed by torch and added as an exact zero (q - q), so the values
+    stay the kernels' bits."""
+    if not probs:
+        return torch.where(out == float("-inf"), out, x)  # kept logits are x's own (finite) values
+    q = torch.softmax(torch.where(out != 0, x.float(), float("-inf")), dim=-1)
+    return out + (q - q.detach())
 
 
 def top_k_mask(x: torch.Tensor, k: Union[int, torch.Tensor], *, probs: bool = False) -> torch.Tensor:

@@ -38,6 +38,10 @@ _COMMON_DOC = """
     A row holding NaN gives NaN for the whole row, as does a row holding +inf (as in torch).
     Differentiable (the backward pass is a Triton kernel too, with its row sums in the same
     order); works under ``torch.compile(fullgraph=True)`` through the ``treefold::softmax`` op.
+    Eager calls are twice differentiable (gradient penalties, Hessian-vector products): a
+    backward recorded with ``create_graph=True`` is computed by torch's operations (the float64
+    reference, rounded once to x's dtype), so its bits may differ from the kernel's in the last
+    place. Inside ``torch.compile`` a second derivative raises.
 """
 
 
@@ -119,8 +123,7 @@ def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Te
     fn = "logsumexp"
     _checks.tensor(fn, "x", x)
     d = _checks.dim(fn, dim, x.ndim)
-    if not isinstance(keepdim, bool):
-        raise TypeError(f"{fn}: keepdim must be a bool, got {type(keepdim).__name__}")
+    _checks.flag(fn, "keepdim", keepdim)
     n = x.shape[d] if x.ndim else 1
     if n > _ops.MAX_ROW:
         raise ValueError(f"{fn}: x has {n} elements along dim {dim}; rows longer than "

@@ -159,25 +159,6 @@ def tree_max_sum(m, s, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH: tl.c
 
 
 @triton.jit
-def round_to(x, dtype: tl.constexpr, SOFT_BF16: tl.constexpr):
-    """Round float32 ``x`` to ``dtype``, to nearest with ties to even (other dtypes: a plain cast).
-
-    The compiled cast does this in one instruction. Triton's interpreter truncates float32 to
-    bfloat16 instead, so with ``SOFT_BF16`` (set when interpreted) the rounding is done on the
-    bits first: add 0x7FFF plus the lowest kept bit, clear the 16 dropped bits (NaN kept as is),
-    after which the truncating cast is exact.
-    """
-    if SOFT_BF16 and dtype == tl.bfloat16 and x.dtype == tl.float32:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + (0x7FFF + ((bits >> 16) & 1))
-        rounded = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
-        rounded = tl.where(x != x, x, rounded)
-        return rounded.to(dtype)
-    else:
-        return x.to(dtype)
-
-
-@triton.jit
 def widen_again(held, opaque_count):
     """A 16-bit block widened to float32 once more where it is used, so that a kernel may hold
     the block as loaded through a reduction instead of float32 copies of an earlier widening (half

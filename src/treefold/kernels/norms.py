@@ -23,7 +23,7 @@ uses for segment results. No atomics: the same bits on every run.
 import triton
 import triton.language as tl
 
-from .combine import (arrive, round_to, run_tree_sum, start_dependent_launch, tree_sum, wait_for_arrivals,
+from .combine import (arrive, run_tree_sum, start_dependent_launch, tree_sum, wait_for_arrivals,
                       widen_again)
 
 
@@ -133,7 +133,7 @@ def norm_forward_kernel(
     stride_x, stride_res, stride_y, stride_h,
     IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_OFFSET: tl.constexpr, ROUND_NORMALISED: tl.constexpr,
-    STORE_STATS: tl.constexpr, SOFT_BF16: tl.constexpr,
+    STORE_STATS: tl.constexpr,
     ROWS: tl.constexpr, SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr,
     LANES: tl.constexpr, LOG2_LANES: tl.constexpr, GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr,
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
@@ -182,7 +182,6 @@ def norm_forward_kernel(
         HAS_WEIGHT, HAS_BIAS, HAS_OFFSET: which affine terms apply.
         ROUND_NORMALISED: round v * rstd to the input dtype before the weight ("llama").
         STORE_STATS: write mean/rstd (needed for the backward pass).
-        SOFT_BF16: round to bfloat16 on the bits (interpreter only, see ``round_to``).
         ROWS: rows per program (a launch choice; the bits do not depend on it).
         SEGMENTS: S(N) padded to a power of two; LOG2_SEGMENTS its log2.
         LANES: C(N); LOG2_LANES its log2.
@@ -248,7 +247,7 @@ def norm_forward_kernel(
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row4 * stride_res + col4, mask=mask, other=0.0,
                     eviction_policy=READ_POLICY).to(tl.float32)
-        h = round_to(v + r, h_ptr.dtype.element_ty, SOFT_BF16)
+        h = (v + r).to(h_ptr.dtype.element_ty)
         tl.store(h_ptr + row4 * stride_h + col4, h, mask=mask, eviction_policy=H_STORE_POLICY)
         held = h
         v = h.to(tl.float32)
@@ -294,9 +293,9 @@ def norm_forward_kernel(
         tl.store(rstd_ptr + row, rstd, mask=stats_row)
     if ROUND_NORMALISED:
         if HAS_RESIDUAL:
-            normalised = round_to(normalised, h_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
+            normalised = normalised.to(h_ptr.dtype.element_ty).to(tl.float32)
         else:
-            normalised = round_to(normalised, x_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
+            normalised = normalised.to(x_ptr.dtype.element_ty).to(tl.float32)
     out = normalised
     if not IS_RMS:
         w, b = _affine_terms(w_ptr, b_ptr, col, n, offset, HAS_WEIGHT, HAS_OFFSET, HAS_BIAS)
@@ -304,7 +303,7 @@ def norm_forward_kernel(
         out = out * w[None, :, :, :]
     if HAS_BIAS:
         out = out + b[None, :, :, :]
-    tl.store(y_ptr + row4 * stride_y + col4, round_to(out, y_ptr.dtype.element_ty, SOFT_BF16), mask=mask,
+    tl.store(y_ptr + row4 * stride_y + col4, out.to(y_ptr.dtype.element_ty), mask=mask,
              eviction_policy=STORE_POLICY)
 
 
@@ -346,7 +345,7 @@ def norm_backward_kernel(
     stride_dy, stride_dh_out, stride_x, stride_dx, stride_dres,
     IS_RMS: tl.constexpr, HAS_DH_OUT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_OFFSET: tl.constexpr, ROUND_NORMALISED: tl.constexpr, STORE_DRES: tl.constexpr,
-    WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, SOFT_BF16: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     SEGMENTS: tl.constexpr, LOG2_SEGMENTS: tl.constexpr, LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
     GROUP: tl.constexpr, LOG2_GROUP: tl.constexpr, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
     STAGES: tl.constexpr = 1, PAIRED_SUMS: tl.constexpr = True, HOLD_16BIT: tl.constexpr = False,
@@ -392,7 +391,6 @@ def norm_backward_kernel(
         ROUND_NORMALISED: the forward pass rounded the normalised row to x's dtype ("llama").
         STORE_DRES: also write the gradient in the residual's dtype.
         WEIGHT_GRAD, BIAS_GRAD: write the partials.
-        SOFT_BF16: round to bfloat16 on the bits (interpreter only).
         SEGMENTS, LOG2_SEGMENTS, LANES, LOG2_LANES, GROUP, LOG2_GROUP: the row's block shape and
             group, as in the forward pass.
         UNROLL: unroll factor of the row loop (a launch choice: the rows still fold in order).
@@ -489,13 +487,13 @@ def norm_backward_kernel(
             dx = ((g - c_g) - normalised * c_gn) * rstd
         if HAS_DH_OUT:
             dx = dx + tl.load(dh_out_ptr + row * stride_dh_out + col, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + row * stride_dx + col, round_to(dx, dx_ptr.dtype.element_ty, SOFT_BF16), mask=mask)
+        tl.store(dx_ptr + row * stride_dx + col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if STORE_DRES:
-            tl.store(dres_ptr + row * stride_dres + col, round_to(dx, dres_ptr.dtype.element_ty, SOFT_BF16),
+            tl.store(dres_ptr + row * stride_dres + col, dx.to(dres_ptr.dtype.element_ty),
                      mask=mask)
         if WEIGHT_GRAD:
             if ROUND_NORMALISED:
-                normalised = round_to(normalised, x_ptr.dtype.element_ty, SOFT_BF16).to(tl.float32)
+                normalised = normalised.to(x_ptr.dtype.element_ty).to(tl.float32)
             dw_acc = dw_acc + dy * normalised
         if BIAS_GRAD:
             db_acc = db_acc + dy
@@ -508,19 +506,19 @@ def norm_backward_kernel(
 
 @triton.jit
 def _column_tree_sum(part_ptr, out_ptr, num_parts, n, PARTS: tl.constexpr, LOG2_PARTS: tl.constexpr,
-                     BLOCK_N: tl.constexpr, SOFT_BF16: tl.constexpr):
+                     BLOCK_N: tl.constexpr):
     cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     parts = tl.arange(0, PARTS)
     mask = (parts[:, None] < num_parts) & (cols[None, :] < n)
     v = tl.load(part_ptr + parts[:, None].to(tl.int64) * n + cols[None, :], mask=mask, other=0.0)
     total = tree_sum(tl.trans(v), BLOCK_N, PARTS, LOG2_PARTS, 1, 0)
-    tl.store(out_ptr + cols, round_to(total, out_ptr.dtype.element_ty, SOFT_BF16), mask=cols < n)
+    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=cols < n)
 
 
 @triton.jit
 def column_tree_sum_kernel(
     part_ptr, out_ptr, part2_ptr, out2_ptr, num_parts, n,
-    PARTS: tl.constexpr, LOG2_PARTS: tl.constexpr, BLOCK_N: tl.constexpr, SOFT_BF16: tl.constexpr,
+    PARTS: tl.constexpr, LOG2_PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
     WAIT_FOR_PRIOR: tl.constexpr = False,
 ):
     """Column sums of ``num_parts`` float32 partial rows: a halving tree over the rows; on a grid of
@@ -543,12 +541,11 @@ def column_tree_sum_kernel(
         n: row length.
         PARTS: next_pow2(num_parts); LOG2_PARTS its log2.
         BLOCK_N: columns per program (a launch choice; the bits do not depend on it).
-        SOFT_BF16: round to bfloat16 on the bits (interpreter only).
         WAIT_FOR_PRIOR: launched as a programmatic dependent launch after the backward kernel
             (sm_90): wait for it to finish and its partials to be visible.
     """
     start_dependent_launch(WAIT_FOR_PRIOR, False)
     if tl.program_id(1) == 0:
-        _column_tree_sum(part_ptr, out_ptr, num_parts, n, PARTS, LOG2_PARTS, BLOCK_N, SOFT_BF16)
+        _column_tree_sum(part_ptr, out_ptr, num_parts, n, PARTS, LOG2_PARTS, BLOCK_N)
     else:
-        _column_tree_sum(part2_ptr, out2_ptr, num_parts, n, PARTS, LOG2_PARTS, BLOCK_N, SOFT_BF16)
+        _column_tree_sum(part2_ptr, out2_ptr, num_parts, n, PARTS, LOG2_PARTS, BLOCK_N)

@@ -36,7 +36,7 @@ later levels read and write fewer than 1/4000 of N. With FINISH a level writes o
 import triton
 import triton.language as tl
 
-from .combine import (double_double_to_float32, pick_later, round_to, run_tree_sum, start_dependent_launch,
+from .combine import (double_double_to_float32, pick_later, run_tree_sum, start_dependent_launch,
                       tree_double_double, tree_pick, tree_sum)
 
 ACC_FP32: tl.constexpr = tl.constexpr(0)
@@ -160,8 +160,7 @@ def segment_sum_kernel(
             and write the final value.
         FINAL: with FINISH, FINAL_NONE, FINAL_MEAN (divide by ``count`` in float64, round once)
             or FINAL_SQRT (correctly rounded square root).
-        INTERPRETED: run by Triton's interpreter: round float32 -> bfloat16 on the bits (the
-            interpreter truncates) and split trees into halves (see ``combine.halves``).
+        INTERPRETED: run by Triton's interpreter: split trees into halves (see ``combine.halves``).
         EVEN: no element of the block is out of bounds (no masks).
         EVICT_FIRST: load with the evict-first cache policy.
         NODE_SEGMENTS: > 1: each program computes one node of the next level's halving tree
@@ -257,7 +256,7 @@ def segment_sum_kernel(
                 result = tl.sqrt_rn(total)
             else:
                 result = total
-        tl.store(out_ptr + out_rows, round_to(result, out_ptr.dtype.element_ty, INTERPRETED),
+        tl.store(out_ptr + out_rows, result.to(out_ptr.dtype.element_ty),
                  mask=out_rows < rows)
     else:
         out_offsets = row * row_stride_out + segment

@@ -63,11 +63,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import round_to, start_dependent_launch
+from .combine import start_dependent_launch
 
-#: Triton's interpreter truncates float32 -> bfloat16; probability outputs round on the bits there
-#: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
-SOFT_BF16 = tl.constexpr(INTERPRETED)
 #: Compiled, ``_fast_log`` and ``_fixed_weight``'s exp are libdevice's fast approximations; the
 #: interpreter has no libdevice: there they are NumPy's log and exp.
 LIBDEVICE = tl.constexpr(not INTERPRETED)
@@ -2066,7 +2063,7 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
             out = tl.where(mass > 0.0, out, float("nan"))
         else:
             out = tl.where(keep, x, float("-inf"))  # x is exact in float32: the cast restores it
-        tl.store(out_ptr + row * stride_out + cols, round_to(out, out_ptr.dtype.element_ty, SOFT_BF16), mask=in_row)
+        tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=in_row)
 
 
 # ------------------------------------------------------------------------------------------

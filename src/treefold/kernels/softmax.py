@@ -57,12 +57,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import (arrive, round_to, run_tree_sum, start_dependent_launch, tree_max_sum, tree_sum,
+from .combine import (arrive, run_tree_sum, start_dependent_launch, tree_max_sum, tree_sum,
                       wait_for_arrivals, widen_again)
-
-#: Triton's interpreter truncates float32 -> bfloat16; outputs round on the bits there
-#: (``combine.round_to``) so that interpreted results equal the GPU's round-to-nearest-even.
-SOFT_BF16 = tl.constexpr(INTERPRETED)
 
 #: The exp of every element, compiled: one FMUL and one MUFU.EX2 with results below 2^-126 flushed
 #: to zero (libdevice's fast_expf). Triton's tl.exp is the same approximation plus three
@@ -313,7 +309,7 @@ def _store_block_outputs(dst_block_ptrs, mask, a, b, p, c0, c1, inv_temperature,
     e, f = _exp_and_factors(a, p, c0, c1, OP, BACKWARD)
     out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
                    HAS_TEMPERATURE)
-    tl.store(dst_block_ptrs, round_to(out, dst_block_ptrs.dtype.element_ty, SOFT_BF16), mask=mask,
+    tl.store(dst_block_ptrs, out.to(dst_block_ptrs.dtype.element_ty), mask=mask,
              eviction_policy=STORE_POLICY)
 
 
@@ -457,7 +453,7 @@ def softmax_kernel(
                                      tl.reshape(q, [ROWS_PER_PROGRAM, SEG_POW2]),
                                      ROWS_PER_PROGRAM, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
         if LSE_FORWARD:
-            tl.store(dst_ptr + rows_idx, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16), mask=rows_idx < rows)
+            tl.store(dst_ptr + rows_idx, c0.to(dst_ptr.dtype.element_ty), mask=rows_idx < rows)
         else:
             if HOLD_16BIT:
                 a, b = _widen_tiles(raw_a, raw_b, inv_temperature, n, True, False, OP, BACKWARD, HAS_TEMPERATURE)
@@ -471,7 +467,7 @@ def softmax_kernel(
                                      c1[:, None])[:, :, None, None]
             out = _outputs(a, b, e, f, c0[:, None, None, None], c1[:, None, None, None], inv_temperature, OP,
                            BACKWARD, HAS_TEMPERATURE)
-            tl.store(dst_ptr + rows64 * stride_dst + cols, round_to(out, dst_ptr.dtype.element_ty, SOFT_BF16),
+            tl.store(dst_ptr + rows64 * stride_dst + cols, out.to(dst_ptr.dtype.element_ty),
                      mask=mask, eviction_policy=STORE_POLICY)
     else:
         # One row per program in the streaming phases; blocks of SEG_BLOCK segments.
@@ -505,7 +501,7 @@ def softmax_kernel(
                 if arrived == programs_per_row:
                     c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                       LOG2_SEG_POW2, OP, BACKWARD, ".cg")
-                    tl.store(dst_ptr + one_row, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16))
+                    tl.store(dst_ptr + one_row, c0.to(dst_ptr.dtype.element_ty))
             else:
                 wait_for_arrivals(arrivals_ptr, row, arrived, programs_per_row)
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
@@ -570,7 +566,7 @@ def softmax_kernel(
                 c0, c1 = _merge_partials(tl.reshape(p_all, [1, SEG_POW2]), tl.reshape(q_all, [1, SEG_POW2]),
                                          1, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
             if LSE_FORWARD:
-                tl.store(dst_ptr + one_row, round_to(c0, dst_ptr.dtype.element_ty, SOFT_BF16))
+                tl.store(dst_ptr + one_row, c0.to(dst_ptr.dtype.element_ty))
             else:
                 dst_row = dst_ptr + row64 * stride_dst
                 for block in tl.range(block_count, num_stages=STAGES):
