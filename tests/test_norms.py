@@ -1806,6 +1806,7 @@ def test_numpy_scalars_are_accepted_like_python_numbers():
     assert torch.equal(treefold.rms_norm(x, None, np.float32(1e-6)), treefold.rms_norm(x, None, 1e-6))
     # as torch's modules take them
     assert RMSNorm(np.int64(8)).normalized_shape == (8,) and LayerNorm((np.int32(2), 4)).normalized_shape == (2, 4)
+    assert RMSNorm(np.array([4, 4])).normalized_shape == (4, 4) and LayerNorm(torch.Size([3])).normalized_shape == (3,)
 
 
 def test_tensors_on_other_devices_are_refused_by_name():

@@ -1510,26 +1510,36 @@ def test_top_k_and_the_masks_pass_gradients_like_torch(device):
     # for the same kept set: torch.topk's scatter, pass-through for kept logits, softmax's over
     # the kept tokens for probabilities; every k takes the same path (k > 1024 sorts)
     g = torch.Generator().manual_seed(14)
-    x0 = torch.randn(3, 1100, generator=g).to(device)
+    x0 = torch.randn(4, 1100, generator=g).to(device)
+    x0[0, 3] = float("nan")  # a NaN ranks first: its bits too are the kernels'
+    x0[3] = float("-inf")  # a row that keeps nothing in the masks
+    int_view = {torch.float32: torch.int32}[x0.dtype]
     dy_of = lambda t: torch.randn(t.shape, generator=g).to(device)
     for k in (5, 1050):
         x = x0.clone().requires_grad_()
         values, indices = treefold.top_k(x, k)
-        assert values.requires_grad and torch.equal(values.detach(), treefold.top_k(x0, k)[0])
+        want_values, want_indices = treefold.top_k(x0, k)
+        assert values.requires_grad and torch.equal(values.detach().view(int_view), want_values.view(int_view))
         dy = dy_of(values)
         (got,) = torch.autograd.grad(values, x, dy)
-        assert torch.equal(got, torch.zeros_like(x0).scatter_(-1, indices, dy))
+        assert torch.equal(got, torch.zeros_like(x0).scatter_(-1, want_indices, dy))
     for probs in (False, True):
         for mask, arg in ((treefold.top_k_mask, 7), (treefold.top_p_mask, 0.8), (treefold.min_p_mask, 0.05)):
             x = x0.clone().requires_grad_()
             out = mask(x, arg, probs=probs)
             want = mask(x0, arg, probs=probs)
-            assert out.requires_grad and torch.equal(out.detach(), want)
+            assert out.requires_grad and torch.equal(out.detach().view(int_view), want.view(int_view))
             kept = torch.isfinite(want) & (want != 0)
-            dy = torch.where(kept, dy_of(out), 0.0)
+            assert not kept[3].any()
+            dy = dy_of(out)  # a gradient arrives at dropped tokens and at the row that keeps nothing
             (got,) = torch.autograd.grad(out, x, dy)
+            assert torch.equal(got[~kept], torch.zeros_like(got[~kept]))  # dropped tokens get none
             xd = x0.double().requires_grad_()
-            ref_out = torch.softmax(torch.where(kept, xd, float("-inf")), -1) if probs else torch.where(kept, xd, 0.0)
+            if probs:
+                ref_out = torch.softmax(torch.where(kept, xd, torch.where(kept.any(-1, keepdim=True), float("-inf"), 0.0)), -1)
+                ref_out = ref_out * kept.any(-1, keepdim=True)
+            else:
+                ref_out = torch.where(kept, xd, 0.0)
             (ref_grad,) = torch.autograd.grad(ref_out, xd, dy.double())
             torch.testing.assert_close(got.double(), ref_grad, rtol=1e-5, atol=1e-7)
 

@@ -27,13 +27,14 @@ def _as_shape(module: str, normalized_shape: _Shape) -> tuple[int, ...]:
                         f"got {type(normalized_shape).__name__}")
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if not isinstance(normalized_shape, bool) and hasattr(normalized_shape, "__index__"):
-        normalized_shape = (normalized_shape,)  # an int, or an integer such as NumPy's, as torch takes
     try:
-        shape = tuple(normalized_shape)
+        shape = tuple(normalized_shape)  # a sequence, array or tensor of sizes
     except TypeError:
-        raise TypeError(f"{module}: normalized_shape must be an int or a sequence of ints, "
-                        f"got {type(normalized_shape).__name__}") from None
+        # one integer: an int, or one such as NumPy's, as torch's modules take
+        if isinstance(normalized_shape, bool) or not hasattr(normalized_shape, "__index__"):
+            raise TypeError(f"{module}: normalized_shape must be an int or a sequence of ints, "
+                            f"got {type(normalized_shape).__name__}") from None
+        shape = (normalized_shape,)
     if any(isinstance(d, bool) or not hasattr(d, "__index__") for d in shape):
         raise TypeError(f"{module}: normalized_shape must be an int or a sequence of ints, got "
                         f"{', '.join(type(d).__name__ for d in shape)}")

@@ -351,9 +351,25 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
                 torch.empty(batch + (kk,), dtype=torch.int64, device=x.device))
     values, indices = _ops.top_k(x2, kk)
     if x2.requires_grad and torch.is_grad_enabled() and not values.requires_grad:
-        # the same values, gathered from x so that their gradient reaches it (as torch.topk's)
-        values = torch.gather(x2, -1, indices)
+        values = _TopKValues.apply(x2, values, indices)
     return values.reshape(batch + (kk,)), indices.reshape(batch + (kk,))
+
+
+class _TopKValues(torch.autograd.Function):
+    """top_k's values as the kernels give them (bits, NaN payloads included), with torch.topk's
+    gradient: each value's gradient goes back to x at its index."""
+
+    @staticmethod
+    def forward(ctx, x, values, indices):
+        ctx.save_for_backward(indices)
+        ctx.x_shape = x.shape
+        return values.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (indices,) = ctx.saved_tensors
+        # out of place, so that a recorded backward is differentiable in grad
+        return grad.new_zeros(ctx.x_shape).scatter(-1, indices, grad), None, None
 
 
 _MASK_DOC = """
@@ -398,7 +414,12 @@ def _with_filter_gradient(x: torch.Tensor, out: torch.Tensor, probs: bool) -> to
     stay the kernels' bits."""
     if not probs:
         return torch.where(out == float("-inf"), out, x)  # kept logits are x's own (finite) values
-    q = torch.softmax(torch.where(out != 0, x.float(), float("-inf")), dim=-1)
+    kept = out > 0  # (NaN, in a row that keeps nothing, is not kept)
+    any_kept = kept.any(dim=-1, keepdim=True)
+    # a row that keeps nothing takes the softmax of zeros, times 0: finite, and no gradient (the
+    # softmax of a row of -inf would send NaN back whatever the gradient arriving)
+    z = torch.where(kept, x.float(), torch.where(any_kept, float("-inf"), 0.0))
+    q = torch.softmax(z, dim=-1) * any_kept
     return out + (q - q.detach())
 
 
