@@ -1089,6 +1089,37 @@ def _rms_norm_setup(ctx, inputs, output):
     ctx.residual_dtype = None if residual is None else residual.dtype
     ctx.offset = offset
     ctx.casting = casting
+    ctx.eps = eps
+
+
+def _recorded_eagerly() -> bool:
+    """Whether an eager backward is itself being recorded (create_graph: a gradient penalty, a
+    Hessian-vector product). It then runs as torch's operations, which can be differentiated
+    again; the kernels' backward has no gradient of its own."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
+def _rms_norm_backward_torch(ctx, dy, dh_out, weight_grad):
+    """``rms_norm_backward_impl``'s formulas as torch operations in float32 (rstd recomputed from
+    the normalised row, so that its dependence on x is differentiated too), rounded as the kernels
+    round; the bits may differ from theirs in the last place."""
+    normed, weight, _ = ctx.saved_tensors
+    n = normed.shape[-1]
+    v = normed.float()
+    rstd = torch.rsqrt((v * v).mean(-1, keepdim=True) + ctx.eps)
+    normalised = v * rstd
+    g = dy.float()
+    if weight is not None:
+        g = g * (weight.float() + ctx.offset)
+    dx = (g - normalised * ((g * normalised).sum(-1, keepdim=True) / n)) * rstd
+    if dh_out is not None:
+        dx = dx + dh_out.float()
+    dw = None
+    if weight is not None and weight_grad:
+        kept = normalised.to(normed.dtype).float() if ctx.casting == "llama" else normalised
+        dw = (dy.float() * kept).reshape(-1, n).sum(0).to(weight.dtype)
+    dres = None if ctx.residual_dtype is None else dx.to(ctx.residual_dtype)
+    return dx.to(ctx.x_dtype), dres, dw
 
 
 def _plain_eager(*tensors: Optional[Tensor]) -> bool:
@@ -1102,7 +1133,9 @@ def _rms_norm_backward(ctx, dy, dh, drstd):
     normed, weight, rstd = ctx.saved_tensors
     need_x, need_w, need_res = ctx.needs_input_grad[:3]
     dh_out = dh if ctx.has_residual else None
-    if _plain_eager(dy, dh_out, normed, weight, rstd):
+    if _recorded_eagerly():
+        dx, dres, dw = _rms_norm_backward_torch(ctx, dy, dh_out, bool(need_w))
+    elif _plain_eager(dy, dh_out, normed, weight, rstd):
         backward = rms_norm_backward_eager if dy.is_cuda else rms_norm_backward_impl
         dx, dres, dw = backward(dy, dh_out, normed, weight, rstd, ctx.offset, ctx.casting, ctx.x_dtype,
                                 ctx.residual_dtype, bool(need_w))
@@ -1165,13 +1198,32 @@ def _layer_norm_setup(ctx, inputs, output):
     _, mean, rstd = output
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.eps = eps
+
+
+def _layer_norm_backward_torch(ctx, dy, weight_grad, bias_dtype):
+    """``layer_norm_backward_impl``'s formulas as torch operations in float32, the statistics
+    recomputed from x (see ``_rms_norm_backward_torch``)."""
+    x, weight, _, _ = ctx.saved_tensors
+    n = x.shape[-1]
+    v = x.float()
+    d = v - v.mean(-1, keepdim=True)
+    rstd = torch.rsqrt((d * d).mean(-1, keepdim=True) + ctx.eps)
+    normalised = d * rstd
+    g = dy.float() * weight.float() if weight is not None else dy.float()
+    dx = (g - g.mean(-1, keepdim=True) - normalised * (g * normalised).mean(-1, keepdim=True)) * rstd
+    dw = (dy.float() * normalised).reshape(-1, n).sum(0).to(weight.dtype) if weight is not None and weight_grad else None
+    db = None if bias_dtype is None else dy.float().reshape(-1, n).sum(0).to(bias_dtype)
+    return dx.to(x.dtype), dw, db
 
 
 def _layer_norm_backward(ctx, dy, dmean, drstd):
     x, weight, mean, rstd = ctx.saved_tensors
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     bias_dtype = ctx.bias_dtype if need_b else None
-    if _plain_eager(dy, x, weight, mean, rstd):
+    if _recorded_eagerly():
+        dx, dw, db = _layer_norm_backward_torch(ctx, dy, bool(need_w), bias_dtype)
+    elif _plain_eager(dy, x, weight, mean, rstd):
         backward = layer_norm_backward_eager if dy.is_cuda else layer_norm_backward_impl
         dx, dw, db = backward(dy, x, weight, mean, rstd, bool(need_w), bias_dtype)
     else:

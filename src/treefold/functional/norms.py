@@ -6,6 +6,12 @@ gradient to track, eager calls go straight to the launcher; with one, through pl
 Functions; under ``torch.compile`` (or with tensor subclasses), through the ``treefold::`` custom
 ops, which carry the autograd formulas and fake implementations. A repeated eager call of a kind
 seen before skips its checks and takes a prepared launch (``treefold._ops.norms.norm_prepared``).
+
+Gradients (x, weight, bias, the residual) come from the backward kernel. Eager calls are twice
+differentiable: a backward recorded with ``create_graph=True`` (a gradient penalty, a
+Hessian-vector product) is computed by torch's operations in float32 from the saved inputs, so
+that it can be differentiated again, and its bits may differ from the kernel's in the last place.
+Inside ``torch.compile`` a second derivative raises.
 """
 from __future__ import annotations
 
