@@ -570,6 +570,12 @@ def test_logits_errors():
         treefold.min_p_mask(torch.ones(2, 3), 0.1, probs=1)
     with pytest.raises(TypeError, match="top_k_mask: k must be an int or a tensor, got NoneType"):
         treefold.top_k_mask(torch.ones(2, 3), None)
+    with pytest.raises(TypeError, match="top_p_mask: p must be a number or a tensor, got str"):
+        treefold.top_p_mask(torch.ones(2, 3), "0.9")
+    with pytest.raises(TypeError, match="min_p_mask: min_p must be a number or a tensor, got NoneType"):
+        treefold.min_p_mask(torch.ones(2, 3), None)
+    with pytest.raises(TypeError, match="sample: top_p must be a number, a tensor or None, got str"):
+        treefold.sample(torch.ones(2, 3), top_p="0.9")
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device for a second device")

@@ -100,13 +100,14 @@ def _temperature(fn: str, value, rows, batch, device):
     return 0.0 if v <= _checks.FLOAT32_ZERO else v  # (what the kernels would see: greedy, drawing nothing)
 
 
-def _k(fn: str, name: str, value, n: int, rows, batch, device):
-    if value is None:
+def _k(fn: str, name: str, value, n: int, rows, batch, device, *, optional: bool = True):
+    if value is None and optional:
         return None
     if isinstance(value, torch.Tensor):
         return _per_row(fn, name, value, rows, batch, device, _INT_PARAMS, torch.int64)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{fn}: {name} must be an int, a tensor or None, got {type(value).__name__}")
+        kinds = "an int, a tensor or None" if optional else "an int or a tensor"
+        raise TypeError(f"{fn}: {name} must be {kinds}, got {type(value).__name__}")
     value = operator.index(value)
     if not 1 <= value <= n:
         raise ValueError(f"{fn}: {name}={value} is out of range for {n} tokens "
@@ -114,13 +115,14 @@ def _k(fn: str, name: str, value, n: int, rows, batch, device):
     return value
 
 
-def _p(fn: str, name: str, value, rows, batch, device, *, low_open: bool):
-    if value is None:
+def _p(fn: str, name: str, value, rows, batch, device, *, low_open: bool, optional: bool = True):
+    if value is None and optional:
         return None
     if isinstance(value, torch.Tensor):
         return _per_row(fn, name, value, rows, batch, device, _FLOAT_PARAMS, torch.float32)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{fn}: {name} must be a number, a tensor or None, got {type(value).__name__}")
+        kinds = "a number, a tensor or None" if optional else "a number or a tensor"
+        raise TypeError(f"{fn}: {name} must be {kinds}, got {type(value).__name__}")
     v = float(value)
     if low_open and 0.0 < v <= _checks.FLOAT32_ZERO:
         raise ValueError(f"{fn}: {name}={value} rounds to 0 in float32, in which the kernels take it "
@@ -389,14 +391,15 @@ _MASK_DOC = """
 """
 
 
-def _mask(fn: str, x, probs, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
+def _mask(fn: str, needs: str, x, probs, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
+    """``fn``'s mask, whose filter's parameter (``needs``: "k", "p" or "min_p") must be given."""
     x2, batch = _logits(fn, "x", x)
     rows, n = x2.shape
     _checks.flag(fn, "probs", probs)
     dev = x.device
-    k = _k(fn, "k", top_k, n, rows, batch, dev)
-    p = _p(fn, "p", top_p, rows, batch, dev, low_open=True)
-    mp = _p(fn, "min_p", min_p, rows, batch, dev, low_open=False)
+    k = _k(fn, "k", top_k, n, rows, batch, dev, optional=needs != "k")
+    p = _p(fn, "p", top_p, rows, batch, dev, low_open=True, optional=needs != "p")
+    mp = _p(fn, "min_p", min_p, rows, batch, dev, low_open=False, optional=needs != "min_p")
     if rows == 0:
         return torch.empty(x.shape, dtype=torch.float32 if probs else x.dtype, device=dev)
     if dev.type == "cpu" and not torch.compiler.is_compiling():
@@ -424,25 +427,16 @@ def _with_filter_gradient(x: torch.Tensor, out: torch.Tensor, probs: bool) -> to
 
 
 def top_k_mask(x: torch.Tensor, k: Union[int, torch.Tensor], *, probs: bool = False) -> torch.Tensor:
-    fn = "top_k_mask"
-    if k is None:
-        raise TypeError(f"{fn}: k must be an int or a tensor, got NoneType")
-    return _mask(fn, x, probs, top_k=k)
+    return _mask("top_k_mask", "k", x, probs, top_k=k)
 
 
 def top_p_mask(x: torch.Tensor, p: Union[Number, torch.Tensor], *, probs: bool = False) -> torch.Tensor:
-    fn = "top_p_mask"
-    if p is None:
-        raise TypeError(f"{fn}: p must be a number or a tensor, got NoneType")
-    return _mask(fn, x, probs, top_p=p)
+    return _mask("top_p_mask", "p", x, probs, top_p=p)
 
 
 def min_p_mask(x: torch.Tensor, min_p: Union[Number, torch.Tensor], *,
                probs: bool = False) -> torch.Tensor:
-    fn = "min_p_mask"
-    if min_p is None:
-        raise TypeError(f"{fn}: min_p must be a number or a tensor, got NoneType")
-    return _mask(fn, x, probs, min_p=min_p)
+    return _mask("min_p_mask", "min_p", x, probs, min_p=min_p)
 
 
 top_k_mask.__doc__ = ("Keep the k first tokens of each row (logit descending, index ascending).\n"
