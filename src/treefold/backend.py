@@ -63,6 +63,14 @@ if INTERPRETED:
     _exact_bfloat16_casts()
 
 
+def recording_backward() -> bool:
+    """Whether a backward running now is itself being recorded (create_graph: a gradient penalty,
+    a Hessian-vector product), outside torch.compile. The kernels' backward passes have no
+    gradient of their own, so such a backward runs as torch's operations, which can be
+    differentiated again."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
 def use_kernel(t: torch.Tensor) -> bool:
     """True when ``t`` should go through the Triton kernel (compiled or interpreted)."""
     if t.is_cuda:

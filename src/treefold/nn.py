@@ -25,8 +25,6 @@ def _as_shape(module: str, normalized_shape: _Shape) -> tuple[int, ...]:
     if isinstance(normalized_shape, (bool, str, bytes)):
         raise TypeError(f"{module}: normalized_shape must be an int or a sequence of ints, "
                         f"got {type(normalized_shape).__name__}")
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
     try:
         shape = tuple(normalized_shape)  # a sequence, array or tensor of sizes
     except TypeError:
@@ -40,7 +38,7 @@ def _as_shape(module: str, normalized_shape: _Shape) -> tuple[int, ...]:
                         f"{', '.join(type(d).__name__ for d in shape)}")
     shape = tuple(d.__index__() for d in shape)
     if not shape or any(d < 1 for d in shape):
-        raise ValueError(f"{module}: normalized_shape must be one or more positive ints, got {normalized_shape!r}")
+        raise ValueError(f"{module}: normalized_shape must be one or more positive ints, got {shape!r}")
     return shape
 
 

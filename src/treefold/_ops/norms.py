@@ -1092,13 +1092,6 @@ def _rms_norm_setup(ctx, inputs, output):
     ctx.eps = eps
 
 
-def _recorded_eagerly() -> bool:
-    """Whether an eager backward is itself being recorded (create_graph: a gradient penalty, a
-    Hessian-vector product). It then runs as torch's operations, which can be differentiated
-    again; the kernels' backward has no gradient of its own."""
-    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
-
-
 def _rms_norm_backward_torch(ctx, dy, dh_out, weight_grad):
     """``rms_norm_backward_impl``'s formulas as torch operations in float32 (rstd recomputed from
     the normalised row, so that its dependence on x is differentiated too), rounded as the kernels
@@ -1133,7 +1126,7 @@ def _rms_norm_backward(ctx, dy, dh, drstd):
     normed, weight, rstd = ctx.saved_tensors
     need_x, need_w, need_res = ctx.needs_input_grad[:3]
     dh_out = dh if ctx.has_residual else None
-    if _recorded_eagerly():
+    if backend.recording_backward():
         dx, dres, dw = _rms_norm_backward_torch(ctx, dy, dh_out, bool(need_w))
     elif _plain_eager(dy, dh_out, normed, weight, rstd):
         backward = rms_norm_backward_eager if dy.is_cuda else rms_norm_backward_impl
@@ -1221,7 +1214,7 @@ def _layer_norm_backward(ctx, dy, dmean, drstd):
     x, weight, mean, rstd = ctx.saved_tensors
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     bias_dtype = ctx.bias_dtype if need_b else None
-    if _recorded_eagerly():
+    if backend.recording_backward():
         dx, dw, db = _layer_norm_backward_torch(ctx, dy, bool(need_w), bias_dtype)
     elif _plain_eager(dy, x, weight, mean, rstd):
         backward = layer_norm_backward_eager if dy.is_cuda else layer_norm_backward_impl

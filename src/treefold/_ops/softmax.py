@@ -645,16 +645,17 @@ def _softmax_setup(ctx, inputs, output):
     ctx.log, ctx.temperature, ctx.x_dtype, ctx.strategy = log, temperature, x.dtype, strategy
 
 
-def _recorded_eagerly() -> bool:
-    """Whether an eager backward is itself being recorded (create_graph): it then runs as torch's
-    operations, which can be differentiated again (``_differentiable_when_recorded``)."""
-    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
+def _recorded_softmax_backward(ctx, grad):
+    """dx by torch's operations (the float64 reference, rounded once to x's dtype), for a
+    backward that is being recorded (``backend.recording_backward``): differentiable again."""
+    (y,) = ctx.saved_tensors
+    return reference.softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
 
 
 def _softmax_grad(ctx, grad):
     (y,) = ctx.saved_tensors
-    if _recorded_eagerly():
-        dx = reference.softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
+    if backend.recording_backward():
+        dx = _recorded_softmax_backward(ctx, grad)
     else:
         dx = _softmax_backward_op(grad, y, ctx.log, ctx.temperature, ctx.x_dtype, ctx.strategy)
     return dx, None, None, None, None
@@ -668,7 +669,7 @@ def _logsumexp_setup(ctx, inputs, output):
 
 def _logsumexp_grad(ctx, grad):
     x, lse = ctx.saved_tensors
-    if _recorded_eagerly():
+    if backend.recording_backward():  # torch's operations, differentiable again
         return reference.logsumexp_backward(grad, x, lse), None
     return _logsumexp_backward_op(grad, x, lse, ctx.strategy), None
 
@@ -698,37 +699,20 @@ class _SoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _softmax_backward_recorded(ctx, grad)
-
-
-def _differentiable_when_recorded(backward, recorded):
-    """``backward`` (the kernels), or ``recorded`` while the backward is itself being recorded
-    (create_graph: a gradient penalty, a Hessian-vector product), which computes the same
-    gradient with torch's operations (the float64 reference, rounded once to x's dtype) so that
-    it can be differentiated again; the kernels' backward has no gradient of its own."""
-    def run(ctx, *grads):
-        return recorded(ctx, *grads) if _recorded_eagerly() else backward(ctx, *grads)
-    return run
+        return _softmax_backward(ctx, grad)
 
 
 def _softmax_backward(ctx, grad):
     (y,) = ctx.saved_tensors
-    if y.is_cuda:
+    if backend.recording_backward():
+        dx = _recorded_softmax_backward(ctx, grad)
+    elif y.is_cuda:
         dx = _prepared_backward(grad, y, ctx.log, ctx.temperature, ctx.x_dtype)
     elif backend.use_kernel(y):
         dx = softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
     else:
         dx = reference.softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype)
     return dx, None, None, None
-
-
-def _softmax_backward_torch(ctx, grad):
-    (y,) = ctx.saved_tensors
-    return (reference.softmax_backward(grad, y, log=ctx.log, temperature=ctx.temperature, x_dtype=ctx.x_dtype),
-            None, None, None)
-
-
-_softmax_backward_recorded = _differentiable_when_recorded(_softmax_backward, _softmax_backward_torch)
 
 
 class _LogsumexpFunction(torch.autograd.Function):
@@ -745,22 +729,14 @@ class _LogsumexpFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _logsumexp_backward_recorded(ctx, grad)
+        return _logsumexp_backward(ctx, grad)
 
 
 def _logsumexp_backward(ctx, grad):
     x, lse = ctx.saved_tensors
-    if backend.use_kernel(x):
+    if backend.use_kernel(x) and not backend.recording_backward():
         return logsumexp_backward(grad, x, lse)
-    return reference.logsumexp_backward(grad, x, lse)
-
-
-def _logsumexp_backward_torch(ctx, grad):
-    x, lse = ctx.saved_tensors
-    return reference.logsumexp_backward(grad, x, lse)
-
-
-_logsumexp_backward_recorded = _differentiable_when_recorded(_logsumexp_backward, _logsumexp_backward_torch)
+    return reference.logsumexp_backward(grad, x, lse)  # (torch's operations: differentiable again)
 
 
 # ---- entry points for the public functions --------------------------------------------------
