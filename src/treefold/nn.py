@@ -3,6 +3,7 @@
 ``RMSNorm`` and ``LayerNorm`` keep the parameter names of ``torch.nn.RMSNorm`` /
 ``torch.nn.LayerNorm`` (and of Hugging Face's ``LlamaRMSNorm`` / ``GemmaRMSNorm``: a single
 ``weight``), so ``load_state_dict`` takes those modules' state dicts unchanged.
+``CrossEntropyLoss`` takes ``torch.nn.CrossEntropyLoss``'s options for class-index targets.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from torch import nn
 
 from . import _checks
 from .functional.norms import layer_norm, rms_norm
+from .functional.softmax import check_loss_options, cross_entropy
 
-__all__ = ["RMSNorm", "LayerNorm"]
+__all__ = ["RMSNorm", "LayerNorm", "CrossEntropyLoss"]
 
 _Shape = Union[int, Sequence[int], torch.Size]
 
@@ -160,3 +162,24 @@ class LayerNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class CrossEntropyLoss(nn.Module):
+    """``torch.nn.CrossEntropyLoss`` for class-index targets, by ``treefold.cross_entropy``
+    (float32 loss; see there). Class weights and probability targets are not supported, so the
+    options are keyword-only: a weight passed where torch takes it first is a TypeError."""
+
+    def __init__(self, *, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
+        super().__init__()
+        check_loss_options("CrossEntropyLoss", ignore_index, reduction, label_smoothing)
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+        self.label_smoothing = float(label_smoothing)
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(logits, target, ignore_index=self.ignore_index, reduction=self.reduction,
+                             label_smoothing=self.label_smoothing)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}")

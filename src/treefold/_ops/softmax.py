@@ -1,4 +1,7 @@
-"""Softmax, log_softmax and logsumexp: launch heuristics, torch.library ops, autograd.
+"""Softmax, log_softmax, logsumexp and cross-entropy: launch heuristics, torch.library ops, autograd.
+
+Cross-entropy runs the logsumexp launches (the same plans) with its targets: the forward writes
+each row's loss beside its lse, the backward takes dx from the saved lse (``_Targets``).
 
 Four launch strategies realise the one treefold order of ``treefold.kernels.softmax``, so they
 give the same bits as one another for every row, batch size and launch parameter:
@@ -38,6 +41,7 @@ from typing import Optional
 import torch
 
 from .. import backend, order
+from . import reduce as _reduce
 from .._checks import as_rows
 from ..kernels import softmax as kernels
 from .launch import (Launcher, check_eviction_policy, check_max_registers, dependent_launch as _dependent_launch,
@@ -384,10 +388,11 @@ _KERNEL = Launcher(kernels.softmax_kernel)
 
 
 def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int, stride_grad: int,
-            stride_dst: int, inv_temperature: float, prepare_key=None) -> None:
+            stride_dst: int, inv_temperature: float, prepare_key=None, targets: Optional["_Targets"] = None) -> None:
     """Launch the plan's phases. ``prepare_key``: a call of contiguous rows keeps its prepared
     launches under this key (``_PreparedCall``; ``_prepared_call``, ``_prepared_backward``);
-    ``src``, ``grad``, ``dst`` and ``row`` must then be distinct tensors or the same object."""
+    ``src``, ``grad``, ``dst`` and ``row`` must then be distinct tensors or the same object.
+    ``targets``: the logsumexp launches of cross-entropy (never prepared)."""
     if plan_.partials:
         part_p = src.new_empty((rows, plan_.num_segments), dtype=torch.float32)
         part_q = torch.empty_like(part_p) if plan_.partials == "pq" else part_p
@@ -402,10 +407,18 @@ def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int
     slots += (part_p, part_q) if plan_.partials == "pq" else (part_p,) if plan_.partials else ()
     slots += (arrivals,) if plan_.arrivals else ()
     launches = []
+    if targets is None:
+        target_args = (src, src, src, 0, 0.0)
+    else:
+        target_args = (targets.target, targets.loss if targets.loss is not None else src,
+                       targets.row_sum if targets.row_sum is not None else src, targets.ignore_index,
+                       targets.smoothing)
     for phase in plan_.phases:
         args = (src, grad, dst, row, part_p, part_q, arrivals, rows, n, segments, phase.programs_per_row,
-                stride_src, stride_grad, stride_dst, inv_temperature)
+                stride_src, stride_grad, stride_dst, inv_temperature) + target_args
         kwargs = phase.kwargs_temperature if with_temperature else phase.kwargs
+        if targets is not None:
+            kwargs = dict(kwargs, TARGETS=True, SMOOTHING=targets.smoothing != 0.0)
         if prepare_key is not None:
             launches.append(_KERNEL.prepare(phase.grid, args, kwargs, slots))  # launches, then prepares
         else:
@@ -587,6 +600,53 @@ def logsumexp_backward(grad: torch.Tensor, x: torch.Tensor, lse: torch.Tensor, *
     return dx
 
 
+@dataclass(frozen=True)
+class _Targets:
+    """The cross-entropy arguments of a logsumexp launch (``kernels.softmax_kernel``'s TARGETS):
+    the targets [rows], the loss output and the row sums (forward; label smoothing only), the
+    ignored target value and the label smoothing eps (float32-rounded by the caller)."""
+    target: torch.Tensor
+    loss: Optional[torch.Tensor]
+    row_sum: Optional[torch.Tensor]
+    ignore_index: int
+    smoothing: float
+
+
+def cross_entropy_forward(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float, *,
+                          strategy: str = "auto", tuning: Tuning = _DEFAULT_TUNING
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse), float32 [rows], of logits ``x`` [rows, n >= 1] and targets [rows]: the
+    logsumexp launches with each row's loss written beside its lse. Label smoothing first sums
+    each row in the order's trees (``reduce.tree_sum_rows``: one more read of x)."""
+    rows, n = x.shape
+    loss = x.new_empty((rows,), dtype=torch.float32)
+    lse = torch.empty_like(loss)
+    if rows == 0:
+        return loss, lse
+    x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
+    row_sum = _reduce.tree_sum_rows(x2, out_dtype=torch.float32) if smoothing else None
+    p = _plan_for(_LOGSUMEXP, False, n, rows, x, strategy, tuning)
+    _launch(p, x2, x2, lse, x2, rows, n, x_stride, x_stride, 1, 1.0,
+            targets=_Targets(target.contiguous(), loss, row_sum, ignore_index, smoothing))
+    return loss, lse
+
+
+def cross_entropy_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+                           ignore_index: int, smoothing: float, *, strategy: str = "auto",
+                           tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
+    """dx of the cross-entropy losses from dloss = ``grad`` [rows] and the forward's float32
+    ``lse``: the logsumexp backward launch, one read of x and one write of dx."""
+    dx = _new_output(x.shape, x.dtype, x)
+    rows, n = x.shape
+    if dx.numel() == 0:
+        return dx
+    x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
+    p = _plan_for(_LOGSUMEXP, True, n, rows, x, strategy, tuning)
+    _launch(p, x2, grad.contiguous(), dx, lse.contiguous(), rows, n, x_stride, 1, n, 1.0,
+            targets=_Targets(target.contiguous(), None, None, ignore_index, smoothing))
+    return dx
+
+
 # ---- the registered ops: kernel or reference, by device ------------------------------------
 
 @torch.library.custom_op("treefold::softmax", mutates_args=())
@@ -674,8 +734,52 @@ def _logsumexp_grad(ctx, grad):
     return _logsumexp_backward_op(grad, x, lse, ctx.strategy), None
 
 
+@torch.library.custom_op("treefold::cross_entropy", mutates_args=())
+def _cross_entropy_op(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float,
+                      strategy: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if backend.use_kernel(x):
+        return cross_entropy_forward(x, target, ignore_index, smoothing, strategy=strategy)
+    return reference.cross_entropy(x, target, ignore_index, smoothing)
+
+
+@_cross_entropy_op.register_fake
+def _(x, target, ignore_index, smoothing, strategy):
+    loss = x.new_empty(x.shape[:1], dtype=torch.float32)
+    return loss, torch.empty_like(loss)
+
+
+@torch.library.custom_op("treefold::cross_entropy_backward", mutates_args=())
+def _cross_entropy_backward_op(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+                               ignore_index: int, smoothing: float, strategy: str) -> torch.Tensor:
+    if backend.use_kernel(x):
+        return cross_entropy_backward(grad, x, target, lse, ignore_index, smoothing, strategy=strategy)
+    return reference.cross_entropy_backward(grad, x, target, ignore_index, smoothing)
+
+
+@_cross_entropy_backward_op.register_fake
+def _(grad, x, target, lse, ignore_index, smoothing, strategy):
+    return x.new_empty(x.shape)
+
+
+def _cross_entropy_setup(ctx, inputs, output):
+    x, target, ignore_index, smoothing, strategy = inputs
+    ctx.save_for_backward(x, target, output[1])
+    ctx.ignore_index, ctx.smoothing, ctx.strategy = ignore_index, smoothing, strategy
+
+
+def _cross_entropy_grad(ctx, grad_loss, grad_lse):
+    # lse is an output only so that the backward can read it: the public functions never return it
+    x, target, lse = ctx.saved_tensors
+    if backend.recording_backward():  # torch's operations, differentiable again
+        dx = reference.cross_entropy_backward(grad_loss, x, target, ctx.ignore_index, ctx.smoothing)
+    else:
+        dx = _cross_entropy_backward_op(grad_loss, x, target, lse, ctx.ignore_index, ctx.smoothing, ctx.strategy)
+    return dx, None, None, None, None
+
+
 _softmax_op.register_autograd(_softmax_grad, setup_context=_softmax_setup)
 _logsumexp_op.register_autograd(_logsumexp_grad, setup_context=_logsumexp_setup)
+_cross_entropy_op.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
 
 
 # ---- eager autograd: the same launchers, without the dispatcher --------------------------------
@@ -737,6 +841,32 @@ def _logsumexp_backward(ctx, grad):
     if backend.use_kernel(x) and not backend.recording_backward():
         return logsumexp_backward(grad, x, lse)
     return reference.logsumexp_backward(grad, x, lse)  # (torch's operations: differentiable again)
+
+
+class _CrossEntropyFunction(torch.autograd.Function):
+    """Eager-mode autograd for the cross-entropy losses (see ``_SoftmaxFunction``)."""
+
+    @staticmethod
+    def forward(ctx, x, target, ignore_index, smoothing):
+        loss, lse = _cross_entropy_impl(x, target, ignore_index, smoothing)
+        ctx.save_for_backward(x, target, lse)
+        ctx.ignore_index, ctx.smoothing = ignore_index, smoothing
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, target, lse = ctx.saved_tensors
+        if backend.use_kernel(x) and not backend.recording_backward():
+            dx = cross_entropy_backward(grad, x, target, lse, ctx.ignore_index, ctx.smoothing)
+        else:  # torch's operations: differentiable again
+            dx = reference.cross_entropy_backward(grad, x, target, ctx.ignore_index, ctx.smoothing)
+        return dx, None, None, None
+
+
+def _cross_entropy_impl(x, target, ignore_index, smoothing):
+    if backend.use_kernel(x):
+        return cross_entropy_forward(x, target, ignore_index, smoothing)
+    return reference.cross_entropy(x, target, ignore_index, smoothing)
 
 
 # ---- entry points for the public functions --------------------------------------------------
@@ -805,3 +935,14 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     if path == 1:
         return _LogsumexpFunction.apply(x)
     return _logsumexp_op(x, "auto")
+
+
+def cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float) -> torch.Tensor:
+    """The float32 cross-entropy loss of each row of ``x`` [rows, n >= 1] (validated by the caller;
+    ``smoothing`` already float32)."""
+    path = _path(x)
+    if path == 0:
+        return _cross_entropy_impl(x, target, ignore_index, smoothing)[0]
+    if path == 1:
+        return _CrossEntropyFunction.apply(x, target, ignore_index, smoothing)
+    return _cross_entropy_op(x, target, ignore_index, smoothing, "auto")[0]

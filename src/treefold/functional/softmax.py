@@ -1,19 +1,23 @@
-"""Public softmax functions: validation, docstrings, dispatch (kernel / interpreter / reference).
+"""Public softmax functions and cross-entropy: validation, docstrings, dispatch (kernel /
+interpreter / reference).
 
-All three reduce one dimension in the treefold order (``treefold.kernels.softmax`` documents it),
+All of them reduce one dimension in the treefold order (``treefold.kernels.softmax`` documents it),
 so a row gives the same bits whatever the batch size, its position in the batch or the launch
 strategy. They accept float32, bfloat16 and float16 and compute in float32.
 """
 from __future__ import annotations
 
+import numbers
+import struct
 from typing import Optional
 
 import torch
 
 from .. import _checks
+from .._ops import reduce as _reduce_ops
 from .._ops import softmax as _ops
 
-__all__ = ["softmax", "log_softmax", "logsumexp"]
+__all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy"]
 
 _COMMON_DOC = """
     Args:
@@ -132,3 +136,101 @@ def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Te
         return _ops.logsumexp(x.reshape(1))
     out = _ops.logsumexp(x if d == x.ndim - 1 else x.movedim(d, -1))
     return out.unsqueeze(d) if keepdim else out
+
+
+_REDUCTIONS = ("mean", "sum", "none")
+_TARGET_DTYPES = (torch.int64, torch.int32)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def check_loss_options(fn: str, ignore_index, reduction, label_smoothing) -> float:
+    """Check cross_entropy's options (also ``treefold.nn.CrossEntropyLoss``'s, at construction);
+    returns label_smoothing as the float32 the kernels take."""
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not _INT64[0] <= int(ignore_index) <= _INT64[1]:
+        raise ValueError(f"{fn}: ignore_index={ignore_index} is outside int64")
+    if not isinstance(reduction, str):
+        raise TypeError(f"{fn}: reduction must be a str, got {type(reduction).__name__}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{fn}: reduction={reduction!r} is not one of {', '.join(map(repr, _REDUCTIONS))}")
+    eps = _checks.finite_float(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
+    return struct.unpack("f", struct.pack("f", eps))[0]
+
+
+def _check_cross_entropy(fn: str, logits, target, ignore_index, reduction, label_smoothing) -> float:
+    """Validate a cross_entropy call; returns label_smoothing as the float32 the kernels take."""
+    _checks.tensor(fn, "logits", logits)
+    if isinstance(target, torch.Tensor) and target.dtype.is_floating_point:
+        raise TypeError(f"{fn}: target has dtype {str(target.dtype).replace('torch.', '')}; class "
+                        f"probabilities are not supported, give class indices (int64 or int32)")
+    _checks.tensor(fn, "target", target, _TARGET_DTYPES)
+    _checks.same_device(fn, "target", target, "logits", logits)
+    if logits.ndim not in (1, 2):
+        raise ValueError(f"{fn}: logits must be [batch, classes] or [classes], got shape {tuple(logits.shape)}")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"{fn}: logits has 0 classes (shape {tuple(logits.shape)}); a target needs at least one")
+    if logits.shape[-1] > _ops.MAX_ROW:
+        raise ValueError(f"{fn}: logits has {logits.shape[-1]} classes; rows longer than {_ops.MAX_ROW} "
+                         f"elements are not supported")
+    if tuple(target.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"{fn}: target has shape {tuple(target.shape)}, expected {tuple(logits.shape[:-1])} "
+                         f"(logits.shape[:-1]) for logits of shape {tuple(logits.shape)}")
+    eps = check_loss_options(fn, ignore_index, reduction, label_smoothing)
+    if target.is_cpu and target.numel() and not torch.compiler.is_compiling():
+        # (free on the host; on the GPU this would wait for the device, and inside a compiled
+        # graph it would be data-dependent control flow, so a bad target there gives a NaN loss)
+        t = target.long()
+        bad = (t != int(ignore_index)) & ((t < 0) | (t >= logits.shape[-1]))
+        if bool(bad.any()):
+            where = int(bad.nonzero()[0, 0])
+            raise ValueError(f"{fn}: target[{where}] = {int(t[where])} is not a class index in "
+                             f"[0, {logits.shape[-1]}) nor ignore_index={ignore_index}")
+    return eps
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+    """Cross-entropy of class indices ``target`` under ``logits``, as ``torch.nn.functional.cross_entropy``
+    takes them (class dimension last), computed in float32 without forming log_softmax.
+
+    Args:
+        logits: float32, bfloat16 or float16, [batch, classes] or [classes]. Rows that are
+            evenly strided with a contiguous last dimension are read in place.
+        target: int64 or int32 class indices, shape ``logits.shape[:-1]``, on logits' device.
+        ignore_index: rows whose target equals it count for nothing: loss 0, gradient 0, and
+            left out of the mean's count.
+        reduction: "mean" (over the rows not ignored; NaN when every row is ignored, as in
+            torch), "sum" or "none" (one loss per row).
+        label_smoothing: eps in [0, 1], taken as float32: the target distribution is
+            (1 - eps) * one_hot(target) + eps / classes, as in torch.
+
+    Each row's loss is ``lse - x[t]``, with lse the row's log-sum-exp in the treefold order (the
+    logsumexp kernel, which writes the loss beside it: one read of the logits), or with label
+    smoothing ``(1 - eps) * (lse - x[t]) + eps * (lse - sum(x) / classes)``, sum(x) in the order's
+    trees (one more read). "sum" and "mean" add the row losses with ``treefold.sum``'s trees, so
+    every result is the same bits for any launch, and a row's loss the same in any batch.
+
+    The loss is float32 whatever the logits' dtype (torch returns the logits' dtype). Its
+    gradient, ``dloss * (softmax(x) - (1 - eps) * one_hot(t) - eps / classes)`` rounded once to
+    the logits' dtype, is one more kernel: one read of the logits, one write of dx.
+
+    A target outside [0, classes) that is not ``ignore_index`` is a ValueError for CPU tensors;
+    on the GPU, where checking would wait for the device, and inside ``torch.compile``, that
+    row's loss and gradient are NaN (nothing is read out of bounds). A row holding +inf or entirely -inf gives NaN, as does a
+    row holding NaN (as in torch). Class weights and probability targets are not supported.
+    Works under ``torch.compile(fullgraph=True)`` through the ``treefold::cross_entropy`` op.
+    """
+    fn = "cross_entropy"
+    eps = _check_cross_entropy(fn, logits, target, ignore_index, reduction, label_smoothing)
+    ignore_index = int(ignore_index)
+    if logits.ndim == 1:
+        losses = _ops.cross_entropy(logits.reshape(1, -1), target.reshape(1), ignore_index, eps).reshape(())
+    else:
+        losses = _ops.cross_entropy(logits, target, ignore_index, eps)
+    if reduction == "none":
+        return losses
+    total = _reduce_ops.sum_rows(losses.reshape(1, -1), "sum", torch.float32).reshape(())
+    if reduction == "sum":
+        return total
+    return total / (target != ignore_index).sum()

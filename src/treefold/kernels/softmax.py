@@ -33,6 +33,12 @@ where each row sum is ``tree_sum`` over the lanes of every segment (groups of th
 followed by a plain halving tree over the S segment sums padded with zeros: exactly
 ``order.reference_sum(..., dtype=y.dtype)``.
 
+Cross-entropy is the logsumexp launches with TARGETS: the forward writes lse (float32) and, from
+the row's logit at its target t (one more load per row), loss = lse - x[t], or with label
+smoothing eps loss = (1 - eps) * (lse - x[t]) + eps * (lse - sum(x) / N), sum(x) given per row
+(``_store_row_results``); the backward is dx = dloss * (exp(x - lse) - one_hot(t)), the one-hot
+row (1 - eps) at t plus eps / N with label smoothing (``_given_constants``, ``_target_term``).
+
 Every launch strategy computes the same segment partials with the same code and merges them with
 the same trees, so the bits do not depend on the strategy, the batch size, the position of a row,
 ``num_warps`` or how segments are shared out. (The launcher disables FMA contraction so that the
@@ -51,6 +57,9 @@ Bytes each launch must move (rows x N elements, b_in / b_out bytes per element):
     backward softmax / log_softmax:  read y and dy, write dx (online and split read them twice,
         cooperative once);
     backward logsumexp:  read x, write dx, plus two values per row.
+    cross-entropy forward:  logsumexp's, plus per row the target (8 bytes), its logit, the loss
+        written (4 bytes) and, with label smoothing, the row sum read (4 bytes);
+    cross-entropy backward:  read x, write dx, plus per row lse, dloss and the target.
 """
 import triton
 import triton.language as tl
@@ -271,16 +280,30 @@ def _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q,
 
 
 @triton.jit
-def _outputs(a, b, e, f, c0, c1, inv_temperature, OP: tl.constexpr, BACKWARD: tl.constexpr,
-             HAS_TEMPERATURE: tl.constexpr):
+def _target_term(cols, target_col, n, smoothing, SMOOTHING: tl.constexpr):
+    """What the cross-entropy backward subtracts from softmax(x) at columns ``cols``: the one-hot
+    row of the target column, (1 - eps) there plus eps / n everywhere with label smoothing
+    eps = ``smoothing``. ``target_col`` is -1 for an ignored row (no column matches)."""
+    if SMOOTHING:
+        return tl.where(cols == target_col, 1.0 - smoothing, 0.0) + tl.div_rn(smoothing, n.to(tl.float32))
+    else:
+        return tl.where(cols == target_col, 1.0, 0.0)
+
+
+@triton.jit
+def _outputs(a, b, e, f, c0, c1, inv_temperature, target_term, OP: tl.constexpr, BACKWARD: tl.constexpr,
+             HAS_TEMPERATURE: tl.constexpr, TARGETS: tl.constexpr):
     """The elementwise outputs from the loaded block (a, b) and the row constants (c0, c1); the
     forward softmax is y = e * f from the block's exp(x - m_s') (``_segment_exp``) and its
-    segments' factors (``_softmax_factors``), so that each element meets one exp."""
+    segments' factors (``_softmax_factors``), so that each element meets one exp. ``TARGETS``
+    (the logsumexp backward of cross-entropy): dx = dloss * (softmax(x) - ``target_term``)."""
     if BACKWARD:
         if OP == SOFTMAX:
             out = a * (b - c0)
         elif OP == LOG_SOFTMAX:
             out = b - _exp(a) * c0
+        elif TARGETS:
+            out = c1 * (_exp(a - c0) - target_term)
         else:
             out = c1 * _exp(a - c0)
         if HAS_TEMPERATURE:
@@ -302,13 +325,15 @@ def _segment_maxima(part_p_ptr, row64, num_segments, segments):
 
 
 @triton.jit
-def _store_block_outputs(dst_block_ptrs, mask, a, b, p, c0, c1, inv_temperature, OP: tl.constexpr,
-                         BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr, STORE_POLICY: tl.constexpr):
+def _store_block_outputs(dst_block_ptrs, mask, a, b, p, c0, c1, inv_temperature, target_term, OP: tl.constexpr,
+                         BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr, STORE_POLICY: tl.constexpr,
+                         TARGETS: tl.constexpr):
     """Write the outputs of a loaded ``[SEGS, OUTER, INNER]`` block (a, b) whose segment maxima
-    are p ([SEGS]; read by the forward softmax alone) under the row constants (c0, c1) ([1])."""
+    are p ([SEGS]; read by the forward softmax alone) under the row constants (c0, c1) ([1])
+    (``target_term``: see ``_outputs``; any value without TARGETS)."""
     e, f = _exp_and_factors(a, p, c0, c1, OP, BACKWARD)
-    out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, OP, BACKWARD,
-                   HAS_TEMPERATURE)
+    out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, target_term, OP, BACKWARD,
+                   HAS_TEMPERATURE, TARGETS)
     tl.store(dst_block_ptrs, out.to(dst_block_ptrs.dtype.element_ty), mask=mask,
              eviction_policy=STORE_POLICY)
 
@@ -334,11 +359,56 @@ def _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_PO
 
 
 @triton.jit
-def _given_constants(row_ptr, grad_ptr, rows_idx, row_ok):
-    """Row constants of the logsumexp backward, read from memory: (lse', dlse)."""
+def _given_constants(row_ptr, grad_ptr, target_ptr, rows_idx, row_ok, n, ignore_index, TARGETS: tl.constexpr):
+    """Row constants of the logsumexp backward, read from memory: (lse', dlse, target column).
+
+    logsumexp: lse' = 0 for a row that is entirely -inf (its gradient is 0), the target column
+    -1. Cross-entropy (TARGETS): an ignored row's dlse is 0 and its target column -1; lse' is
+    NaN, so that the whole row's gradient is NaN as its loss is, for a row holding +inf, a row
+    that is entirely -inf, and a target outside [0, n) that is not ``ignore_index``.
+    """
     lse = tl.load(row_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
     dlse = tl.load(grad_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
-    return tl.where(lse == float("-inf"), 0.0, lse), dlse
+    if TARGETS:
+        target = tl.load(target_ptr + rows_idx, mask=row_ok, other=ignore_index).to(tl.int64)
+        counted = target != ignore_index
+        inside = (target >= 0) & (target < n)
+        lse = tl.where((lse == float("inf")) | (lse == float("-inf")) | (counted & ~inside), float("nan"), lse)
+        dlse = tl.where(counted, dlse, 0.0)
+        target_col = tl.where(counted & inside, target, -1).to(tl.int32)
+    else:
+        lse = tl.where(lse == float("-inf"), 0.0, lse)
+        target_col = tl.full(rows_idx.shape, -1, tl.int32)
+    return lse, dlse, target_col
+
+
+@triton.jit
+def _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows_idx, row_ok, lse, n, stride_src,
+                       ignore_index, smoothing, TARGETS: tl.constexpr, SMOOTHING: tl.constexpr):
+    """The forward logsumexp's results for rows ``rows_idx`` (where ``row_ok``): lse to ``dst``
+    and, with TARGETS, the cross-entropy loss to ``loss_ptr`` (float32), from the row's logit at
+    its target (one more load per row) and, with SMOOTHING, its sum (``row_sum_ptr``):
+
+        loss = lse - x[t]                                          (eps = 0)
+        loss = (1 - eps) * (lse - x[t]) + eps * (lse - sum(x) / n)   (label smoothing eps)
+
+    0 for a row whose target is ``ignore_index``; NaN for a target outside [0, n) (nothing is
+    read there) and for a row holding +inf (as torch's log_softmax gives); a row that is
+    entirely -inf gives NaN from the formula itself (-inf - -inf).
+    """
+    tl.store(dst_ptr + rows_idx, lse.to(dst_ptr.dtype.element_ty), mask=row_ok)
+    if TARGETS:
+        target = tl.load(target_ptr + rows_idx, mask=row_ok, other=ignore_index).to(tl.int64)
+        counted = target != ignore_index
+        inside = (target >= 0) & (target < n)
+        logit = tl.load(src_ptr + rows_idx.to(tl.int64) * stride_src + target, mask=row_ok & counted & inside,
+                        other=0.0).to(tl.float32)
+        loss = lse - logit
+        if SMOOTHING:
+            row_sum = tl.load(row_sum_ptr + rows_idx, mask=row_ok, other=0.0)
+            loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.div_rn(row_sum, n.to(tl.float32)))
+        loss = tl.where((lse == float("inf")) | ~inside, float("nan"), loss)
+        tl.store(loss_ptr + rows_idx, tl.where(counted, loss, 0.0), mask=row_ok)
 
 
 @triton.jit
@@ -346,6 +416,7 @@ def softmax_kernel(
     src_ptr, grad_ptr, dst_ptr, row_ptr, part_p_ptr, part_q_ptr, arrivals_ptr,
     rows, n, num_segments, programs_per_row,
     stride_src, stride_grad, stride_dst, inv_temperature,
+    target_ptr, loss_ptr, row_sum_ptr, ignore_index, smoothing,
     OP: tl.constexpr, BACKWARD: tl.constexpr, PHASE: tl.constexpr, IN_REGISTERS: tl.constexpr,
     HAS_TEMPERATURE: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
     LANES: tl.constexpr, INNER: tl.constexpr, OUTER: tl.constexpr, LOG2_OUTER: tl.constexpr,
@@ -355,6 +426,7 @@ def softmax_kernel(
     FIRST_READ_POLICY: tl.constexpr, SECOND_READ_POLICY: tl.constexpr,
     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
     STAGES: tl.constexpr = 1, HOLD_16BIT: tl.constexpr = False, STORE_POLICY: tl.constexpr = "",
+    TARGETS: tl.constexpr = False, SMOOTHING: tl.constexpr = False,
 ):
     """The softmax family: one kernel, specialised by the constexpr flags.
 
@@ -379,6 +451,12 @@ def softmax_kernel(
         stride_src, stride_grad, stride_dst: elements between consecutive rows.
         inv_temperature: float32 1 / temperature (forward x is multiplied by it first; backward
             dx is multiplied by it last); used only when HAS_TEMPERATURE.
+        target_ptr: TARGETS: int64 or int32 [rows], each row's target class; otherwise unused.
+        loss_ptr: forward TARGETS: float32 [rows], the cross-entropy losses; otherwise unused.
+        row_sum_ptr: forward SMOOTHING: float32 [rows], each row's sum of x (in the order's
+            trees, from the row-sum kernel); otherwise unused.
+        ignore_index: TARGETS: the target value whose rows count for nothing (loss 0, dx 0).
+        smoothing: SMOOTHING: the label smoothing eps, float32 in (0, 1].
         OP: SOFTMAX, LOG_SOFTMAX or LOGSUMEXP.
         BACKWARD: compute dx instead of the forward output.
         PHASE: WHOLE_ROWS, PARTIALS, FINISH or COOPERATIVE (see the module constants).
@@ -416,6 +494,10 @@ def softmax_kernel(
             block, one more exp per element. Never changes bits.
         STORE_POLICY: eviction policy of the stores of the elementwise outputs ("" or
             "evict_first"). Never changes bits.
+        TARGETS: OP = LOGSUMEXP as cross-entropy's kernel: the forward writes lse (float32) and
+            each row's loss (``_store_row_results``); the backward takes dx = dloss * (softmax(x)
+            - one_hot(target)), from the saved lse (``_given_constants``, ``_target_term``).
+        SMOOTHING: TARGETS with label smoothing (``smoothing`` > 0).
 
     A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
     segment s, i.e. column s * LANES + k * INNER + j of the row.
@@ -442,8 +524,10 @@ def softmax_kernel(
                                        mask, False, OP, BACKWARD, "")
         a, b, a_for_exp = _held_tiles(raw_a, raw_b, inv_temperature, rows, False, OP, BACKWARD, HAS_TEMPERATURE,
                                       HOLD_16BIT)
+        target_col = tl.full([ROWS_PER_PROGRAM], -1, tl.int32)
         if LSE_BACKWARD:
-            c0, c1 = _given_constants(row_ptr, grad_ptr, rows_idx, rows_idx < rows)
+            c0, c1, target_col = _given_constants(row_ptr, grad_ptr, target_ptr, rows_idx, rows_idx < rows, n,
+                                                  ignore_index, TARGETS)
         else:
             p, q = _segment_partials(tl.reshape(a, [HELD, OUTER, INNER]), tl.reshape(b, [HELD, OUTER, INNER]),
                                      tl.reshape(a_for_exp, [HELD, OUTER, INNER]),
@@ -453,7 +537,8 @@ def softmax_kernel(
                                      tl.reshape(q, [ROWS_PER_PROGRAM, SEG_POW2]),
                                      ROWS_PER_PROGRAM, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
         if LSE_FORWARD:
-            tl.store(dst_ptr + rows_idx, c0.to(dst_ptr.dtype.element_ty), mask=rows_idx < rows)
+            _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows_idx, rows_idx < rows, c0,
+                               n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
         else:
             if HOLD_16BIT:
                 a, b = _widen_tiles(raw_a, raw_b, inv_temperature, n, True, False, OP, BACKWARD, HAS_TEMPERATURE)
@@ -465,8 +550,11 @@ def softmax_kernel(
                                [ROWS_PER_PROGRAM, SEG_POW2, OUTER, INNER])
                 f = _softmax_factors(tl.reshape(p, [ROWS_PER_PROGRAM, SEG_POW2]), c0[:, None],
                                      c1[:, None])[:, :, None, None]
-            out = _outputs(a, b, e, f, c0[:, None, None, None], c1[:, None, None, None], inv_temperature, OP,
-                           BACKWARD, HAS_TEMPERATURE)
+            target_term = 0.0
+            if TARGETS:
+                target_term = _target_term(cols, target_col[:, None, None, None], n, smoothing, SMOOTHING)
+            out = _outputs(a, b, e, f, c0[:, None, None, None], c1[:, None, None, None], inv_temperature,
+                           target_term, OP, BACKWARD, HAS_TEMPERATURE, TARGETS)
             tl.store(dst_ptr + rows64 * stride_dst + cols, out.to(dst_ptr.dtype.element_ty),
                      mask=mask, eviction_policy=STORE_POLICY)
     else:
@@ -501,7 +589,8 @@ def softmax_kernel(
                 if arrived == programs_per_row:
                     c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                       LOG2_SEG_POW2, OP, BACKWARD, ".cg")
-                    tl.store(dst_ptr + one_row, c0.to(dst_ptr.dtype.element_ty))
+                    _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, one_row, one_row < rows,
+                                       c0, n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
             else:
                 wait_for_arrivals(arrivals_ptr, row, arrived, programs_per_row)
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
@@ -512,7 +601,7 @@ def softmax_kernel(
                     a, b = _widen_tiles(raw_a, raw_b, inv_temperature, n, True, False, OP, BACKWARD,
                                         HAS_TEMPERATURE)
                 _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
-                                     OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY)
+                                     0.0, OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY, False)
         elif PHASE == PARTIALS:
             for block in tl.range(block_count, num_stages=STAGES):
                 segments = first_segment + block * SEG_BLOCK + block_segments
@@ -538,10 +627,12 @@ def softmax_kernel(
             c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                               LOG2_SEG_POW2, OP, BACKWARD, "")
             _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
-                                 OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY)
+                                 0.0, OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY, False)
         else:
+            target_col = tl.full([1], -1, tl.int32)
             if LSE_BACKWARD:
-                c0, c1 = _given_constants(row_ptr, grad_ptr, one_row, one_row < rows)
+                c0, c1, target_col = _given_constants(row_ptr, grad_ptr, target_ptr, one_row, one_row < rows, n,
+                                                      ignore_index, TARGETS)
             elif PHASE == FINISH:
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                   LOG2_SEG_POW2, OP, BACKWARD, "")
@@ -566,7 +657,8 @@ def softmax_kernel(
                 c0, c1 = _merge_partials(tl.reshape(p_all, [1, SEG_POW2]), tl.reshape(q_all, [1, SEG_POW2]),
                                          1, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
             if LSE_FORWARD:
-                tl.store(dst_ptr + one_row, c0.to(dst_ptr.dtype.element_ty))
+                _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, one_row, one_row < rows, c0,
+                                   n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
             else:
                 dst_row = dst_ptr + row64 * stride_dst
                 for block in tl.range(block_count, num_stages=STAGES):
@@ -582,5 +674,8 @@ def softmax_kernel(
                                                 first_segment + block * SEG_BLOCK + block_segments)
                         else:
                             p = tl.max(tl.where(block_ids == block, p_all, float("-inf")), axis=0)
-                    _store_block_outputs(dst_row + cols, mask, a, b, p, c0, c1, inv_temperature, OP, BACKWARD,
-                                         HAS_TEMPERATURE, STORE_POLICY)
+                    target_term = 0.0
+                    if TARGETS:
+                        target_term = _target_term(cols, target_col[:, None, None], n, smoothing, SMOOTHING)
+                    _store_block_outputs(dst_row + cols, mask, a, b, p, c0, c1, inv_temperature, target_term, OP,
+                                         BACKWARD, HAS_TEMPERATURE, STORE_POLICY, TARGETS)

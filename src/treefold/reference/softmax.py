@@ -27,8 +27,8 @@ import torch
 
 from .. import order
 
-__all__ = ["softmax", "logsumexp", "softmax_backward", "logsumexp_backward", "order_forward",
-           "order_backward", "order_states"]
+__all__ = ["softmax", "logsumexp", "softmax_backward", "logsumexp_backward", "cross_entropy",
+           "cross_entropy_backward", "order_forward", "order_backward", "order_states"]
 
 
 def _inverse_temperature32(temperature: float) -> float:
@@ -91,6 +91,60 @@ def logsumexp_backward(grad: torch.Tensor, x: torch.Tensor, lse: torch.Tensor) -
     lse64 = lse.double()
     lse64 = torch.where(lse64 == float("-inf"), torch.zeros_like(lse64), lse64)
     dx = grad.double()[..., None] * torch.exp(x.double() - lse64[..., None])
+    return dx.to(x.dtype, memory_format=torch.contiguous_format)
+
+
+def _lse64(xs: torch.Tensor) -> torch.Tensor:
+    """logsumexp of float64 rows (n >= 1) by the rules above: -inf for an all -inf row, +inf for
+    a row holding +inf and no NaN."""
+    m = xs.amax(dim=-1)
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    return m_safe + torch.log(torch.exp(xs - m_safe[..., None]).sum(dim=-1))
+
+
+def _cross_entropy_rows(xs: torch.Tensor, target: torch.Tensor, ignore_index: int):
+    """(lse, target as int64, counted rows, rows whose target is in [0, n)) of float64 rows."""
+    t = target.long()
+    return _lse64(xs), t, t != ignore_index, (t >= 0) & (t < xs.shape[-1])
+
+
+def cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                  smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse), float32 [rows], of logits ``x`` [rows, n >= 1] and class indices ``target``
+    [rows], computed in float64 and rounded once:
+
+        loss = lse - x[t], or with label smoothing eps = ``smoothing``
+        loss = (1 - eps) * (lse - x[t]) + eps * (lse - sum(x) / n);
+
+    0 for a row whose target is ``ignore_index``; NaN for a target outside [0, n) and for a row
+    holding +inf (torch's log_softmax is NaN there); a row that is entirely -inf gives NaN."""
+    xs = x.double()
+    lse, t, counted, inside = _cross_entropy_rows(xs, target, ignore_index)
+    logit = xs.gather(-1, torch.where(inside, t, 0)[:, None])[:, 0]
+    loss = lse - logit
+    if smoothing:
+        eps = float(np.float32(smoothing))
+        loss = (1.0 - eps) * loss + eps * (lse - xs.sum(dim=-1) / xs.shape[-1])
+    loss = torch.where((lse == float("inf")) | ~inside, float("nan"), loss)
+    loss = torch.where(counted, loss, 0.0)
+    return loss.float(), lse.float()
+
+
+def cross_entropy_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                           smoothing: float = 0.0) -> torch.Tensor:
+    """dx of ``cross_entropy``'s loss, dloss = ``grad`` [rows], in float64, rounded once to
+    x's dtype: dloss * (softmax(x) - (1 - eps) * one_hot(t) - eps / n). An ignored row gets
+    dloss = 0 (so 0, unless the row holds NaN or an infinity); a row whose loss is NaN for its
+    lse or its target gets NaN. Torch's operations: differentiable again."""
+    xs = x.double()
+    lse, t, counted, inside = _cross_entropy_rows(xs, target, ignore_index)
+    eps = float(np.float32(smoothing)) if smoothing else 0.0
+    hit = torch.arange(xs.shape[-1], device=x.device)[None, :] == torch.where(counted & inside, t, -1)[:, None]
+    term = torch.where(hit, 1.0 - eps, 0.0).double() + eps / xs.shape[-1]
+    g = torch.where(counted, grad.double(), 0.0)
+    dx = g[:, None] * (torch.exp(xs - lse[:, None]) - term)
+    bad = torch.isinf(lse) | (counted & ~inside)
+    dx = torch.where(bad[:, None], float("nan"), dx)
     return dx.to(x.dtype, memory_format=torch.contiguous_format)
 
 

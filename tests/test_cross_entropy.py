@@ -1,0 +1,455 @@
+"""cross_entropy: losses and gradients against float64 torch, the order's bits, bad targets, autograd.
+
+CPU tier: the Triton kernels run through the interpreter (TRITON_INTERPRET=1); tests that need
+the kernels skip otherwise. On a machine with a GPU the same tests run the compiled kernels on
+``DEVICE``. GPU tier (``gpu`` marker): vocabulary-sized rows, bitwise equality across
+strategies and batch sizes, CUDA graph capture, torch.compile.
+
+Tolerances are ``treefold.numerics.TOLERANCES`` for the result's dtype, applied by
+``numerics.compare`` against torch's ``F.cross_entropy`` in float64 on the same input values:
+the loss is float32 (rtol 1.3e-6, about 22 ulp: the lse's tree of exps, its log, and the one
+or three float32 operations that form the loss), the gradient is in the logits' dtype
+(rounded once from a float32 value a few float32 ulps from exact).
+"""
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import treefold
+from treefold import backend
+from treefold._ops import softmax as ops
+from treefold.numerics import compare
+
+from conftest import DEVICE
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+needs_kernel = pytest.mark.skipif(not backend.INTERPRETED and not torch.cuda.is_available(),
+                                  reason="needs TRITON_INTERPRET=1 (or a GPU) to run the kernels")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+LENGTHS = [1, 33, 4095, 5120]
+IGNORE = -100
+
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t):
+    return t.detach().cpu().contiguous().view(-1).view(_SAME_SIZE_INT[t.element_size()])
+
+
+def assert_same_bits(a, b, what=""):
+    assert a.shape == b.shape and a.dtype == b.dtype, what
+    assert torch.equal(_bits(a), _bits(b)), f"{what}: {int((_bits(a) != _bits(b)).sum())} elements differ"
+
+
+def _logits(shape, dtype=torch.float32, scale=3.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype).to(DEVICE)
+
+
+def _targets(rows, n, seed=1, ignored=()):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(0, n, (rows,), generator=g)
+    for i in ignored:
+        t[i] = IGNORE
+    return t.to(DEVICE)
+
+
+def _torch64(x, t, grad=None, **kw):
+    """torch's loss (and dx for ``grad``) in float64 from the same input values."""
+    x64 = x.detach().double().requires_grad_()
+    loss = F.cross_entropy(x64, t, ignore_index=IGNORE, **kw)
+    if grad is None:
+        return loss.detach(), None
+    return loss.detach(), torch.autograd.grad(loss, x64, grad.double())[0]
+
+
+@pytest.fixture
+def poisoned_outputs(poison_allocations):
+    """Output and scratch buffers start as NaN (integers as a sentinel): an element a kernel
+    forgets to write cannot pass."""
+    poison_allocations()
+
+
+# ---- accuracy against float64 torch ---------------------------------------------------------
+
+@needs_kernel
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_losses_and_gradients_match_float64_torch(dtype, n, smoothing, poisoned_outputs):
+    x = _logits((4, n), dtype, seed=n).requires_grad_()
+    t = _targets(4, n, seed=n + 1, ignored=(2,))
+    g = _logits((4,), torch.float32, scale=1.0, seed=n + 2)
+    want, want_dx = _torch64(x, t, g, reduction="none", label_smoothing=smoothing)
+    loss = treefold.cross_entropy(x, t, reduction="none", label_smoothing=smoothing)
+    assert loss.dtype == torch.float32 and loss.shape == (4,)
+    report = compare(loss, want.float())
+    assert report.ok, str(report)
+    (dx,) = torch.autograd.grad(loss, x, g)
+    assert dx.dtype == dtype
+    report = compare(dx, want_dx.to(dtype))
+    assert report.ok, str(report)
+    # the ignored row counts for nothing, exactly
+    assert loss[2].item() == 0.0 and bool((dx[2] == 0).all())
+
+
+@needs_kernel
+@pytest.mark.parametrize("smoothing", [0.0, 0.25])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_reductions_are_the_order_sum_of_the_row_losses(reduction, smoothing):
+    x = _logits((9, 300), torch.bfloat16, seed=3).requires_grad_()
+    t = _targets(9, 300, seed=4, ignored=(0, 5))
+    got = treefold.cross_entropy(x, t, reduction=reduction, label_smoothing=smoothing)
+    rows = treefold.cross_entropy(x.detach(), t, reduction="none", label_smoothing=smoothing)
+    total = treefold.sum(rows, dtype=torch.float32)
+    assert_same_bits(got.detach(), total if reduction == "sum" else total / 7, reduction)
+    want, want_dx = _torch64(x, t, torch.tensor(1.0, device=DEVICE), reduction=reduction, label_smoothing=smoothing)
+    assert compare(got.detach(), want.float()).ok
+    (dx,) = torch.autograd.grad(got, x)
+    assert compare(dx, want_dx.to(dx.dtype)).ok
+
+
+@needs_kernel
+def test_mean_over_no_counted_row_is_nan_as_in_torch():
+    x = _logits((3, 10), seed=5)
+    t = torch.full((3,), IGNORE, device=DEVICE)
+    assert torch.isnan(treefold.cross_entropy(x, t)).item()
+    assert treefold.cross_entropy(x, t, reduction="sum").item() == 0.0
+    empty = treefold.cross_entropy(x[:0], t[:0])
+    assert empty.shape == () and torch.isnan(empty).item()
+    assert treefold.cross_entropy(x[:0], t[:0], reduction="none").shape == (0,)
+
+
+@needs_kernel
+def test_loss_is_the_logsumexp_minus_the_target_logit_bit_for_bit():
+    # the loss is lse - x[t] rounded once, lse the bits treefold.logsumexp gives the same row
+    for n in (33, 5120):
+        x = _logits((5, n), seed=n)
+        t = _targets(5, n, seed=n)
+        lse = treefold.logsumexp(x)
+        assert_same_bits(treefold.cross_entropy(x, t, reduction="none"), lse - x.gather(1, t[:, None])[:, 0], f"n={n}")
+
+
+# ---- the treefold order: strategies, batch position ------------------------------------------
+
+STRATEGIES = [("warp", ops.Tuning()), ("block", ops.Tuning()), ("online", ops.Tuning()),
+              ("online", ops.Tuning(seg_block=1)), ("split", ops.Tuning()), ("split", ops.Tuning(segments_per_program=1)),
+              # the interpreter runs programs one after another: logsumexp's last program to
+              # arrive finishes the row, so a row may be shared
+              ("cooperative", ops.Tuning(segments_per_program=1)), ("cooperative", ops.Tuning(segments_per_program=4096))]
+
+
+@needs_kernel
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("n", [1, 33, 4095, 9000])
+def test_every_strategy_gives_the_same_bits(n, smoothing):
+    x = _logits((3, n), torch.bfloat16, seed=7)
+    t = _targets(3, n, seed=8, ignored=(1,))
+    g = _logits((3,), seed=9)
+    results = {}
+    for strategy, tuning in STRATEGIES:
+        if strategy in ("warp", "block") and ops._tile_elements(n) > (4096 if DEVICE == "cuda" else 65536):
+            continue
+        loss, lse = ops.cross_entropy_forward(x, t, IGNORE, smoothing, strategy=strategy, tuning=tuning)
+        dx = ops.cross_entropy_backward(g, x, t, lse, IGNORE, smoothing, strategy=strategy, tuning=tuning)
+        results[(strategy, tuning)] = (loss, lse, dx)
+    first = next(iter(results.values()))
+    for key, got in results.items():
+        for name, a, b in zip(("loss", "lse", "dx"), got, first):
+            assert_same_bits(a, b, f"{name} n={n} {key}")
+
+
+@needs_kernel
+def test_a_row_gives_the_same_bits_in_any_batch_and_position():
+    x = _logits((7, 5120), torch.bfloat16, seed=10)
+    t = _targets(7, 5120, seed=11)
+    g = _logits((7,), seed=12)
+    xg = x.clone().requires_grad_()
+    batch = treefold.cross_entropy(xg, t, reduction="none", label_smoothing=0.1)
+    (dx,) = torch.autograd.grad(batch, xg, g)
+    for i in (0, 3, 6):
+        xi = x[i:i + 1].clone().requires_grad_()
+        alone = treefold.cross_entropy(xi, t[i:i + 1], reduction="none", label_smoothing=0.1)
+        assert_same_bits(alone, batch[i:i + 1].detach(), f"row {i}")
+        assert_same_bits(torch.autograd.grad(alone, xi, g[i:i + 1])[0], dx[i:i + 1], f"row {i} dx")
+
+
+# ---- shapes and layouts -----------------------------------------------------------------------
+
+@needs_kernel
+def test_strided_rows_are_read_in_place_and_one_dimensional_logits_work():
+    wide = _logits((5, 80), seed=13)
+    x = wide[:, :33]
+    assert not x.is_contiguous()
+    t = _targets(5, 33, seed=14)
+    assert_same_bits(treefold.cross_entropy(x, t, reduction="none", label_smoothing=0.2),
+                     treefold.cross_entropy(x.contiguous(), t, reduction="none", label_smoothing=0.2), "strided")
+    xs = x.clone().requires_grad_()
+    dx = torch.autograd.grad(treefold.cross_entropy(xs[:, :], t), xs)[0]
+    assert dx.shape == (5, 33)
+    one = treefold.cross_entropy(wide[2], t[2])
+    assert one.shape == () and one.item() == treefold.cross_entropy(wide[2:3], t[2:3], reduction="none")[0].item()
+    assert treefold.cross_entropy(wide[2], t[2], reduction="none").shape == ()
+
+
+# ---- non-finite logits and bad targets -------------------------------------------------------
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_finite_rows_stay_in_their_row(dtype):
+    inf, nan = float("inf"), float("nan")
+    x = _logits((6, 40), dtype, seed=15)
+    t = _targets(6, 40, seed=16)
+    x[0, 7] = nan
+    x[1, 3] = inf
+    x[2] = -inf
+    x[3, t[3]] = -inf  # the target masked: the loss is +inf, the gradient finite
+    x[4, (t[4] + 1) % 40] = -inf  # another token masked: finite throughout
+    t[5] = IGNORE
+    x[5, 0] = nan  # an ignored row's loss is 0 whatever it holds
+    xg = x.clone().requires_grad_()
+    loss = treefold.cross_entropy(xg, t, reduction="none")
+    want, _ = _torch64(x, t, None, reduction="none")
+    assert compare(loss, want.float()).ok, (loss, want)
+    (dx,) = torch.autograd.grad(loss[:5], xg, torch.ones(5, device=DEVICE))
+    assert bool(torch.isnan(dx[:3]).all())
+    assert bool(torch.isfinite(dx[3:5]).all())
+    assert dx[3, t[3]].item() == -1.0 and bool((dx[4, (t[4] + 1) % 40] == 0).all())
+
+
+def test_a_target_out_of_range_is_named_on_the_host():
+    x = torch.zeros(3, 10)
+    for bad in (10, -1, -101):
+        with pytest.raises(ValueError, match=rf"cross_entropy: target\[1\] = {bad} is not a class index in \[0, 10\) "
+                                             rf"nor ignore_index=-100"):
+            treefold.cross_entropy(x, torch.tensor([0, bad, 3]))
+
+
+@needs_kernel
+def test_the_kernels_give_a_target_out_of_range_nan_without_reading_it():
+    # the GPU path does not check targets on the host (that would wait for the device): the
+    # kernel reads nothing at the bad index, and that row's loss and gradient are NaN
+    x = _logits((4, 50), seed=17)
+    t = torch.tensor([3, 50, -7, 1], device=DEVICE)
+    for smoothing in (0.0, 0.1):
+        loss, lse = ops.cross_entropy_forward(x, t, IGNORE, smoothing)
+        good = ops.cross_entropy_forward(x[[0, 3]], t[[0, 3]], IGNORE, smoothing)[0]
+        assert bool(torch.isnan(loss[1:3]).all())
+        assert_same_bits(loss[[0, 3]], good, "rows with good targets")
+        dx = ops.cross_entropy_backward(torch.ones(4, device=DEVICE), x, t, lse, IGNORE, smoothing)
+        assert bool(torch.isnan(dx[1:3]).all()) and bool(torch.isfinite(dx[[0, 3]]).all())
+
+
+@needs_kernel
+def test_int32_targets_and_another_ignore_index():
+    x = _logits((4, 20), seed=18)
+    t = torch.tensor([1, 0, 19, 5], device=DEVICE)
+    got = treefold.cross_entropy(x, t.int(), ignore_index=0, reduction="none")
+    want = F.cross_entropy(x.double(), t, ignore_index=0, reduction="none")
+    assert got[1].item() == 0.0 and compare(got, want.float()).ok
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: treefold.cross_entropy([[1.0]], torch.tensor([0])), TypeError,
+     "cross_entropy: logits must be a torch.Tensor, got list"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3, dtype=torch.float64), torch.tensor([0, 1])), TypeError,
+     "cross_entropy: logits has dtype float64, expected one of float32, bfloat16, float16"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.ones(2, 3)), TypeError,
+     "cross_entropy: target has dtype float32; class probabilities are not supported"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1], dtype=torch.int16)), TypeError,
+     "cross_entropy: target has dtype int16, expected one of int64, int32"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), [0, 1]), TypeError,
+     "cross_entropy: target must be a torch.Tensor, got list"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1, 2])), ValueError,
+     r"cross_entropy: target has shape \(3,\), expected \(2,\) \(logits.shape\[:-1\]\)"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3, 4), torch.zeros(2, 4, dtype=torch.int64)), ValueError,
+     r"cross_entropy: logits must be \[batch, classes\] or \[classes\], got shape \(2, 3, 4\)"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 0), torch.zeros(2, dtype=torch.int64)), ValueError,
+     "cross_entropy: logits has 0 classes"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1]), reduction="avg"), ValueError,
+     "cross_entropy: reduction='avg' is not one of 'mean', 'sum', 'none'"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1]), reduction=None), TypeError,
+     "cross_entropy: reduction must be a str, got NoneType"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1]), ignore_index=1.0), TypeError,
+     "cross_entropy: ignore_index must be an int, got float"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1]), ignore_index=True), TypeError,
+     "cross_entropy: ignore_index must be an int, got bool"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1]), label_smoothing=1.5), ValueError,
+     "cross_entropy: label_smoothing must be <= 1.0, got 1.5"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1]), label_smoothing=-0.1), ValueError,
+     "cross_entropy: label_smoothing must be >= 0.0, got -0.1"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1]), label_smoothing=float("nan")),
+     ValueError, "cross_entropy: label_smoothing must be finite, got nan"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3, device="meta"), torch.tensor([0, 1])), ValueError,
+     "cross_entropy: logits is on meta; treefold runs on cuda and cpu tensors"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1], device="meta")), ValueError,
+     "cross_entropy: target is on meta"),
+    (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1]), torch.ones(3)), TypeError,
+     "positional argument"),
+    (lambda: treefold.nn.CrossEntropyLoss(reduction="max"), ValueError,
+     "CrossEntropyLoss: reduction='max' is not one of 'mean', 'sum', 'none'"),
+    (lambda: treefold.nn.CrossEntropyLoss(label_smoothing="0.1"), TypeError,
+     "CrossEntropyLoss: label_smoothing must be a number, got str"),
+    (lambda: treefold.nn.CrossEntropyLoss(torch.ones(3)), TypeError, "positional argument"),
+])
+def test_bad_inputs_are_named(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+# ---- autograd, torch.compile, the module --------------------------------------------------
+
+@needs_kernel
+def test_second_derivatives_are_torchs():
+    # a gradient penalty: the backward recorded with create_graph runs torch's operations
+    x = _logits((3, 40), seed=19).requires_grad_()
+    t = _targets(3, 40, seed=20, ignored=(1,))
+    x64 = x.detach().double().requires_grad_()
+    for a, f in ((x, lambda v: treefold.cross_entropy(v, t, label_smoothing=0.1)),
+                 (x64, lambda v: F.cross_entropy(v, t, ignore_index=IGNORE, label_smoothing=0.1))):
+        (g,) = torch.autograd.grad(f(a), a, create_graph=True)
+        (a.hess,) = torch.autograd.grad(g.pow(2).sum(), a)
+    assert compare(x.hess, x64.hess.float()).ok
+
+
+@pytest.fixture(params=["kernel", "reference"])
+def path_device(request, monkeypatch):
+    """The device for each path of the registered ops: the kernels (on DEVICE; skipped without
+    the interpreter or a GPU) and the reference (CPU tensors, the kernels switched off)."""
+    if request.param == "reference":
+        monkeypatch.setattr(backend, "use_kernel", lambda t: False)
+        return "cpu"
+    if not (backend.INTERPRETED or DEVICE == "cuda"):
+        pytest.skip("needs TRITON_INTERPRET=1 (or a GPU) to run the kernels")
+    return DEVICE
+
+
+def test_torch_compile_fullgraph(path_device):
+    compiler = "inductor" if (shutil.which("g++") or shutil.which("c++")) else "aot_eager"
+    x = _logits((6, 33), seed=21).to(path_device).requires_grad_()
+    t = _targets(6, 33, seed=22, ignored=(4,)).to(path_device)
+
+    def f(a, b):
+        return (treefold.cross_entropy(a, b, reduction="none"),
+                treefold.cross_entropy(a * 2.0, b, label_smoothing=0.1, reduction="sum"))
+
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend=compiler)(x, t)
+    want = f(x, t)
+    cot = (_logits((6,), seed=23).to(path_device), torch.tensor(0.5, device=path_device))
+    for name, a, b in zip(("none", "sum"), got, want):
+        assert_same_bits(a.detach(), b.detach(), f"{compiler} {name}")
+    assert_same_bits(torch.autograd.grad(got[0], x, cot[0])[0], torch.autograd.grad(want[0], x, cot[0])[0],
+                     f"{compiler} backward")
+
+
+def test_registered_ops_pass_opcheck(path_device):
+    x = _logits((3, 40), seed=24).to(path_device).requires_grad_()
+    t = _targets(3, 40, seed=25, ignored=(0,)).to(path_device)
+    loss, lse = ops._cross_entropy_op(x.detach(), t, IGNORE, 0.1, "auto")
+    g = _logits((3,), seed=26).to(path_device)
+    t5 = torch.where(t == IGNORE, 5, t)  # (opcheck compares without equal NaNs: no bad target)
+    for op, args in ((ops._cross_entropy_op, (x, t, IGNORE, 0.0, "auto")),
+                     (ops._cross_entropy_op, (x, t5, 5, 0.25, "split")),
+                     (ops._cross_entropy_backward_op, (g, x.detach(), t, lse, IGNORE, 0.1, "auto"))):
+        results = torch.library.opcheck(op, args)
+        assert all(v == "SUCCESS" for v in results.values()), (op, results)
+
+
+@needs_kernel
+def test_eager_autograd_and_registered_op_give_the_same_bits():
+    x = _logits((3, 300), torch.bfloat16, seed=27)
+    t = _targets(3, 300, seed=28)
+    g = _logits((3,), seed=29)
+    grads = []
+    for call in (lambda v: treefold.cross_entropy(v, t, reduction="none", label_smoothing=0.1),
+                 lambda v: ops._cross_entropy_op(v, t, IGNORE, ops_smoothing(0.1), "auto")[0]):
+        xg = x.clone().requires_grad_()
+        loss = call(xg)
+        loss.backward(g)
+        grads.append((loss.detach(), xg.grad))
+    assert_same_bits(grads[0][0], grads[1][0], "loss")
+    assert_same_bits(grads[0][1], grads[1][1], "dx")
+
+
+def ops_smoothing(eps):
+    """eps as the float32 the public function hands the ops."""
+    return float(torch.tensor(eps, dtype=torch.float32))
+
+
+def test_module_is_the_function_with_torchs_options():
+    m = treefold.nn.CrossEntropyLoss(ignore_index=2, reduction="sum", label_smoothing=0.05)
+    assert "ignore_index=2, reduction='sum', label_smoothing=0.05" in repr(m)
+    x = _logits((4, 9), seed=30)
+    t = torch.tensor([2, 1, 8, 0], device=DEVICE)
+    assert_same_bits(m(x, t), treefold.cross_entropy(x, t, ignore_index=2, reduction="sum", label_smoothing=0.05))
+    ref = torch.nn.CrossEntropyLoss(ignore_index=2, reduction="sum", label_smoothing=0.05)
+    assert compare(m(x, t), ref(x.double(), t).float()).ok
+
+
+# ---- GPU tier ------------------------------------------------------------------------------
+
+GPU_CASES = [(1, 151936, torch.bfloat16), (64, 151936, torch.float32), (1000, 4096, torch.bfloat16),
+             (7, 32768, torch.bfloat16), (256, 128256, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, n, dtype", GPU_CASES)
+def test_gpu_strategies_and_batches_agree_bitwise(rows, n, dtype):
+    x = _logits((rows, n), dtype, seed=rows + n)
+    t = _targets(rows, n, seed=n, ignored=(0,) if rows > 1 else ())
+    g = _logits((rows,), seed=rows)
+    configs = [("auto", ops.Tuning()), ("online", ops.Tuning()), ("split", ops.Tuning()),
+               ("cooperative", ops.Tuning()), ("cooperative", ops.Tuning(segments_per_program=1))]
+    if ops._tile_elements(n) <= ops.REGISTER_ELEMENTS:
+        configs.append(("block", ops.Tuning()))
+    for smoothing in (0.0, 0.1):
+        outs = []
+        for strategy, tuning in configs:
+            loss, lse = ops.cross_entropy_forward(x, t, IGNORE, smoothing, strategy=strategy, tuning=tuning)
+            outs.append((loss, lse, ops.cross_entropy_backward(g, x, t, lse, IGNORE, smoothing, strategy=strategy,
+                                                               tuning=tuning)))
+        for (strategy, tuning), got in zip(configs, outs):
+            for name, a, b in zip(("loss", "lse", "dx"), got, outs[0]):
+                assert_same_bits(a, b, f"{name} {rows}x{n} {strategy} {tuning} eps={smoothing}")
+        for b in (1, 7):
+            alone = ops.cross_entropy_forward(x[-b:], t[-b:], IGNORE, smoothing)[0]
+            assert_same_bits(alone, outs[0][0][-b:], f"last {b} rows alone")
+        want, want_dx = _torch64(x, t, g, reduction="none", label_smoothing=smoothing)
+        assert compare(outs[0][0], want.float()).ok
+        assert compare(outs[0][2], want_dx.to(dtype)).ok
+
+
+@pytest.mark.gpu
+def test_gpu_training_step_inside_cuda_graph_capture_and_compiled():
+    x = _logits((512, 128256), torch.bfloat16, seed=31)
+    t = _targets(512, 128256, seed=32, ignored=(3, 100))
+
+    def step():
+        xg = x.detach().requires_grad_()
+        loss = treefold.cross_entropy(xg, t, label_smoothing=0.1)
+        return loss.detach(), torch.autograd.grad(loss, xg)[0]
+
+    first = step()
+    for _ in range(2):
+        for a, b in zip(step(), first):
+            assert_same_bits(a, b, "run to run")
+    static = [torch.empty_like(v) for v in first]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for out, v in zip(static, step()):
+            out.copy_(v)
+    x.copy_(_logits((512, 128256), torch.bfloat16, seed=33))
+    graph.replay()
+    torch.cuda.synchronize()
+    for out, want, name in zip(static, step(), ("loss", "dx")):
+        assert_same_bits(out, want, f"graph replay {name}")
+    xg = x.detach().requires_grad_()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a: treefold.cross_entropy(a, t, label_smoothing=0.1), fullgraph=True)
+    loss = compiled(xg)
+    assert_same_bits(loss.detach(), step()[0], "compiled loss")
+    assert_same_bits(torch.autograd.grad(loss, xg)[0], step()[1], "compiled dx")
