@@ -124,13 +124,18 @@ def test_mean_over_no_counted_row_is_nan_as_in_torch():
 
 
 @needs_kernel
-def test_loss_is_the_logsumexp_minus_the_target_logit_bit_for_bit():
-    # the loss is lse - x[t] rounded once, lse the bits treefold.logsumexp gives the same row
+def test_loss_is_log_z_minus_the_shifted_target_logit_bit_for_bit():
+    # the kernels keep each row's maximum M' and log Z (what the backward reads): the loss is
+    # log Z - (x[t] - M'), rounded where torch's -log_softmax(x)[t] is, and M' + log Z is the
+    # bits treefold.logsumexp gives the same row
     for n in (33, 5120):
         x = _logits((5, n), seed=n)
         t = _targets(5, n, seed=n)
-        lse = treefold.logsumexp(x)
-        assert_same_bits(treefold.cross_entropy(x, t, reduction="none"), lse - x.gather(1, t[:, None])[:, 0], f"n={n}")
+        loss, stats = ops.cross_entropy_forward(x, t, IGNORE, 0.0)
+        assert_same_bits(stats[0], x.amax(-1), f"n={n} M'")
+        assert_same_bits(stats[0] + stats[1], treefold.logsumexp(x), f"n={n} lse")
+        assert_same_bits(loss, stats[1] - (x.gather(1, t[:, None])[:, 0] - stats[0]), f"n={n} loss")
+        assert_same_bits(treefold.cross_entropy(x, t, reduction="none"), loss, f"n={n} public")
 
 
 # ---- the treefold order: strategies, batch position ------------------------------------------
@@ -153,12 +158,12 @@ def test_every_strategy_gives_the_same_bits(n, smoothing):
     for strategy, tuning in STRATEGIES:
         if strategy in ("warp", "block") and ops._tile_elements(n) > (4096 if DEVICE == "cuda" else 65536):
             continue
-        loss, lse = ops.cross_entropy_forward(x, t, IGNORE, smoothing, strategy=strategy, tuning=tuning)
-        dx = ops.cross_entropy_backward(g, x, t, lse, IGNORE, smoothing, strategy=strategy, tuning=tuning)
-        results[(strategy, tuning)] = (loss, lse, dx)
+        loss, stats = ops.cross_entropy_forward(x, t, IGNORE, smoothing, strategy=strategy, tuning=tuning)
+        dx = ops.cross_entropy_backward(g, x, t, stats, IGNORE, smoothing, strategy=strategy, tuning=tuning)
+        results[(strategy, tuning)] = (loss, stats, dx)
     first = next(iter(results.values()))
     for key, got in results.items():
-        for name, a, b in zip(("loss", "lse", "dx"), got, first):
+        for name, a, b in zip(("loss", "stats", "dx"), got, first):
             assert_same_bits(a, b, f"{name} n={n} {key}")
 
 
@@ -235,11 +240,11 @@ def test_the_kernels_give_a_target_out_of_range_nan_without_reading_it():
     x = _logits((4, 50), seed=17)
     t = torch.tensor([3, 50, -7, 1], device=DEVICE)
     for smoothing in (0.0, 0.1):
-        loss, lse = ops.cross_entropy_forward(x, t, IGNORE, smoothing)
+        loss, stats = ops.cross_entropy_forward(x, t, IGNORE, smoothing)
         good = ops.cross_entropy_forward(x[[0, 3]], t[[0, 3]], IGNORE, smoothing)[0]
         assert bool(torch.isnan(loss[1:3]).all())
         assert_same_bits(loss[[0, 3]], good, "rows with good targets")
-        dx = ops.cross_entropy_backward(torch.ones(4, device=DEVICE), x, t, lse, IGNORE, smoothing)
+        dx = ops.cross_entropy_backward(torch.ones(4, device=DEVICE), x, t, stats, IGNORE, smoothing)
         assert bool(torch.isnan(dx[1:3]).all()) and bool(torch.isfinite(dx[[0, 3]]).all())
 
 
@@ -349,12 +354,12 @@ def test_torch_compile_fullgraph(path_device):
 def test_registered_ops_pass_opcheck(path_device):
     x = _logits((3, 40), seed=24).to(path_device).requires_grad_()
     t = _targets(3, 40, seed=25, ignored=(0,)).to(path_device)
-    loss, lse = ops._cross_entropy_op(x.detach(), t, IGNORE, 0.1, "auto")
+    loss, stats = ops._cross_entropy_op(x.detach(), t, IGNORE, 0.1, "auto")
     g = _logits((3,), seed=26).to(path_device)
     t5 = torch.where(t == IGNORE, 5, t)  # (opcheck compares without equal NaNs: no bad target)
     for op, args in ((ops._cross_entropy_op, (x, t, IGNORE, 0.0, "auto")),
                      (ops._cross_entropy_op, (x, t5, 5, 0.25, "split")),
-                     (ops._cross_entropy_backward_op, (g, x.detach(), t, lse, IGNORE, 0.1, "auto"))):
+                     (ops._cross_entropy_backward_op, (g, x.detach(), t, stats, IGNORE, 0.1, "auto"))):
         results = torch.library.opcheck(op, args)
         assert all(v == "SUCCESS" for v in results.values()), (op, results)
 
@@ -409,11 +414,11 @@ def test_gpu_strategies_and_batches_agree_bitwise(rows, n, dtype):
     for smoothing in (0.0, 0.1):
         outs = []
         for strategy, tuning in configs:
-            loss, lse = ops.cross_entropy_forward(x, t, IGNORE, smoothing, strategy=strategy, tuning=tuning)
-            outs.append((loss, lse, ops.cross_entropy_backward(g, x, t, lse, IGNORE, smoothing, strategy=strategy,
-                                                               tuning=tuning)))
+            loss, stats = ops.cross_entropy_forward(x, t, IGNORE, smoothing, strategy=strategy, tuning=tuning)
+            outs.append((loss, stats, ops.cross_entropy_backward(g, x, t, stats, IGNORE, smoothing, strategy=strategy,
+                                                                 tuning=tuning)))
         for (strategy, tuning), got in zip(configs, outs):
-            for name, a, b in zip(("loss", "lse", "dx"), got, outs[0]):
+            for name, a, b in zip(("loss", "stats", "dx"), got, outs[0]):
                 assert_same_bits(a, b, f"{name} {rows}x{n} {strategy} {tuning} eps={smoothing}")
         for b in (1, 7):
             alone = ops.cross_entropy_forward(x[-b:], t[-b:], IGNORE, smoothing)[0]

@@ -117,7 +117,7 @@ _SCRIPT = textwrap.dedent("""
     for strategy, n, smoothing in (("block", 4096, 0.0), ("online", 32768, 0.1), ("split", 151936, 0.0),
                                    ("cooperative", 151936, 0.1)):
         softmax_ops.cross_entropy_forward(empty(64, n), targets, -100, smoothing, strategy=strategy)
-        softmax_ops.cross_entropy_backward(torch.empty(64), empty(64, n), targets, torch.empty(64), -100, smoothing,
+        softmax_ops.cross_entropy_backward(torch.empty(64), empty(64, n), targets, torch.empty(2, 64), -100, smoothing,
                                            strategy=strategy)
     # whole-tensor sums as tree nodes, finished by a programmatic dependent launch (sm_90)
     reduce._dependent_launch = lambda device_type, index: True

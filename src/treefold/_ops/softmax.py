@@ -1,7 +1,7 @@
 """Softmax, log_softmax, logsumexp and cross-entropy: launch heuristics, torch.library ops, autograd.
 
 Cross-entropy runs the logsumexp launches (the same plans) with its targets: the forward writes
-each row's loss beside its lse, the backward takes dx from the saved lse (``_Targets``).
+each row's loss beside its M' and log Z, the backward takes dx from those (``_Targets``).
 
 Four launch strategies realise the one treefold order of ``treefold.kernels.softmax``, so they
 give the same bits as one another for every row, batch size and launch parameter:
@@ -615,34 +615,35 @@ class _Targets:
 def cross_entropy_forward(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float, *,
                           strategy: str = "auto", tuning: Tuning = _DEFAULT_TUNING
                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, lse), float32 [rows], of logits ``x`` [rows, n >= 1] and targets [rows]: the
-    logsumexp launches with each row's loss written beside its lse. Label smoothing first sums
-    each row in the order's trees (``reduce.tree_sum_rows``: one more read of x)."""
+    """(loss [rows], stats [2, rows]), float32, of logits ``x`` [rows, n >= 1] and targets [rows]:
+    the logsumexp launches with each row's loss written beside its M' and log Z (``stats``, whose
+    sum is the row's lse; what the backward reads). Label smoothing first sums each row in the
+    order's trees (``reduce.tree_sum_rows``: one more read of x)."""
     rows, n = x.shape
     loss = x.new_empty((rows,), dtype=torch.float32)
-    lse = torch.empty_like(loss)
+    stats = x.new_empty((2, rows), dtype=torch.float32)
     if rows == 0:
-        return loss, lse
+        return loss, stats
     x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
     row_sum = _reduce.tree_sum_rows(x2, out_dtype=torch.float32) if smoothing else None
     p = _plan_for(_LOGSUMEXP, False, n, rows, x, strategy, tuning)
-    _launch(p, x2, x2, lse, x2, rows, n, x_stride, x_stride, 1, 1.0,
+    _launch(p, x2, x2, stats, x2, rows, n, x_stride, x_stride, 1, 1.0,
             targets=_Targets(target.contiguous(), loss, row_sum, ignore_index, smoothing))
-    return loss, lse
+    return loss, stats
 
 
-def cross_entropy_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+def cross_entropy_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor,
                            ignore_index: int, smoothing: float, *, strategy: str = "auto",
                            tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
-    """dx of the cross-entropy losses from dloss = ``grad`` [rows] and the forward's float32
-    ``lse``: the logsumexp backward launch, one read of x and one write of dx."""
+    """dx of the cross-entropy losses from dloss = ``grad`` [rows] and the forward's ``stats``
+    ([2, rows]: M', log Z): the logsumexp backward launch, one read of x and one write of dx."""
     dx = _new_output(x.shape, x.dtype, x)
     rows, n = x.shape
     if dx.numel() == 0:
         return dx
     x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
     p = _plan_for(_LOGSUMEXP, True, n, rows, x, strategy, tuning)
-    _launch(p, x2, grad.contiguous(), dx, lse.contiguous(), rows, n, x_stride, 1, n, 1.0,
+    _launch(p, x2, grad.contiguous(), dx, stats.contiguous(), rows, n, x_stride, 1, n, 1.0,
             targets=_Targets(target.contiguous(), None, None, ignore_index, smoothing))
     return dx
 
@@ -744,20 +745,19 @@ def _cross_entropy_op(x: torch.Tensor, target: torch.Tensor, ignore_index: int, 
 
 @_cross_entropy_op.register_fake
 def _(x, target, ignore_index, smoothing, strategy):
-    loss = x.new_empty(x.shape[:1], dtype=torch.float32)
-    return loss, torch.empty_like(loss)
+    return x.new_empty(x.shape[:1], dtype=torch.float32), x.new_empty((2, x.shape[0]), dtype=torch.float32)
 
 
 @torch.library.custom_op("treefold::cross_entropy_backward", mutates_args=())
-def _cross_entropy_backward_op(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+def _cross_entropy_backward_op(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor,
                                ignore_index: int, smoothing: float, strategy: str) -> torch.Tensor:
     if backend.use_kernel(x):
-        return cross_entropy_backward(grad, x, target, lse, ignore_index, smoothing, strategy=strategy)
+        return cross_entropy_backward(grad, x, target, stats, ignore_index, smoothing, strategy=strategy)
     return reference.cross_entropy_backward(grad, x, target, ignore_index, smoothing)
 
 
 @_cross_entropy_backward_op.register_fake
-def _(grad, x, target, lse, ignore_index, smoothing, strategy):
+def _(grad, x, target, stats, ignore_index, smoothing, strategy):
     return x.new_empty(x.shape)
 
 
@@ -767,13 +767,14 @@ def _cross_entropy_setup(ctx, inputs, output):
     ctx.ignore_index, ctx.smoothing, ctx.strategy = ignore_index, smoothing, strategy
 
 
-def _cross_entropy_grad(ctx, grad_loss, grad_lse):
-    # lse is an output only so that the backward can read it: the public functions never return it
-    x, target, lse = ctx.saved_tensors
+def _cross_entropy_grad(ctx, grad_loss, grad_stats):
+    # the stats are an output only so that the backward can read them: the public functions
+    # never return them
+    x, target, stats = ctx.saved_tensors
     if backend.recording_backward():  # torch's operations, differentiable again
         dx = reference.cross_entropy_backward(grad_loss, x, target, ctx.ignore_index, ctx.smoothing)
     else:
-        dx = _cross_entropy_backward_op(grad_loss, x, target, lse, ctx.ignore_index, ctx.smoothing, ctx.strategy)
+        dx = _cross_entropy_backward_op(grad_loss, x, target, stats, ctx.ignore_index, ctx.smoothing, ctx.strategy)
     return dx, None, None, None, None
 
 
@@ -848,16 +849,16 @@ class _CrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, target, ignore_index, smoothing):
-        loss, lse = _cross_entropy_impl(x, target, ignore_index, smoothing)
-        ctx.save_for_backward(x, target, lse)
+        loss, stats = _cross_entropy_impl(x, target, ignore_index, smoothing)
+        ctx.save_for_backward(x, target, stats)
         ctx.ignore_index, ctx.smoothing = ignore_index, smoothing
         return loss
 
     @staticmethod
     def backward(ctx, grad):
-        x, target, lse = ctx.saved_tensors
+        x, target, stats = ctx.saved_tensors
         if backend.use_kernel(x) and not backend.recording_backward():
-            dx = cross_entropy_backward(grad, x, target, lse, ctx.ignore_index, ctx.smoothing)
+            dx = cross_entropy_backward(grad, x, target, stats, ctx.ignore_index, ctx.smoothing)
         else:  # torch's operations: differentiable again
             dx = reference.cross_entropy_backward(grad, x, target, ctx.ignore_index, ctx.smoothing)
         return dx, None, None, None

@@ -33,11 +33,13 @@ where each row sum is ``tree_sum`` over the lanes of every segment (groups of th
 followed by a plain halving tree over the S segment sums padded with zeros: exactly
 ``order.reference_sum(..., dtype=y.dtype)``.
 
-Cross-entropy is the logsumexp launches with TARGETS: the forward writes lse (float32) and, from
-the row's logit at its target t (one more load per row), loss = lse - x[t], or with label
-smoothing eps loss = (1 - eps) * (lse - x[t]) + eps * (lse - sum(x) / N), sum(x) given per row
-(``_store_row_results``); the backward is dx = dloss * (exp(x - lse) - one_hot(t)), the one-hot
-row (1 - eps) at t plus eps / N with label smoothing (``_given_constants``, ``_target_term``).
+Cross-entropy is the logsumexp launches with TARGETS: the forward writes the row's M' and log Z
+(float32; their sum is the lse) and, from the row's logit at its target t (one more load per
+row), loss = log Z - (x[t] - M'), or with label smoothing eps
+loss = (1 - eps) * loss + eps * (log Z - (sum(x) / N - M')), sum(x) given per row
+(``_store_row_results``); the backward is dx = dloss * (exp((x - M') - log Z) - one_hot(t)), the
+one-hot row (1 - eps) at t plus eps / N with label smoothing (``_given_constants``,
+``_target_term``).
 
 Every launch strategy computes the same segment partials with the same code and merges them with
 the same trees, so the bits do not depend on the strategy, the batch size, the position of a row,
@@ -57,9 +59,9 @@ Bytes each launch must move (rows x N elements, b_in / b_out bytes per element):
     backward softmax / log_softmax:  read y and dy, write dx (online and split read them twice,
         cooperative once);
     backward logsumexp:  read x, write dx, plus two values per row.
-    cross-entropy forward:  logsumexp's, plus per row the target (8 bytes), its logit, the loss
-        written (4 bytes) and, with label smoothing, the row sum read (4 bytes);
-    cross-entropy backward:  read x, write dx, plus per row lse, dloss and the target.
+    cross-entropy forward:  logsumexp's, plus per row the target (8 bytes), its logit, M', log Z
+        and the loss written (12 bytes) and, with label smoothing, the row sum read (4 bytes);
+    cross-entropy backward:  read x, write dx, plus per row M', log Z, dloss and the target.
 """
 import triton
 import triton.language as tl
@@ -235,7 +237,9 @@ def _merge_partials(p, q, ROWS: tl.constexpr, SEG_POW2: tl.constexpr, LOG2_SEG_P
     identity) into the row constants (c0, c1), each [ROWS], that ``_outputs`` uses.
 
     Forward softmax: (M', 1 / Z). Forward log_softmax: (M', log Z). Forward logsumexp:
-    (logsumexp, logsumexp). Backward softmax / log_softmax: (row sum, row sum).
+    (M', log Z), whose sum is the logsumexp (``_store_row_results``), with log Z = +inf for a
+    row holding +inf and no NaN (M' = +inf there, so that the sum is +inf, as in torch).
+    Backward softmax / log_softmax: (row sum, row sum).
     """
     if BACKWARD:
         c0 = tree_sum(p, ROWS, SEG_POW2, LOG2_SEG_POW2, 1, 0)
@@ -245,12 +249,11 @@ def _merge_partials(p, q, ROWS: tl.constexpr, SEG_POW2: tl.constexpr, LOG2_SEG_P
         # A +inf maximum makes every output NaN (as exp(inf - inf) does in torch), also for a row
         # of one segment, which meets no merge.
         z = tl.where(m == float("inf"), float("nan"), z)
+        c0 = tl.where(m == float("-inf"), 0.0, m)
         if OP == LOGSUMEXP:
             has_nan = tl.max(tl.where(q != q, 1, 0), axis=1)
-            c0 = tl.where((m == float("inf")) & (has_nan == 0), float("inf"), m + tl.log(z))
-            c1 = c0
+            c1 = tl.where((m == float("inf")) & (has_nan == 0), float("inf"), tl.log(z))
         else:
-            c0 = tl.where(m == float("-inf"), 0.0, m)
             if OP == SOFTMAX:
                 ones = tl.full([ROWS], 1.0, tl.float32)
                 c1 = tl.where(z == 0.0, 0.0, tl.div_rn(ones, z))
@@ -291,19 +294,21 @@ def _target_term(cols, target_col, n, smoothing, SMOOTHING: tl.constexpr):
 
 
 @triton.jit
-def _outputs(a, b, e, f, c0, c1, inv_temperature, target_term, OP: tl.constexpr, BACKWARD: tl.constexpr,
+def _outputs(a, b, e, f, c0, c1, inv_temperature, log_z, target_term, OP: tl.constexpr, BACKWARD: tl.constexpr,
              HAS_TEMPERATURE: tl.constexpr, TARGETS: tl.constexpr):
     """The elementwise outputs from the loaded block (a, b) and the row constants (c0, c1); the
     forward softmax is y = e * f from the block's exp(x - m_s') (``_segment_exp``) and its
     segments' factors (``_softmax_factors``), so that each element meets one exp. ``TARGETS``
-    (the logsumexp backward of cross-entropy): dx = dloss * (softmax(x) - ``target_term``)."""
+    (the logsumexp backward of cross-entropy, c0 = M'): dx = dloss * (softmax(x) - ``target_term``)
+    with softmax(x) = exp((x - M') - ``log_z``), as torch's exp(log_softmax(x)); ``log_z`` and
+    ``target_term`` are unused otherwise."""
     if BACKWARD:
         if OP == SOFTMAX:
             out = a * (b - c0)
         elif OP == LOG_SOFTMAX:
             out = b - _exp(a) * c0
         elif TARGETS:
-            out = c1 * (_exp(a - c0) - target_term)
+            out = c1 * (_exp((a - c0) - log_z) - target_term)
         else:
             out = c1 * _exp(a - c0)
         if HAS_TEMPERATURE:
@@ -325,15 +330,15 @@ def _segment_maxima(part_p_ptr, row64, num_segments, segments):
 
 
 @triton.jit
-def _store_block_outputs(dst_block_ptrs, mask, a, b, p, c0, c1, inv_temperature, target_term, OP: tl.constexpr,
-                         BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr, STORE_POLICY: tl.constexpr,
-                         TARGETS: tl.constexpr):
+def _store_block_outputs(dst_block_ptrs, mask, a, b, p, c0, c1, inv_temperature, log_z, target_term,
+                         OP: tl.constexpr, BACKWARD: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
+                         STORE_POLICY: tl.constexpr, TARGETS: tl.constexpr):
     """Write the outputs of a loaded ``[SEGS, OUTER, INNER]`` block (a, b) whose segment maxima
     are p ([SEGS]; read by the forward softmax alone) under the row constants (c0, c1) ([1])
-    (``target_term``: see ``_outputs``; any value without TARGETS)."""
+    (``log_z`` ([1]) and ``target_term``: see ``_outputs``; any values without TARGETS)."""
     e, f = _exp_and_factors(a, p, c0, c1, OP, BACKWARD)
-    out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, target_term, OP, BACKWARD,
-                   HAS_TEMPERATURE, TARGETS)
+    out = _outputs(a, b, e, f, c0[:, None, None], c1[:, None, None], inv_temperature, log_z[:, None, None],
+                   target_term, OP, BACKWARD, HAS_TEMPERATURE, TARGETS)
     tl.store(dst_block_ptrs, out.to(dst_block_ptrs.dtype.element_ty), mask=mask,
              eviction_policy=STORE_POLICY)
 
@@ -359,56 +364,70 @@ def _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_PO
 
 
 @triton.jit
-def _given_constants(row_ptr, grad_ptr, target_ptr, rows_idx, row_ok, n, ignore_index, TARGETS: tl.constexpr):
-    """Row constants of the logsumexp backward, read from memory: (lse', dlse, target column).
+def _given_constants(row_ptr, grad_ptr, target_ptr, rows_idx, row_ok, rows, n, ignore_index, TARGETS: tl.constexpr):
+    """Row constants of the logsumexp backward, read from memory: (c0, dlse, target column,
+    log Z), the output being dlse * exp(x - c0) (``_outputs``).
 
-    logsumexp: lse' = 0 for a row that is entirely -inf (its gradient is 0), the target column
-    -1. Cross-entropy (TARGETS): an ignored row's dlse is 0 and its target column -1; lse' is
-    NaN, so that the whole row's gradient is NaN as its loss is, for a row holding +inf, a row
-    that is entirely -inf, and a target outside [0, n) that is not ``ignore_index``.
+    logsumexp: c0 = lse', lse or 0 for a row that is entirely -inf (its gradient is 0), the
+    target column -1, log Z unused. Cross-entropy (TARGETS): c0 = M' and log Z as the forward
+    wrote them (``_store_row_results``), the output dlse * (exp((x - M') - log Z) - one hot);
+    an ignored row's dlse is 0 and its target column -1; log Z is NaN, so that the whole row's
+    gradient is NaN as its loss is, for a row holding +inf (M' = +inf), a row that is entirely
+    -inf (log Z = -inf) and a target outside [0, n) that is not ``ignore_index``.
     """
-    lse = tl.load(row_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
+    c0 = tl.load(row_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
     dlse = tl.load(grad_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
     if TARGETS:
+        log_z = tl.load(row_ptr + rows + rows_idx, mask=row_ok, other=0.0)
         target = tl.load(target_ptr + rows_idx, mask=row_ok, other=ignore_index).to(tl.int64)
         counted = target != ignore_index
         inside = (target >= 0) & (target < n)
-        lse = tl.where((lse == float("inf")) | (lse == float("-inf")) | (counted & ~inside), float("nan"), lse)
+        log_z = tl.where((c0 == float("inf")) | (log_z == float("-inf")) | (counted & ~inside), float("nan"), log_z)
         dlse = tl.where(counted, dlse, 0.0)
         target_col = tl.where(counted & inside, target, -1).to(tl.int32)
     else:
-        lse = tl.where(lse == float("-inf"), 0.0, lse)
+        c0 = tl.where(c0 == float("-inf"), 0.0, c0)
+        log_z = c0
         target_col = tl.full(rows_idx.shape, -1, tl.int32)
-    return lse, dlse, target_col
+    return c0, dlse, target_col, log_z
 
 
 @triton.jit
-def _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows_idx, row_ok, lse, n, stride_src,
-                       ignore_index, smoothing, TARGETS: tl.constexpr, SMOOTHING: tl.constexpr):
-    """The forward logsumexp's results for rows ``rows_idx`` (where ``row_ok``): lse to ``dst``
-    and, with TARGETS, the cross-entropy loss to ``loss_ptr`` (float32), from the row's logit at
-    its target (one more load per row) and, with SMOOTHING, its sum (``row_sum_ptr``):
+def _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows_idx, row_ok, rows, max_shift,
+                       log_z, n, stride_src, ignore_index, smoothing, TARGETS: tl.constexpr,
+                       SMOOTHING: tl.constexpr):
+    """The forward logsumexp's results for rows ``rows_idx`` (where ``row_ok``) from the row
+    constants (M', log Z) of ``_merge_partials``: lse = M' + log Z to ``dst`` [rows]; or, with
+    TARGETS, M' and log Z themselves to ``dst`` [2, rows] (float32, what the backward reads)
+    and the cross-entropy loss to ``loss_ptr`` (float32), from the row's logit at its target
+    (one more load per row) and, with SMOOTHING, its sum (``row_sum_ptr``):
 
-        loss = lse - x[t]                                          (eps = 0)
-        loss = (1 - eps) * (lse - x[t]) + eps * (lse - sum(x) / n)   (label smoothing eps)
+        loss = log Z - (x[t] - M')                                     (eps = 0)
+        loss = (1 - eps) * loss + eps * (log Z - (sum(x) / n - M'))      (label smoothing eps)
 
+    (torch's -log_softmax(x)[t] = -((x[t] - max) - log Z), and the same for the mean of x:
+    rounded where torch's are, not lse - x[t], whose lse holds half an ulp of the maximum).
     0 for a row whose target is ``ignore_index``; NaN for a target outside [0, n) (nothing is
     read there) and for a row holding +inf (as torch's log_softmax gives); a row that is
-    entirely -inf gives NaN from the formula itself (-inf - -inf).
+    entirely -inf (M' = 0, log Z = -inf) gives NaN from the formula itself.
     """
-    tl.store(dst_ptr + rows_idx, lse.to(dst_ptr.dtype.element_ty), mask=row_ok)
     if TARGETS:
+        tl.store(dst_ptr + rows_idx, max_shift, mask=row_ok)
+        tl.store(dst_ptr + rows + rows_idx, log_z, mask=row_ok)
         target = tl.load(target_ptr + rows_idx, mask=row_ok, other=ignore_index).to(tl.int64)
         counted = target != ignore_index
         inside = (target >= 0) & (target < n)
         logit = tl.load(src_ptr + rows_idx.to(tl.int64) * stride_src + target, mask=row_ok & counted & inside,
                         other=0.0).to(tl.float32)
-        loss = lse - logit
+        loss = log_z - (logit - max_shift)
         if SMOOTHING:
             row_sum = tl.load(row_sum_ptr + rows_idx, mask=row_ok, other=0.0)
-            loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.div_rn(row_sum, n.to(tl.float32)))
-        loss = tl.where((lse == float("inf")) | ~inside, float("nan"), loss)
+            mean = tl.div_rn(row_sum, n.to(tl.float32))
+            loss = (1.0 - smoothing) * loss + smoothing * (log_z - (mean - max_shift))
+        loss = tl.where((max_shift == float("inf")) | ~inside, float("nan"), loss)
         tl.store(loss_ptr + rows_idx, tl.where(counted, loss, 0.0), mask=row_ok)
+    else:
+        tl.store(dst_ptr + rows_idx, (max_shift + log_z).to(dst_ptr.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
@@ -435,9 +454,11 @@ def softmax_kernel(
             Last dimension contiguous, rows ``stride_src`` elements apart.
         grad_ptr: backward softmax / log_softmax: dy [rows, n] (rows ``stride_grad`` apart);
             backward logsumexp: dlse [rows]; forward: unused (any pointer).
-        dst_ptr: forward softmax / log_softmax: y [rows, n]; forward logsumexp: lse [rows];
+        dst_ptr: forward softmax / log_softmax: y [rows, n]; forward logsumexp: lse [rows], or
+            with TARGETS float32 [2, rows], each row's M' and log Z (``_store_row_results``);
             backward: dx [rows, n]. Rows ``stride_dst`` elements apart; written in its dtype.
-        row_ptr: backward logsumexp: the forward result lse [rows]; otherwise unused.
+        row_ptr: backward logsumexp: the forward result lse [rows] (TARGETS: [2, rows], M' and
+            log Z); otherwise unused.
         part_p_ptr, part_q_ptr: float32 [rows, num_segments] segment partials, written by the
             PARTIALS phase and read by the FINISH phase, or both by COOPERATIVE (forward: m_s and
             s_s; backward: the segment sums, q unused); unused by WHOLE_ROWS.
@@ -525,9 +546,10 @@ def softmax_kernel(
         a, b, a_for_exp = _held_tiles(raw_a, raw_b, inv_temperature, rows, False, OP, BACKWARD, HAS_TEMPERATURE,
                                       HOLD_16BIT)
         target_col = tl.full([ROWS_PER_PROGRAM], -1, tl.int32)
+        log_z = tl.zeros([ROWS_PER_PROGRAM], tl.float32)
         if LSE_BACKWARD:
-            c0, c1, target_col = _given_constants(row_ptr, grad_ptr, target_ptr, rows_idx, rows_idx < rows, n,
-                                                  ignore_index, TARGETS)
+            c0, c1, target_col, log_z = _given_constants(row_ptr, grad_ptr, target_ptr, rows_idx, rows_idx < rows,
+                                                         rows, n, ignore_index, TARGETS)
         else:
             p, q = _segment_partials(tl.reshape(a, [HELD, OUTER, INNER]), tl.reshape(b, [HELD, OUTER, INNER]),
                                      tl.reshape(a_for_exp, [HELD, OUTER, INNER]),
@@ -537,8 +559,8 @@ def softmax_kernel(
                                      tl.reshape(q, [ROWS_PER_PROGRAM, SEG_POW2]),
                                      ROWS_PER_PROGRAM, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
         if LSE_FORWARD:
-            _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows_idx, rows_idx < rows, c0,
-                               n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
+            _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows_idx, rows_idx < rows, rows,
+                               c0, c1, n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
         else:
             if HOLD_16BIT:
                 a, b = _widen_tiles(raw_a, raw_b, inv_temperature, n, True, False, OP, BACKWARD, HAS_TEMPERATURE)
@@ -554,7 +576,7 @@ def softmax_kernel(
             if TARGETS:
                 target_term = _target_term(cols, target_col[:, None, None, None], n, smoothing, SMOOTHING)
             out = _outputs(a, b, e, f, c0[:, None, None, None], c1[:, None, None, None], inv_temperature,
-                           target_term, OP, BACKWARD, HAS_TEMPERATURE, TARGETS)
+                           log_z[:, None, None, None], target_term, OP, BACKWARD, HAS_TEMPERATURE, TARGETS)
             tl.store(dst_ptr + rows64 * stride_dst + cols, out.to(dst_ptr.dtype.element_ty),
                      mask=mask, eviction_policy=STORE_POLICY)
     else:
@@ -590,7 +612,7 @@ def softmax_kernel(
                     c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                       LOG2_SEG_POW2, OP, BACKWARD, ".cg")
                     _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, one_row, one_row < rows,
-                                       c0, n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
+                                       rows, c0, c1, n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
             else:
                 wait_for_arrivals(arrivals_ptr, row, arrived, programs_per_row)
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
@@ -601,7 +623,7 @@ def softmax_kernel(
                     a, b = _widen_tiles(raw_a, raw_b, inv_temperature, n, True, False, OP, BACKWARD,
                                         HAS_TEMPERATURE)
                 _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
-                                     0.0, OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY, False)
+                                     c0, 0.0, OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY, False)
         elif PHASE == PARTIALS:
             for block in tl.range(block_count, num_stages=STAGES):
                 segments = first_segment + block * SEG_BLOCK + block_segments
@@ -627,12 +649,13 @@ def softmax_kernel(
             c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                               LOG2_SEG_POW2, OP, BACKWARD, "")
             _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
-                                 0.0, OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY, False)
+                                 c0, 0.0, OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY, False)
         else:
             target_col = tl.full([1], -1, tl.int32)
+            log_z = tl.zeros([1], tl.float32)
             if LSE_BACKWARD:
-                c0, c1, target_col = _given_constants(row_ptr, grad_ptr, target_ptr, one_row, one_row < rows, n,
-                                                      ignore_index, TARGETS)
+                c0, c1, target_col, log_z = _given_constants(row_ptr, grad_ptr, target_ptr, one_row, one_row < rows,
+                                                             rows, n, ignore_index, TARGETS)
             elif PHASE == FINISH:
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                   LOG2_SEG_POW2, OP, BACKWARD, "")
@@ -657,8 +680,8 @@ def softmax_kernel(
                 c0, c1 = _merge_partials(tl.reshape(p_all, [1, SEG_POW2]), tl.reshape(q_all, [1, SEG_POW2]),
                                          1, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
             if LSE_FORWARD:
-                _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, one_row, one_row < rows, c0,
-                                   n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
+                _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, one_row, one_row < rows, rows,
+                                   c0, c1, n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
             else:
                 dst_row = dst_ptr + row64 * stride_dst
                 for block in tl.range(block_count, num_stages=STAGES):
@@ -677,5 +700,5 @@ def softmax_kernel(
                     target_term = 0.0
                     if TARGETS:
                         target_term = _target_term(cols, target_col[:, None, None], n, smoothing, SMOOTHING)
-                    _store_block_outputs(dst_row + cols, mask, a, b, p, c0, c1, inv_temperature, target_term, OP,
-                                         BACKWARD, HAS_TEMPERATURE, STORE_POLICY, TARGETS)
+                    _store_block_outputs(dst_row + cols, mask, a, b, p, c0, c1, inv_temperature, log_z, target_term,
+                                         OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY, TARGETS)

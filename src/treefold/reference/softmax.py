@@ -94,12 +94,19 @@ def logsumexp_backward(grad: torch.Tensor, x: torch.Tensor, lse: torch.Tensor) -
     return dx.to(x.dtype, memory_format=torch.contiguous_format)
 
 
-def _lse64(xs: torch.Tensor) -> torch.Tensor:
-    """logsumexp of float64 rows (n >= 1) by the rules above: -inf for an all -inf row, +inf for
-    a row holding +inf and no NaN."""
+def _max_and_log_z(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M', log Z) of float64 rows (n >= 1), M' the row maximum (0 for an all -inf row) and
+    log Z = log(sum(exp(x - M'))), so that their sum is the logsumexp by the rules above (+inf
+    for a row holding +inf and no NaN: log Z is +inf there, as in the kernels)."""
     m = xs.amax(dim=-1)
+    m_shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    return m_safe + torch.log(torch.exp(xs - m_safe[..., None]).sum(dim=-1))
+    return m_shift, torch.log(torch.exp(xs - m_safe[..., None]).sum(dim=-1))
+
+
+def _lse64(xs: torch.Tensor) -> torch.Tensor:
+    m_shift, log_z = _max_and_log_z(xs)
+    return m_shift + log_z
 
 
 def _cross_entropy_rows(xs: torch.Tensor, target: torch.Tensor, ignore_index: int):
@@ -110,24 +117,26 @@ def _cross_entropy_rows(xs: torch.Tensor, target: torch.Tensor, ignore_index: in
 
 def cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                   smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, lse), float32 [rows], of logits ``x`` [rows, n >= 1] and class indices ``target``
-    [rows], computed in float64 and rounded once:
+    """(loss [rows], stats [2, rows]), float32, of logits ``x`` [rows, n >= 1] and class indices
+    ``target`` [rows], computed in float64 and rounded once:
 
         loss = lse - x[t], or with label smoothing eps = ``smoothing``
         loss = (1 - eps) * (lse - x[t]) + eps * (lse - sum(x) / n);
 
     0 for a row whose target is ``ignore_index``; NaN for a target outside [0, n) and for a row
-    holding +inf (torch's log_softmax is NaN there); a row that is entirely -inf gives NaN."""
+    holding +inf (torch's log_softmax is NaN there); a row that is entirely -inf gives NaN.
+    ``stats`` are each row's M' and log Z as the kernels save them (see ``_max_and_log_z``)."""
     xs = x.double()
+    m_shift, log_z = _max_and_log_z(xs)
     lse, t, counted, inside = _cross_entropy_rows(xs, target, ignore_index)
     logit = xs.gather(-1, torch.where(inside, t, 0)[:, None])[:, 0]
     loss = lse - logit
     if smoothing:
         eps = float(np.float32(smoothing))
         loss = (1.0 - eps) * loss + eps * (lse - xs.sum(dim=-1) / xs.shape[-1])
-    loss = torch.where((lse == float("inf")) | ~inside, float("nan"), loss)
+    loss = torch.where((m_shift == float("inf")) | ~inside, float("nan"), loss)
     loss = torch.where(counted, loss, 0.0)
-    return loss.float(), lse.float()
+    return loss.float(), torch.stack((m_shift, log_z)).float()
 
 
 def cross_entropy_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
