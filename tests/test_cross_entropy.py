@@ -153,6 +153,8 @@ STRATEGIES = [("warp", ops.Tuning()), ("block", ops.Tuning()), ("online", ops.Tu
 def test_every_strategy_gives_the_same_bits(n, smoothing):
     x = _logits((3, n), torch.bfloat16, seed=7)
     t = _targets(3, n, seed=8, ignored=(1,))
+    if smoothing:
+        t = t.int()  # int32 targets: the same bits
     g = _logits((3,), seed=9)
     results = {}
     for strategy, tuning in STRATEGIES:
@@ -192,9 +194,13 @@ def test_strided_rows_are_read_in_place_and_one_dimensional_logits_work():
     t = _targets(5, 33, seed=14)
     assert_same_bits(treefold.cross_entropy(x, t, reduction="none", label_smoothing=0.2),
                      treefold.cross_entropy(x.contiguous(), t, reduction="none", label_smoothing=0.2), "strided")
-    xs = x.clone().requires_grad_()
-    dx = torch.autograd.grad(treefold.cross_entropy(xs[:, :], t), xs)[0]
-    assert dx.shape == (5, 33)
+    # the backward reads the strided rows in place too
+    leaf = wide.clone().requires_grad_()
+    (dx,) = torch.autograd.grad(treefold.cross_entropy(leaf[:, :33], t, label_smoothing=0.2), leaf)
+    contiguous = x.contiguous().requires_grad_()
+    (want,) = torch.autograd.grad(treefold.cross_entropy(contiguous, t, label_smoothing=0.2), contiguous)
+    assert_same_bits(dx[:, :33], want, "strided backward")
+    assert bool((dx[:, 33:] == 0).all())
     one = treefold.cross_entropy(wide[2], t[2])
     assert one.shape == () and one.item() == treefold.cross_entropy(wide[2:3], t[2:3], reduction="none")[0].item()
     assert treefold.cross_entropy(wide[2], t[2], reduction="none").shape == ()
@@ -249,12 +255,17 @@ def test_the_kernels_give_a_target_out_of_range_nan_without_reading_it():
 
 
 @needs_kernel
-def test_int32_targets_and_another_ignore_index():
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_int32_targets_and_other_ignore_indices(reduction):
     x = _logits((4, 20), seed=18)
     t = torch.tensor([1, 0, 19, 5], device=DEVICE)
-    got = treefold.cross_entropy(x, t.int(), ignore_index=0, reduction="none")
-    want = F.cross_entropy(x.double(), t, ignore_index=0, reduction="none")
-    assert got[1].item() == 0.0 and compare(got, want.float()).ok
+    # 0 inside the classes; 2^32, which an int32 comparison would wrap to 0
+    for ignore, ignored in ((0, 1), (1 << 32, None)):
+        got = treefold.cross_entropy(x, t.int(), ignore_index=ignore, reduction=reduction)
+        want = F.cross_entropy(x.double(), t, ignore_index=ignore, reduction=reduction)
+        assert compare(got, want.float()).ok, (ignore, got, want)
+        if reduction == "none" and ignored is not None:
+            assert got[ignored].item() == 0.0
 
 
 @pytest.mark.parametrize("call, error, message", [
@@ -294,6 +305,8 @@ def test_int32_targets_and_another_ignore_index():
      "cross_entropy: target is on meta"),
     (lambda: treefold.cross_entropy(torch.ones(2, 3), torch.tensor([0, 1]), torch.ones(3)), TypeError,
      "positional argument"),
+    (lambda: treefold.cross_entropy(torch.ones(5), torch.tensor(7)), ValueError,
+     r"cross_entropy: target = 7 is not a class index in \[0, 5\) nor ignore_index=-100"),
     (lambda: treefold.nn.CrossEntropyLoss(reduction="max"), ValueError,
      "CrossEntropyLoss: reduction='max' is not one of 'mean', 'sum', 'none'"),
     (lambda: treefold.nn.CrossEntropyLoss(label_smoothing="0.1"), TypeError,
@@ -349,6 +362,20 @@ def test_torch_compile_fullgraph(path_device):
         assert_same_bits(a.detach(), b.detach(), f"{compiler} {name}")
     assert_same_bits(torch.autograd.grad(got[0], x, cot[0])[0], torch.autograd.grad(want[0], x, cot[0])[0],
                      f"{compiler} backward")
+
+
+def test_torch_compile_with_a_label_smoothing_that_changes(path_device):
+    # a float that changed between calls is traced as a symbolic float after the first recompile
+    x = _logits((4, 33), seed=34).to(path_device)
+    t = _targets(4, 33, seed=35).to(path_device)
+
+    def f(a, b, eps):
+        return treefold.cross_entropy(a, b, label_smoothing=eps, reduction="none")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for eps in (0.1, 0.2, 0.3):
+        assert_same_bits(compiled(x, t, eps), f(x, t, eps), f"label_smoothing {eps}")
 
 
 def test_registered_ops_pass_opcheck(path_device):

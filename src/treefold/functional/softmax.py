@@ -155,6 +155,10 @@ def check_loss_options(fn: str, ignore_index, reduction, label_smoothing) -> flo
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{fn}: reduction={reduction!r} is not one of {', '.join(map(repr, _REDUCTIONS))}")
     eps = _checks.finite_float(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
+    if torch.compiler.is_compiling():
+        # a value that changed between calls arrives symbolic, which struct cannot pack: the
+        # kernels (and the reference) round it to float32 themselves
+        return eps
     return struct.unpack("f", struct.pack("f", eps))[0]
 
 
@@ -180,11 +184,12 @@ def _check_cross_entropy(fn: str, logits, target, ignore_index, reduction, label
     if target.is_cpu and target.numel() and not torch.compiler.is_compiling():
         # (free on the host; on the GPU this would wait for the device, and inside a compiled
         # graph it would be data-dependent control flow, so a bad target there gives a NaN loss)
-        t = target.long()
+        t = target.long().reshape(-1)
         bad = (t != int(ignore_index)) & ((t < 0) | (t >= logits.shape[-1]))
         if bool(bad.any()):
             where = int(bad.nonzero()[0, 0])
-            raise ValueError(f"{fn}: target[{where}] = {int(t[where])} is not a class index in "
+            name = f"target[{where}]" if target.ndim else "target"
+            raise ValueError(f"{fn}: {name} = {int(t[where])} is not a class index in "
                              f"[0, {logits.shape[-1]}) nor ignore_index={ignore_index}")
     return eps
 
@@ -233,4 +238,5 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     total = _reduce_ops.sum_rows(losses.reshape(1, -1), "sum", torch.float32).reshape(())
     if reduction == "sum":
         return total
-    return total / (target != ignore_index).sum()
+    # (compared as int64: an ignore_index beyond int32 must not wrap against int32 targets)
+    return total / (target.long() != ignore_index).sum()

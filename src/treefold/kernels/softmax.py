@@ -288,7 +288,7 @@ def _spread(n, smoothing, SMOOTHING: tl.constexpr):
     """What the cross-entropy backward subtracts from softmax(x) at every column: eps / n with
     label smoothing eps = ``smoothing``, else 0."""
     if SMOOTHING:
-        return tl.div_rn(smoothing, n.to(tl.float32))
+        return tl.div_rn(smoothing, tl.cast(n, tl.float32))  # (tl.cast: n = 1 arrives as a constexpr)
     else:
         return 0.0
 
@@ -448,7 +448,7 @@ def _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows
         loss = log_z - (logit - max_shift)
         if SMOOTHING:
             row_sum = tl.load(row_sum_ptr + rows_idx, mask=row_ok, other=0.0)
-            mean = tl.div_rn(row_sum, n.to(tl.float32))
+            mean = tl.div_rn(row_sum, tl.cast(n, tl.float32))  # (tl.cast: n = 1 arrives as a constexpr)
             loss = (1.0 - smoothing) * loss + smoothing * (log_z - (mean - max_shift))
         loss = tl.where((max_shift == float("inf")) | ~inside, float("nan"), loss)
         tl.store(loss_ptr + rows_idx, tl.where(counted, loss, 0.0), mask=row_ok)
