@@ -735,12 +735,25 @@ def _logsumexp_grad(ctx, grad):
     return _logsumexp_backward_op(grad, x, lse, ctx.strategy), None
 
 
-@torch.library.custom_op("treefold::cross_entropy", mutates_args=())
-def _cross_entropy_op(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float,
-                      strategy: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _cross_entropy_impl(x, target, ignore_index, smoothing, strategy="auto"):
+    """(loss, stats): the kernels, or the float64 reference where they do not run."""
     if backend.use_kernel(x):
         return cross_entropy_forward(x, target, ignore_index, smoothing, strategy=strategy)
     return reference.cross_entropy(x, target, ignore_index, smoothing)
+
+
+def _cross_entropy_backward_impl(grad, x, target, stats, ignore_index, smoothing, strategy="auto"):
+    """dx: the kernel, or torch's operations (the float64 reference, differentiable again) where
+    the kernels do not run or a backward is being recorded (``backend.recording_backward``)."""
+    if backend.use_kernel(x) and not backend.recording_backward():
+        return cross_entropy_backward(grad, x, target, stats, ignore_index, smoothing, strategy=strategy)
+    return reference.cross_entropy_backward(grad, x, target, ignore_index, smoothing)
+
+
+@torch.library.custom_op("treefold::cross_entropy", mutates_args=())
+def _cross_entropy_op(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float,
+                      strategy: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _cross_entropy_impl(x, target, ignore_index, smoothing, strategy)
 
 
 @_cross_entropy_op.register_fake
@@ -751,9 +764,7 @@ def _(x, target, ignore_index, smoothing, strategy):
 @torch.library.custom_op("treefold::cross_entropy_backward", mutates_args=())
 def _cross_entropy_backward_op(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor,
                                ignore_index: int, smoothing: float, strategy: str) -> torch.Tensor:
-    if backend.use_kernel(x):
-        return cross_entropy_backward(grad, x, target, stats, ignore_index, smoothing, strategy=strategy)
-    return reference.cross_entropy_backward(grad, x, target, ignore_index, smoothing)
+    return _cross_entropy_backward_impl(grad, x, target, stats, ignore_index, smoothing, strategy)
 
 
 @_cross_entropy_backward_op.register_fake
@@ -857,17 +868,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, target, stats = ctx.saved_tensors
-        if backend.use_kernel(x) and not backend.recording_backward():
-            dx = cross_entropy_backward(grad, x, target, stats, ctx.ignore_index, ctx.smoothing)
-        else:  # torch's operations: differentiable again
-            dx = reference.cross_entropy_backward(grad, x, target, ctx.ignore_index, ctx.smoothing)
-        return dx, None, None, None
-
-
-def _cross_entropy_impl(x, target, ignore_index, smoothing):
-    if backend.use_kernel(x):
-        return cross_entropy_forward(x, target, ignore_index, smoothing)
-    return reference.cross_entropy(x, target, ignore_index, smoothing)
+        return _cross_entropy_backward_impl(grad, x, target, stats, ctx.ignore_index, ctx.smoothing), None, None, None
 
 
 # ---- entry points for the public functions --------------------------------------------------

@@ -210,11 +210,13 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         label_smoothing: eps in [0, 1], taken as float32: the target distribution is
             (1 - eps) * one_hot(target) + eps / classes, as in torch.
 
-    Each row's loss is ``lse - x[t]``, with lse the row's log-sum-exp in the treefold order (the
-    logsumexp kernel, which writes the loss beside it: one read of the logits), or with label
-    smoothing ``(1 - eps) * (lse - x[t]) + eps * (lse - sum(x) / classes)``, sum(x) in the order's
-    trees (one more read). "sum" and "mean" add the row losses with ``treefold.sum``'s trees, so
-    every result is the same bits for any launch, and a row's loss the same in any batch.
+    Each row's loss is lse - x[t], computed as ``log Z - (x[t] - M)`` from the row's maximum M
+    and log Z = log(sum(exp(x - M))), in the treefold order (the logsumexp kernel writes the
+    loss beside them: one read of the logits), which rounds where torch's -log_softmax does; with
+    label smoothing, ``(1 - eps) * that + eps * (log Z - (sum(x) / classes - M))``, sum(x) in the
+    order's trees (one more read). "sum" and "mean" add the row losses with ``treefold.sum``'s
+    trees, so every result is the same bits for any launch, and a row's loss the same in any
+    batch.
 
     The loss is float32 whatever the logits' dtype (torch returns the logits' dtype). Its
     gradient, ``dloss * (softmax(x) - (1 - eps) * one_hot(t) - eps / classes)`` rounded once to
@@ -222,9 +224,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
 
     A target outside [0, classes) that is not ``ignore_index`` is a ValueError for CPU tensors;
     on the GPU, where checking would wait for the device, and inside ``torch.compile``, that
-    row's loss and gradient are NaN (nothing is read out of bounds). A row holding +inf or entirely -inf gives NaN, as does a
-    row holding NaN (as in torch). Class weights and probability targets are not supported.
-    Works under ``torch.compile(fullgraph=True)`` through the ``treefold::cross_entropy`` op.
+    row's loss and gradient are NaN (nothing is read out of bounds). A row holding NaN or +inf,
+    or entirely -inf, gives NaN, as in torch. Class weights and probability targets are not
+    supported. Works under ``torch.compile(fullgraph=True)`` through the ``treefold::cross_entropy``
+    op.
     """
     fn = "cross_entropy"
     eps = _check_cross_entropy(fn, logits, target, ignore_index, reduction, label_smoothing)

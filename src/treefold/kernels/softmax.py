@@ -541,8 +541,8 @@ def softmax_kernel(
             block, one more exp per element. Never changes bits.
         STORE_POLICY: eviction policy of the stores of the elementwise outputs ("" or
             "evict_first"). Never changes bits.
-        TARGETS: OP = LOGSUMEXP as cross-entropy's kernel: the forward writes lse (float32) and
-            each row's loss (``_store_row_results``); the backward takes dx = dloss * (softmax(x)
+        TARGETS: OP = LOGSUMEXP as cross-entropy's kernel: the forward writes each row's M' and
+            log Z (float32) and its loss (``_store_row_results``); the backward takes dx = dloss * (softmax(x)
             - one_hot(target)), from the saved M' and log Z (``_given_constants``,
             ``_store_target_outputs``).
         SMOOTHING: TARGETS with label smoothing (``smoothing`` > 0).

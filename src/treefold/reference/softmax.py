@@ -104,15 +104,10 @@ def _max_and_log_z(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return m_shift, torch.log(torch.exp(xs - m_safe[..., None]).sum(dim=-1))
 
 
-def _lse64(xs: torch.Tensor) -> torch.Tensor:
-    m_shift, log_z = _max_and_log_z(xs)
-    return m_shift + log_z
-
-
 def _cross_entropy_rows(xs: torch.Tensor, target: torch.Tensor, ignore_index: int):
-    """(lse, target as int64, counted rows, rows whose target is in [0, n)) of float64 rows."""
+    """(M', log Z, target as int64, counted rows, rows whose target is in [0, n)) of float64 rows."""
     t = target.long()
-    return _lse64(xs), t, t != ignore_index, (t >= 0) & (t < xs.shape[-1])
+    return (*_max_and_log_z(xs), t, t != ignore_index, (t >= 0) & (t < xs.shape[-1]))
 
 
 def cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
@@ -127,8 +122,8 @@ def cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int = -10
     holding +inf (torch's log_softmax is NaN there); a row that is entirely -inf gives NaN.
     ``stats`` are each row's M' and log Z as the kernels save them (see ``_max_and_log_z``)."""
     xs = x.double()
-    m_shift, log_z = _max_and_log_z(xs)
-    lse, t, counted, inside = _cross_entropy_rows(xs, target, ignore_index)
+    m_shift, log_z, t, counted, inside = _cross_entropy_rows(xs, target, ignore_index)
+    lse = m_shift + log_z
     logit = xs.gather(-1, torch.where(inside, t, 0)[:, None])[:, 0]
     loss = lse - logit
     if smoothing:
@@ -146,7 +141,8 @@ def cross_entropy_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Te
     dloss = 0 (so 0, unless the row holds NaN or an infinity); a row whose loss is NaN for its
     lse or its target gets NaN. Torch's operations: differentiable again."""
     xs = x.double()
-    lse, t, counted, inside = _cross_entropy_rows(xs, target, ignore_index)
+    m_shift, log_z, t, counted, inside = _cross_entropy_rows(xs, target, ignore_index)
+    lse = m_shift + log_z
     eps = float(np.float32(smoothing)) if smoothing else 0.0
     hit = torch.arange(xs.shape[-1], device=x.device)[None, :] == torch.where(counted & inside, t, -1)[:, None]
     term = torch.where(hit, 1.0 - eps, 0.0).double() + eps / xs.shape[-1]
