@@ -170,6 +170,68 @@ def test_every_strategy_gives_the_same_bits(n, smoothing):
 
 
 @needs_kernel
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("n", [1, 33, 5120, 9000])
+def test_the_forward_that_writes_dx_gives_the_backwards_bits(n, smoothing, poisoned_outputs):
+    # cross_entropy_forward(dloss=...) writes dx in the softmax forward's launches; the backward
+    # then writes over it only for another dloss. Every strategy: the plain backward's bits.
+    x = _logits((4, n), torch.bfloat16, seed=36)
+    t = _targets(4, n, seed=37, ignored=(0,))
+    t[2] = n + 3  # out of range: NaN, as in the plain backward
+    expected = torch.tensor(0.25, device=DEVICE)
+    loss, stats = ops.cross_entropy_forward(x, t, IGNORE, smoothing)
+    want = ops.cross_entropy_backward(expected.expand(4), x, t, stats, IGNORE, smoothing)
+    other = ops.cross_entropy_backward(torch.full((4,), 0.5, device=DEVICE), x, t, stats, IGNORE, smoothing)
+    for strategy, tuning in STRATEGIES:
+        if strategy in ("warp", "block") and ops._tile_elements(n) > (4096 if DEVICE == "cuda" else 65536):
+            continue
+        if strategy == "cooperative" and tuning.segments_per_program == 1 and backend.INTERPRETED and n > 4096:
+            continue  # programs that wait for one another
+        got = ops.cross_entropy_forward(x, t, IGNORE, smoothing, dloss=expected, strategy=strategy, tuning=tuning)
+        for name, a, b in zip(("loss", "stats", "dx"), got, (loss, stats, want)):
+            assert_same_bits(a, b, f"{name} n={n} {strategy} {tuning}")
+        dx = got[2]
+        same = ops.cross_entropy_backward(expected.clone(), x, t, stats, IGNORE, smoothing, written=(dx, expected))
+        assert same is dx
+        assert_same_bits(same, want, f"the dloss it was written for n={n} {strategy} {tuning}")
+        anew = ops.cross_entropy_backward(torch.tensor(0.5, device=DEVICE), x, t, stats, IGNORE, smoothing,
+                                          written=(dx, expected))
+        assert_same_bits(anew, other, f"another dloss n={n} {strategy} {tuning}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_reduced_losses_through_the_fused_forward_give_the_unfused_bits(reduction, monkeypatch):
+    x = _logits((6, 300), torch.bfloat16, seed=38)
+    t = _targets(6, 300, seed=39, ignored=(1,))
+    results = {}
+    for fused in (True, False):
+        monkeypatch.setattr(ops, "FUSED_GRADIENT", fused)
+        xg = x.clone().requires_grad_()
+        loss = treefold.cross_entropy(xg, t, reduction=reduction, label_smoothing=0.1)
+        (plain,) = torch.autograd.grad(loss, xg, retain_graph=True)  # the dloss the forward wrote for
+        (scaled,) = torch.autograd.grad(loss, xg, torch.tensor(0.5, device=DEVICE), retain_graph=True)
+        loss.backward(retain_graph=True)
+        loss.backward()  # a second accumulation must not change the first one's tensor
+        results[fused] = (loss.detach(), plain, scaled, xg.grad)
+    for name, a, b in zip(("loss", "dx", "dx for 0.5", "accumulated"), results[True], results[False]):
+        assert_same_bits(a, b, f"{reduction} {name}")
+    assert_same_bits(results[True][3], results[True][1] * 2, "two accumulations")
+
+
+@needs_kernel
+def test_fused_forward_on_no_counted_row_and_on_no_row():
+    x = _logits((3, 10), seed=40).requires_grad_()
+    t = torch.full((3,), IGNORE, device=DEVICE)
+    loss = treefold.cross_entropy(x, t)
+    (dx,) = torch.autograd.grad(loss, x)
+    assert torch.isnan(loss).item() and bool((dx == 0).all())
+    empty = x[:0].detach().requires_grad_()
+    loss = treefold.cross_entropy(empty, t[:0], reduction="sum")
+    assert loss.item() == 0.0 and torch.autograd.grad(loss, empty)[0].shape == (0, 10)
+
+
+@needs_kernel
 def test_a_row_gives_the_same_bits_in_any_batch_and_position():
     x = _logits((7, 5120), torch.bfloat16, seed=10)
     t = _targets(7, 5120, seed=11)

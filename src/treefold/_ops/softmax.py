@@ -418,7 +418,9 @@ def _launch(plan_: Plan, src, grad, dst, row, rows: int, n: int, stride_src: int
                 stride_src, stride_grad, stride_dst, inv_temperature) + target_args
         kwargs = phase.kwargs_temperature if with_temperature else phase.kwargs
         if targets is not None:
-            kwargs = dict(kwargs, TARGETS=True, SMOOTHING=targets.smoothing != 0.0)
+            kwargs = dict(kwargs, TARGETS=True, SMOOTHING=targets.smoothing != 0.0,
+                          **({"OP": _LOGSUMEXP, "FUSED": True} if targets.fused else {}),
+                          **({"RESUME": True} if targets.resume else {}))
         if prepare_key is not None:
             launches.append(_KERNEL.prepare(phase.grid, args, kwargs, slots))  # launches, then prepares
         else:
@@ -604,47 +606,72 @@ def logsumexp_backward(grad: torch.Tensor, x: torch.Tensor, lse: torch.Tensor, *
 class _Targets:
     """The cross-entropy arguments of a logsumexp launch (``kernels.softmax_kernel``'s TARGETS):
     the targets [rows], the loss output and the row sums (forward; label smoothing only), the
-    ignored target value and the label smoothing eps (float32-rounded by the caller)."""
+    ignored target value and the label smoothing eps (float32-rounded by the caller); ``fused``:
+    a forward that writes dx too, planned as the softmax forward (FUSED); ``resume``: a backward
+    into the dx such a forward wrote (RESUME)."""
     target: torch.Tensor
     loss: Optional[torch.Tensor]
     row_sum: Optional[torch.Tensor]
     ignore_index: int
     smoothing: float
+    fused: bool = False
+    resume: bool = False
 
 
 def cross_entropy_forward(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float, *,
-                          strategy: str = "auto", tuning: Tuning = _DEFAULT_TUNING
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          dloss: Optional[torch.Tensor] = None, strategy: str = "auto",
+                          tuning: Tuning = _DEFAULT_TUNING) -> tuple:
     """(loss [rows], stats [2, rows]), float32, of logits ``x`` [rows, n >= 1] and targets [rows]:
     the logsumexp launches with each row's loss written beside its M' and log Z (``stats``, whose
     sum is the row's lse; what the backward reads). Label smoothing first sums each row in the
-    order's trees (``reduce.tree_sum_rows``: one more read of x)."""
+    order's trees (``reduce.tree_sum_rows``: one more read of x).
+
+    ``dloss`` (a float32 tensor of one element): also dx for that dloss on every row not ignored,
+    as ``cross_entropy_backward`` gives it, bit for bit, returned third; the launches are then
+    the softmax forward's (``strategy`` and ``tuning`` as there), which write elementwise outputs."""
     rows, n = x.shape
     loss = x.new_empty((rows,), dtype=torch.float32)
     stats = x.new_empty((2, rows), dtype=torch.float32)
+    dx = None if dloss is None else _new_output(x.shape, x.dtype, x)
     if rows == 0:
-        return loss, stats
+        return (loss, stats) if dx is None else (loss, stats, dx)
     x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
     row_sum = _reduce.tree_sum_rows(x2, out_dtype=torch.float32) if smoothing else None
-    p = _plan_for(_LOGSUMEXP, False, n, rows, x, strategy, tuning)
-    _launch(p, x2, x2, stats, x2, rows, n, x_stride, x_stride, 1, 1.0,
-            targets=_Targets(target.contiguous(), loss, row_sum, ignore_index, smoothing))
-    return loss, stats
+    targets = _Targets(target.contiguous(), loss, row_sum, ignore_index, smoothing, fused=dloss is not None)
+    if dx is None:
+        p = _plan_for(_LOGSUMEXP, False, n, rows, x, strategy, tuning)
+        _launch(p, x2, x2, stats, stats, rows, n, x_stride, x_stride, 1, 1.0, targets=targets)
+        return loss, stats
+    p = _plan_for(_SOFTMAX, False, n, rows, x, strategy, tuning)
+    _launch(p, x2, dloss.reshape(()).float(), dx, stats, rows, n, x_stride, 0, n, 1.0, targets=targets)
+    return loss, stats, dx
 
 
 def cross_entropy_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor,
-                           ignore_index: int, smoothing: float, *, strategy: str = "auto",
-                           tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
-    """dx of the cross-entropy losses from dloss = ``grad`` [rows] and the forward's ``stats``
-    ([2, rows]: M', log Z): the logsumexp backward launch, one read of x and one write of dx."""
-    dx = _new_output(x.shape, x.dtype, x)
+                           ignore_index: int, smoothing: float, *, written: Optional[tuple] = None,
+                           strategy: str = "auto", tuning: Tuning = _DEFAULT_TUNING) -> torch.Tensor:
+    """dx of the cross-entropy losses from dloss = ``grad`` ([rows], or one element for every
+    row) and the forward's ``stats`` ([2, rows]: M', log Z): the logsumexp backward launch, one
+    read of x and one write of dx.
+
+    ``written`` = (dx, its dloss): the dx a fused forward wrote (``cross_entropy_forward``'s
+    ``dloss``) and the one-element dloss it was written for. The launch then writes over that dx
+    and returns it: at once, reading nothing, where ``grad`` (one element) is that dloss;
+    otherwise the plain backward."""
     rows, n = x.shape
+    if written is not None:
+        dx, g_stride = written[0], 0
+        g = torch.stack((grad.reshape(()).float(), written[1].reshape(()).float()))
+    elif grad.numel() == rows:
+        dx, g, g_stride = _new_output(x.shape, x.dtype, x), grad.contiguous(), 1
+    else:
+        dx, g, g_stride = _new_output(x.shape, x.dtype, x), grad.reshape(()).float(), 0
     if dx.numel() == 0:
         return dx
     x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
     p = _plan_for(_LOGSUMEXP, True, n, rows, x, strategy, tuning)
-    _launch(p, x2, grad.contiguous(), dx, stats.contiguous(), rows, n, x_stride, 1, n, 1.0,
-            targets=_Targets(target.contiguous(), None, None, ignore_index, smoothing))
+    _launch(p, x2, g, dx, stats.contiguous(), rows, n, x_stride, g_stride, n, 1.0,
+            targets=_Targets(target.contiguous(), None, None, ignore_index, smoothing, resume=written is not None))
     return dx
 
 
@@ -871,6 +898,48 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return _cross_entropy_backward_impl(grad, x, target, stats, ctx.ignore_index, ctx.smoothing), None, None, None
 
 
+#: An eager "mean" or "sum" cross-entropy whose logits need a gradient has the forward write dx
+#: (``cross_entropy_forward``'s ``dloss``) for the dloss a plain ``loss.backward()`` gives (1, or
+#: 1 / the rows counted): one write in the forward instead of a read of the logits and a write in
+#: the backward, whose launch then returns at once (``_ReducedCrossEntropyFunction``). Another
+#: dloss (a loss scaled before its backward) makes the backward the plain one, writing over that
+#: dx: one write more than without. The bits are the same either way; the choice is by the bytes
+#: moved, not yet timed on a GPU (``benchmarks/probe_cross_entropy.py``).
+FUSED_GRADIENT = True
+
+
+class _ReducedCrossEntropyFunction(torch.autograd.Function):
+    """Eager autograd for a "mean" or "sum" cross-entropy through the forward that writes dx
+    (``FUSED_GRADIENT``): returns the reduced loss, as ``treefold.cross_entropy`` computes it from
+    the row losses (their ``treefold.sum``, divided by the rows counted for "mean")."""
+
+    @staticmethod
+    def forward(ctx, x, target, ignore_index, smoothing, mean):
+        counted = (target.long() != ignore_index).sum()
+        ones = torch.ones((), dtype=torch.float32, device=x.device)
+        # the dloss of every row under a plain backward: autograd's grad / counted for "mean"
+        expected = ones / counted if mean else ones
+        loss, stats, dx = cross_entropy_forward(x, target, ignore_index, smoothing, dloss=expected)
+        total = _reduce.sum_rows(loss.reshape(1, -1), "sum", torch.float32).reshape(())
+        ctx.save_for_backward(x, target, stats)
+        ctx.written = (dx, expected)
+        ctx.counted, ctx.mean, ctx.ignore_index, ctx.smoothing = counted, mean, ignore_index, smoothing
+        return total / counted if mean else total
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, target, stats = ctx.saved_tensors
+        dloss = grad / ctx.counted if ctx.mean else grad  # (what autograd gives each row unfused)
+        if backend.recording_backward():  # torch's operations, differentiable again
+            dx = reference.cross_entropy_backward(dloss.expand(x.shape[0]), x, target, ctx.ignore_index,
+                                                  ctx.smoothing)
+            return dx, None, None, None, None
+        # the forward's dx is handed out once: a second backward through the same graph gets its own
+        written, ctx.written = ctx.written, None
+        dx = cross_entropy_backward(dloss, x, target, stats, ctx.ignore_index, ctx.smoothing, written=written)
+        return dx, None, None, None, None
+
+
 # ---- entry points for the public functions --------------------------------------------------
 
 def _path(x: torch.Tensor) -> int:
@@ -948,3 +1017,16 @@ def cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoo
     if path == 1:
         return _CrossEntropyFunction.apply(x, target, ignore_index, smoothing)
     return _cross_entropy_op(x, target, ignore_index, smoothing, "auto")[0]
+
+
+def fuses_gradient(x: torch.Tensor) -> bool:
+    """Whether a "mean" or "sum" cross-entropy of ``x`` goes through ``cross_entropy_reduced``:
+    an eager call whose logits need a gradient, where the kernels run (``FUSED_GRADIENT``)."""
+    return FUSED_GRADIENT and _path(x) == 1 and backend.use_kernel(x)
+
+
+def cross_entropy_reduced(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float,
+                          mean: bool) -> torch.Tensor:
+    """The "mean" or "sum" cross-entropy of ``x`` [rows, n >= 1] whose forward writes the gradient
+    (``_ReducedCrossEntropyFunction``; validated by the caller, where ``fuses_gradient``)."""
+    return _ReducedCrossEntropyFunction.apply(x, target, ignore_index, smoothing, mean)

@@ -220,7 +220,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
 
     The loss is float32 whatever the logits' dtype (torch returns the logits' dtype). Its
     gradient, ``dloss * (softmax(x) - (1 - eps) * one_hot(t) - eps / classes)`` rounded once to
-    the logits' dtype, is one more kernel: one read of the logits, one write of dx.
+    the logits' dtype, is one more kernel: one read of the logits, one write of dx. For an eager
+    "mean" or "sum" whose logits need a gradient, the forward writes that gradient for the dloss
+    of a plain ``loss.backward()`` instead (one write; the backward then launches a kernel that
+    returns at once), and a backward with any other dloss (a scaled loss) computes it anew over
+    it: the same bits either way.
 
     A target outside [0, classes) that is not ``ignore_index`` is a ValueError for CPU tensors;
     on the GPU, where checking would wait for the device, and inside ``torch.compile``, that
@@ -232,6 +236,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     fn = "cross_entropy"
     eps = _check_cross_entropy(fn, logits, target, ignore_index, reduction, label_smoothing)
     ignore_index = int(ignore_index)
+    if reduction != "none" and _ops.fuses_gradient(logits):
+        rows = logits.reshape(1, -1) if logits.ndim == 1 else logits
+        return _ops.cross_entropy_reduced(rows, target.reshape(-1), ignore_index, eps, reduction == "mean")
     if logits.ndim == 1:
         losses = _ops.cross_entropy(logits.reshape(1, -1), target.reshape(1), ignore_index, eps).reshape(())
     else:

@@ -328,13 +328,13 @@ def _outputs(a, b, e, f, c0, c1, inv_temperature, log_z, target_term, OP: tl.con
     with softmax(x) = exp((x - M') - ``log_z``), as torch's exp(log_softmax(x)), and
     ``target_term`` = ``_spread`` (the target's column is written again after, by
     ``_store_target_outputs``); ``log_z`` and ``target_term`` are unused otherwise."""
-    if BACKWARD:
+    if TARGETS:  # (the backward, or the forward that writes the gradient too: FUSED)
+        out = c1 * (_exp((a - c0) - log_z) - target_term)
+    elif BACKWARD:
         if OP == SOFTMAX:
             out = a * (b - c0)
         elif OP == LOG_SOFTMAX:
             out = b - _exp(a) * c0
-        elif TARGETS:
-            out = c1 * (_exp((a - c0) - log_z) - target_term)
         else:
             out = c1 * _exp(a - c0)
         if HAS_TEMPERATURE:
@@ -390,27 +390,38 @@ def _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_PO
 
 
 @triton.jit
-def _given_constants(row_ptr, grad_ptr, target_ptr, rows_idx, row_ok, rows, n, ignore_index, TARGETS: tl.constexpr):
+def _target_constants(max_shift, log_z, dloss, target_ptr, rows_idx, row_ok, n, ignore_index):
+    """The cross-entropy gradient's row constants (M', dloss, target column, log Z) for
+    ``_outputs`` and ``_store_target_outputs``, from each row's M' and log Z and its dloss: an
+    ignored row's dloss is 0 and its target column -1; log Z is NaN, so that the whole row's
+    gradient is NaN as its loss is, for a row holding +inf (M' = +inf), a row that is entirely
+    -inf (log Z = -inf) and a target outside [0, n) that is not ``ignore_index``."""
+    target = tl.load(target_ptr + rows_idx, mask=row_ok, other=ignore_index).to(tl.int64)
+    counted = target != ignore_index
+    inside = (target >= 0) & (target < n)
+    log_z = tl.where((max_shift == float("inf")) | (log_z == float("-inf")) | (counted & ~inside), float("nan"),
+                     log_z)
+    target_col = tl.where(counted & inside, target, -1).to(tl.int32)
+    return max_shift, tl.where(counted, dloss, 0.0), target_col, log_z
+
+
+@triton.jit
+def _given_constants(row_ptr, grad_ptr, target_ptr, rows_idx, row_ok, rows, n, stride_grad, ignore_index,
+                     TARGETS: tl.constexpr):
     """Row constants of the logsumexp backward, read from memory: (c0, dlse, target column,
-    log Z), the output being dlse * exp(x - c0) (``_outputs``).
+    log Z), the output being dlse * exp(x - c0) (``_outputs``); dlse is each row's value at
+    ``grad_ptr`` ``stride_grad`` apart (0: one value for every row).
 
     logsumexp: c0 = lse', lse or 0 for a row that is entirely -inf (its gradient is 0), the
-    target column -1, log Z unused. Cross-entropy (TARGETS): c0 = M' and log Z as the forward
-    wrote them (``_store_row_results``), the output dlse * (exp((x - M') - log Z) - one hot);
-    an ignored row's dlse is 0 and its target column -1; log Z is NaN, so that the whole row's
-    gradient is NaN as its loss is, for a row holding +inf (M' = +inf), a row that is entirely
-    -inf (log Z = -inf) and a target outside [0, n) that is not ``ignore_index``.
+    target column -1, log Z unused. Cross-entropy (TARGETS): M' and log Z as the forward wrote
+    them (``_store_row_results``), through ``_target_constants``.
     """
     c0 = tl.load(row_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
-    dlse = tl.load(grad_ptr + rows_idx, mask=row_ok, other=0.0).to(tl.float32)
+    dlse = tl.load(grad_ptr + rows_idx * stride_grad, mask=row_ok, other=0.0).to(tl.float32)
     if TARGETS:
         log_z = tl.load(row_ptr + rows + rows_idx, mask=row_ok, other=0.0)
-        target = tl.load(target_ptr + rows_idx, mask=row_ok, other=ignore_index).to(tl.int64)
-        counted = target != ignore_index
-        inside = (target >= 0) & (target < n)
-        log_z = tl.where((c0 == float("inf")) | (log_z == float("-inf")) | (counted & ~inside), float("nan"), log_z)
-        dlse = tl.where(counted, dlse, 0.0)
-        target_col = tl.where(counted & inside, target, -1).to(tl.int32)
+        c0, dlse, target_col, log_z = _target_constants(c0, log_z, dlse, target_ptr, rows_idx, row_ok, n,
+                                                        ignore_index)
     else:
         c0 = tl.where(c0 == float("-inf"), 0.0, c0)
         log_z = c0
@@ -419,12 +430,12 @@ def _given_constants(row_ptr, grad_ptr, target_ptr, rows_idx, row_ok, rows, n, i
 
 
 @triton.jit
-def _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows_idx, row_ok, rows, max_shift,
-                       log_z, n, stride_src, ignore_index, smoothing, TARGETS: tl.constexpr,
+def _store_row_results(dst_ptr, row_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows_idx, row_ok, rows,
+                       max_shift, log_z, n, stride_src, ignore_index, smoothing, TARGETS: tl.constexpr,
                        SMOOTHING: tl.constexpr):
     """The forward logsumexp's results for rows ``rows_idx`` (where ``row_ok``) from the row
     constants (M', log Z) of ``_merge_partials``: lse = M' + log Z to ``dst`` [rows]; or, with
-    TARGETS, M' and log Z themselves to ``dst`` [2, rows] (float32, what the backward reads)
+    TARGETS, M' and log Z themselves to ``row_ptr`` [2, rows] (float32, what the backward reads)
     and the cross-entropy loss to ``loss_ptr`` (float32), from the row's logit at its target
     (one more load per row) and, with SMOOTHING, its sum (``row_sum_ptr``):
 
@@ -438,8 +449,8 @@ def _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows
     entirely -inf (M' = 0, log Z = -inf) gives NaN from the formula itself.
     """
     if TARGETS:
-        tl.store(dst_ptr + rows_idx, max_shift, mask=row_ok)
-        tl.store(dst_ptr + rows + rows_idx, log_z, mask=row_ok)
+        tl.store(row_ptr + rows_idx, max_shift, mask=row_ok)
+        tl.store(row_ptr + rows + rows_idx, log_z, mask=row_ok)
         target = tl.load(target_ptr + rows_idx, mask=row_ok, other=ignore_index).to(tl.int64)
         counted = target != ignore_index
         inside = (target >= 0) & (target < n)
@@ -471,7 +482,8 @@ def softmax_kernel(
     FIRST_READ_POLICY: tl.constexpr, SECOND_READ_POLICY: tl.constexpr,
     WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
     STAGES: tl.constexpr = 1, HOLD_16BIT: tl.constexpr = False, STORE_POLICY: tl.constexpr = "",
-    TARGETS: tl.constexpr = False, SMOOTHING: tl.constexpr = False,
+    TARGETS: tl.constexpr = False, SMOOTHING: tl.constexpr = False, FUSED: tl.constexpr = False,
+    RESUME: tl.constexpr = False,
 ):
     """The softmax family: one kernel, specialised by the constexpr flags.
 
@@ -479,12 +491,15 @@ def softmax_kernel(
         src_ptr: forward: x [rows, n]; backward softmax / log_softmax: y; backward logsumexp: x.
             Last dimension contiguous, rows ``stride_src`` elements apart.
         grad_ptr: backward softmax / log_softmax: dy [rows, n] (rows ``stride_grad`` apart);
-            backward logsumexp: dlse [rows]; forward: unused (any pointer).
-        dst_ptr: forward softmax / log_softmax: y [rows, n]; forward logsumexp: lse [rows], or
-            with TARGETS float32 [2, rows], each row's M' and log Z (``_store_row_results``);
-            backward: dx [rows, n]. Rows ``stride_dst`` elements apart; written in its dtype.
-        row_ptr: backward logsumexp: the forward result lse [rows] (TARGETS: [2, rows], M' and
-            log Z); otherwise unused.
+            backward logsumexp: dlse [rows] (``stride_grad`` apart: 0 for one value for every
+            row; RESUME: [2], the dloss asked for and the one the forward wrote dx for); forward
+            FUSED: the dloss to write dx for (one value, ``stride_grad`` 0); forward: unused.
+        dst_ptr: forward softmax / log_softmax: y [rows, n]; forward logsumexp: lse [rows]
+            (TARGETS: unused, FUSED: dx [rows, n]); backward: dx [rows, n]. Rows ``stride_dst``
+            elements apart; written in its dtype.
+        row_ptr: backward logsumexp: the forward result lse [rows]; TARGETS: float32 [2, rows],
+            each row's M' and log Z, written by the forward (``_store_row_results``) and read by
+            the backward; otherwise unused.
         part_p_ptr, part_q_ptr: float32 [rows, num_segments] segment partials, written by the
             PARTIALS phase and read by the FINISH phase, or both by COOPERATIVE (forward: m_s and
             s_s; backward: the segment sums, q unused); unused by WHOLE_ROWS.
@@ -546,6 +561,13 @@ def softmax_kernel(
             - one_hot(target)), from the saved M' and log Z (``_given_constants``,
             ``_store_target_outputs``).
         SMOOTHING: TARGETS with label smoothing (``smoothing`` > 0).
+        FUSED: TARGETS forward that also writes dx for the dloss at ``grad_ptr`` (one value),
+            planned as the softmax forward (every program of a row writes its share of the
+            elementwise outputs; the row's first program writes its loss): the gradient
+            costs one write in the forward instead of a read and a write after it.
+        RESUME: TARGETS backward into the dx a FUSED forward wrote: nothing to do (every program
+            returns at once) when the dloss asked for, ``grad_ptr[0]``, is the one it was written
+            for, ``grad_ptr[1]``; otherwise the plain backward, writing over it.
 
     A block is a ``[segments, OUTER, INNER]`` tensor: element (s, k, j) is lane k * INNER + j of
     segment s, i.e. column s * LANES + k * INNER + j of the row.
@@ -555,9 +577,14 @@ def softmax_kernel(
     EARLY_FINISH: tl.constexpr = (PHASE == FINISH and SEGMENTS_PER_PROGRAM == SEG_BLOCK) and OP != LOGSUMEXP
     start_dependent_launch(WAIT_FOR_PRIOR and not EARLY_FINISH, RELEASE_DEPENDENTS)
     pid = tl.program_id(0)
+    if RESUME:
+        if tl.load(grad_ptr) == tl.load(grad_ptr + 1):
+            return
     lane_cols = (tl.arange(0, OUTER)[:, None] * INNER + tl.arange(0, INNER)[None, :])[None, :, :]
     LSE_FORWARD: tl.constexpr = (OP == LOGSUMEXP) and (not BACKWARD)
     LSE_BACKWARD: tl.constexpr = (OP == LOGSUMEXP) and BACKWARD
+    # whether the program writes elementwise outputs (all but the forward logsumexp, unless FUSED)
+    ELEMENTWISE: tl.constexpr = (not LSE_FORWARD) or FUSED
     if PHASE == WHOLE_ROWS and IN_REGISTERS:
         # The block is [ROWS_PER_PROGRAM, SEG_POW2, OUTER, INNER]: the row constants then broadcast
         # onto it with expand_dims alone. (Reshaping them to one value per held segment first made
@@ -576,7 +603,7 @@ def softmax_kernel(
         log_z = tl.zeros([ROWS_PER_PROGRAM], tl.float32)
         if LSE_BACKWARD:
             c0, c1, target_col, log_z = _given_constants(row_ptr, grad_ptr, target_ptr, rows_idx, rows_idx < rows,
-                                                         rows, n, ignore_index, TARGETS)
+                                                         rows, n, stride_grad, ignore_index, TARGETS)
         else:
             p, q = _segment_partials(tl.reshape(a, [HELD, OUTER, INNER]), tl.reshape(b, [HELD, OUTER, INNER]),
                                      tl.reshape(a_for_exp, [HELD, OUTER, INNER]),
@@ -586,9 +613,13 @@ def softmax_kernel(
                                      tl.reshape(q, [ROWS_PER_PROGRAM, SEG_POW2]),
                                      ROWS_PER_PROGRAM, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
         if LSE_FORWARD:
-            _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows_idx, rows_idx < rows, rows,
-                               c0, c1, n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
-        else:
+            _store_row_results(dst_ptr, row_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, rows_idx, rows_idx < rows,
+                               rows, c0, c1, n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
+            if FUSED:
+                dloss = tl.load(grad_ptr + rows_idx * stride_grad, mask=rows_idx < rows, other=0.0)
+                c0, c1, target_col, log_z = _target_constants(c0, c1, dloss, target_ptr, rows_idx, rows_idx < rows,
+                                                              n, ignore_index)
+        if ELEMENTWISE:
             if HOLD_16BIT:
                 a, b = _widen_tiles(raw_a, raw_b, inv_temperature, n, True, False, OP, BACKWARD, HAS_TEMPERATURE)
             e, f = a, c1[:, None, None, None]
@@ -635,24 +666,40 @@ def softmax_kernel(
                                      LOG2_INNER_GROUPS, OP, BACKWARD)
             _store_partials(part_p_ptr, part_q_ptr, row64, num_segments, segments, p, q, BACKWARD)
             arrived = arrive(arrivals_ptr, row)
-            if LSE_FORWARD:
+            if not ELEMENTWISE:
                 # One value per row: the last program to arrive merges and writes it; no one waits.
                 if arrived == programs_per_row:
                     c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                       LOG2_SEG_POW2, OP, BACKWARD, ".cg")
-                    _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, one_row, one_row < rows,
-                                       rows, c0, c1, n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
+                    _store_row_results(dst_ptr, row_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, one_row,
+                                       one_row < rows, rows, c0, c1, n, stride_src, ignore_index, smoothing, TARGETS,
+                                       SMOOTHING)
             else:
                 wait_for_arrivals(arrivals_ptr, row, arrived, programs_per_row)
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                   LOG2_SEG_POW2, OP, BACKWARD, ".cg")
+                log_z = c0
+                target_col = tl.full([1], -1, tl.int32)
+                if FUSED:
+                    if first_segment == 0:  # (the row's first program writes its results)
+                        _store_row_results(dst_ptr, row_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, one_row,
+                                           one_row < rows, rows, c0, c1, n, stride_src, ignore_index, smoothing,
+                                           TARGETS, SMOOTHING)
+                    dloss = tl.load(grad_ptr + one_row * stride_grad)
+                    c0, c1, target_col, log_z = _target_constants(c0, c1, dloss, target_ptr, one_row, one_row < rows,
+                                                                  n, ignore_index)
                 # (the forward softmax's exp tile is the partials' own, computed once, unless
                 # HOLD_16BIT widens the held block again)
                 if HOLD_16BIT:
                     a, b = _widen_tiles(raw_a, raw_b, inv_temperature, n, True, False, OP, BACKWARD,
                                         HAS_TEMPERATURE)
-                _store_block_outputs(dst_ptr + row64 * stride_dst + cols, mask, a, b, p, c0, c1, inv_temperature,
-                                     c0, 0.0, OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY, False)
+                dst_row = dst_ptr + row64 * stride_dst
+                _store_block_outputs(dst_row + cols, mask, a, b, p, c0, c1, inv_temperature, log_z,
+                                     _spread(n, smoothing, SMOOTHING), OP, BACKWARD, HAS_TEMPERATURE, STORE_POLICY,
+                                     FUSED)
+                if FUSED:
+                    _store_target_outputs(src_row, dst_row, target_col, c0, c1, log_z, n, smoothing, SMOOTHING,
+                                          first_segment * LANES, (first_segment + SEG_BLOCK) * LANES)
         elif PHASE == PARTIALS:
             for block in tl.range(block_count, num_stages=STAGES):
                 segments = first_segment + block * SEG_BLOCK + block_segments
@@ -684,7 +731,7 @@ def softmax_kernel(
             log_z = tl.zeros([1], tl.float32)
             if LSE_BACKWARD:
                 c0, c1, target_col, log_z = _given_constants(row_ptr, grad_ptr, target_ptr, one_row, one_row < rows,
-                                                             rows, n, ignore_index, TARGETS)
+                                                             rows, n, stride_grad, ignore_index, TARGETS)
             elif PHASE == FINISH:
                 c0, c1 = _constants_from_partials(part_p_ptr, part_q_ptr, row64, num_segments, SEG_POW2,
                                                   LOG2_SEG_POW2, OP, BACKWARD, "")
@@ -709,9 +756,15 @@ def softmax_kernel(
                 c0, c1 = _merge_partials(tl.reshape(p_all, [1, SEG_POW2]), tl.reshape(q_all, [1, SEG_POW2]),
                                          1, SEG_POW2, LOG2_SEG_POW2, OP, BACKWARD)
             if LSE_FORWARD:
-                _store_row_results(dst_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, one_row, one_row < rows, rows,
-                                   c0, c1, n, stride_src, ignore_index, smoothing, TARGETS, SMOOTHING)
-            else:
+                if first_segment == 0:  # (FINISH: the row's first program writes its results)
+                    _store_row_results(dst_ptr, row_ptr, src_ptr, target_ptr, loss_ptr, row_sum_ptr, one_row,
+                                       one_row < rows, rows, c0, c1, n, stride_src, ignore_index, smoothing, TARGETS,
+                                       SMOOTHING)
+                if FUSED:
+                    dloss = tl.load(grad_ptr + one_row * stride_grad)
+                    c0, c1, target_col, log_z = _target_constants(c0, c1, dloss, target_ptr, one_row, one_row < rows,
+                                                                  n, ignore_index)
+            if ELEMENTWISE:
                 dst_row = dst_ptr + row64 * stride_dst
                 for block in tl.range(block_count, num_stages=STAGES):
                     cols = (first_segment + block * SEG_BLOCK) * LANES + block_cols
