@@ -73,6 +73,8 @@ def test_declared_bytes_are_the_tensors_read_and_written(case):
     read = sum(_nbytes(v) for v in inputs.values() if isinstance(v, torch.Tensor))
     if case.base == "cross_entropy":
         written = shape.rows * 4  # the loss is declared float32 whatever torch returns for bf16
+    elif case.base == "cross_entropy_mean":
+        written = 4
     else:
         written = _nbytes(case.eager(inputs))
     assert case.count_bytes(shape) == read + written
@@ -90,6 +92,9 @@ def test_byte_counts_at_the_perf_shapes():
     assert CASES_BY_NAME["layer_norm.bwd"].count_bytes(s) == 3 * mn2 + 3 * 4096 * 2
     ce = Shape(8192, 128256, "bf16")
     assert CASES_BY_NAME["cross_entropy.bwd"].count_bytes(ce) == 2 * 8192 * 128256 * 2 + 8192 * 12
+    # a training step: read the logits and targets, write dx and the loss
+    assert CASES_BY_NAME["cross_entropy_mean.bwd"].count_bytes(ce) == 2 * 8192 * 128256 * 2 + 8192 * 8 + 4
+    assert CASES_BY_NAME["cross_entropy_mean.bwd"].backward.unit_grad
     assert CASES_BY_NAME["sum"].count_bytes(Shape(1, 1 << 28, "fp32")) == (1 << 30) + 4
     assert CASES_BY_NAME["top_k"].count_bytes(Shape(64, 151936, "fp32")) == 64 * 151936 * 4 + 64 * 50 * 12
 

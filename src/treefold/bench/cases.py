@@ -56,6 +56,7 @@ class Shape:
 class Backward:
     wrt: tuple[str, ...]   # the inputs whose gradients are taken
     fused: bool = False    # time forward + gradient as one step (ops that produce both at once)
+    unit_grad: bool = False  # dy = 1, as ``loss.backward()`` gives a scalar loss (else random dy)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,6 +126,16 @@ def bytes_cross_entropy(s: Shape) -> int:
 def bytes_cross_entropy_with_grad(s: Shape) -> int:
     """Forward and dx in one pass: read logits and targets, write losses and dx."""
     return 2 * s.rows * s.n * itemsize(s.dtype) + s.rows * (8 + 4)
+
+
+def bytes_cross_entropy_mean(s: Shape) -> int:
+    """Read the logits and the int64 targets, write the one float32 mean loss."""
+    return s.rows * s.n * itemsize(s.dtype) + s.rows * 8 + 4
+
+
+def bytes_cross_entropy_mean_with_grad(s: Shape) -> int:
+    """A training step's loss and loss.backward(): read logits and targets, write the loss and dx."""
+    return 2 * s.rows * s.n * itemsize(s.dtype) + s.rows * 8 + 4
 
 
 def bytes_top_k(s: Shape) -> int:
@@ -438,6 +449,14 @@ def _cases() -> list[Case]:
         eager=lambda i: F.cross_entropy(i["x"], i["target"], reduction="none"),
         call_treefold=lambda tf, i: tf.cross_entropy(i["x"], i["target"], reduction="none"),
         unary=False)
+    cross_entropy_mean = Case(
+        "cross_entropy_mean", "cross_entropy", "cross-entropy mean loss", "cross_entropy",
+        _row_shapes(_shapes([(8192, 128256)], bf), check=((16, 128256), (64, 4096))),
+        inputs_cross_entropy, bytes_cross_entropy_mean,
+        reference=lambda i: F.cross_entropy(i["x"], i["target"]),
+        eager=lambda i: F.cross_entropy(i["x"], i["target"]),
+        call_treefold=lambda tf, i: tf.cross_entropy(i["x"], i["target"]),
+        unary=False)
     whole = {"small": _whole((1000, 4097), "fp32"), "sweep": _whole(WHOLE_SWEEP_SIZES, "fp32"),
              "check": _whole(((1 << 24) + 1, 1 << 20), "fp32")}
     sum_all = Case(
@@ -518,8 +537,15 @@ def _cases() -> list[Case]:
     cross_entropy_bwd = _backward_of(cross_entropy, wrt=("x",), llm=_shapes([(8192, 128256)], bf),
                                      count_bytes=bytes_cross_entropy_with_grad, fused=True,
                                      title="cross-entropy forward + dx, one step")
+    # a training step: the mean loss and loss.backward() (dy = 1), forward and gradient timed together
+    cross_entropy_mean_bwd = dataclasses.replace(
+        _backward_of(cross_entropy_mean, wrt=("x",), llm=_shapes([(8192, 128256)], bf),
+                     count_bytes=bytes_cross_entropy_mean_with_grad, fused=True,
+                     title="cross-entropy mean loss and loss.backward(), one step"),
+        backward=Backward(("x",), fused=True, unit_grad=True))
     return [softmax, softmax_bwd, log_softmax, logsumexp, rms_norm, rms_norm_bwd, add_rms_norm,
-            layer_norm, layer_norm_bwd, cross_entropy, cross_entropy_bwd, sum_all, sum_accurate, sum_rows,
+            layer_norm, layer_norm_bwd, cross_entropy, cross_entropy_bwd, cross_entropy_mean,
+            cross_entropy_mean_bwd, sum_all, sum_accurate, sum_rows,
             mean_rows, amax_rows, amin_rows, norm_rows, argmax_rows, argmax_all, argmin_rows, top_k, sample]
 
 

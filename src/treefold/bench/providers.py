@@ -204,6 +204,11 @@ class LigerProvider(Provider):
             return Impl(lambda: lf.liger_cross_entropy(i["x"], i["target"], reduction="none"), i,
                         mutates_input=bool(i["x"].requires_grad),
                         note="writes dx into its input" if i["x"].requires_grad else "")
+        if base == "cross_entropy_mean":
+            _needs_cuda(self.title, i)
+            return Impl(lambda: lf.liger_cross_entropy(i["x"], i["target"], reduction="mean"), i,
+                        mutates_input=bool(i["x"].requires_grad),
+                        note="writes dx into its input" if i["x"].requires_grad else "")
         return None
 
 
@@ -277,6 +282,12 @@ class QuackProvider(Provider):
             if _accepts(q.cross_entropy, "reduction"):
                 return Impl(lambda: q.cross_entropy(i["x"], i["target"], reduction="none"), i)
             return Impl(lambda: q.cross_entropy(i["x"], i["target"]), i)
+        if base == "cross_entropy_mean":
+            _needs_cuda(self.title, i)
+            if _accepts(q.cross_entropy, "reduction"):
+                return Impl(lambda: q.cross_entropy(i["x"], i["target"], reduction="mean"), i)
+            # (no target is ignored in these inputs: the mean of the row losses is the loss)
+            return Impl(lambda: q.cross_entropy(i["x"], i["target"]).mean(), i, note="mean of its row losses")
         if base == "top_k":
             try:
                 topk = importlib.import_module("quack.topk").topk

@@ -129,7 +129,10 @@ def compute_reference(case: Case, inputs: dict, seed: int) -> Reference:
     outs = differentiable(case.reference(inputs64))
     gen = torch.Generator(device=outs[0].device)
     gen.manual_seed(seed + 1)
-    dys = [torch.randn(o.shape, generator=gen, device=o.device, dtype=torch.float32) for o in outs]
+    if case.backward.unit_grad:
+        dys = [torch.ones(o.shape, device=o.device, dtype=torch.float32) for o in outs]
+    else:
+        dys = [torch.randn(o.shape, generator=gen, device=o.device, dtype=torch.float32) for o in outs]
     wrt = [inputs64[n] for n in case.backward.wrt]
     grads = torch.autograd.grad(outs, wrt, [d.to(torch.float64) for d in dys])
     return Reference(tuple(g.detach() for g in grads), dys)
