@@ -1,12 +1,16 @@
 """cross_entropy's launches at training shapes under every strategy that fits, warps and shares
 swept, on the GPU: three interleaved rounds (do_bench median, L2 flushed); every variant checked
 bit for bit against the default first (loss, the saved M' and log Z, dx), and torch's
-F.cross_entropy (forward, and forward + backward) timed beside them for scale.
+F.cross_entropy (forward, and forward + backward) timed beside them for scale. Also the forward
+that writes dx (``dloss=``, the softmax forward's launches) against the forward then the
+backward: a training step's two ways, and the backward launch that finds its dx written.
 
     python benchmarks/probe_cross_entropy.py [OUT_DIR] [ROWSxN ...]   (CUDA; default 8192x128256 4096x151936)
 
 Writes probe-cross-entropy-ROWSxN.json into OUT_DIR. Bytes: the forward reads the logits once
-and writes 12 bytes per row (loss, M', log Z); the backward reads the logits and writes dx.
+and writes 12 bytes per row (loss, M', log Z); the backward reads the logits and writes dx; the
+fused forward writes dx too; both ways of a training step are declared with the same bytes (read
+the logits, write dx), so their percentages compare as times do.
 Label smoothing adds one row-sum read to the forward; it is timed once, at the default launch.
 """
 import os
@@ -74,19 +78,49 @@ def probe(rows: int, n: int, out_dir: str) -> None:
                 differ.append(f"{direction} {label}")
             calls[f"{direction} {label}"] = call
             nbytes[f"{direction} {label}"] = fwd_bytes if direction == "fwd" else bwd_bytes
+    # the fused forward: dx written for one dloss, under the softmax forward's launches
+    one = torch.ones((), device="cuda")
+    want_dx = sm.cross_entropy_backward(one, x, t, stats, -100, 0.0)
+    fused_default = sm._plan_for(sm._SOFTMAX, False, n, rows, x).strategy
+    fused = {f"fused fwd default ({fused_default})": ("auto", sm.Tuning())}
+    for spp in (1, 2, 4):
+        fused[f"fused fwd cooperative {spp} seg/program"] = ("cooperative", sm.Tuning(segments_per_program=spp))
+    for warps in (4, 8):
+        fused[f"fused fwd online {warps}w"] = ("online", sm.Tuning(num_warps=warps))
+    for label, (s, tuning) in fused.items():
+        try:
+            got = sm.cross_entropy_forward(x, t, -100, 0.0, dloss=one, strategy=s, tuning=tuning)
+        except ValueError as e:
+            print(f"{label}: refused ({e})")
+            continue
+        if not (torch.equal(got[2].view(torch.int16), want_dx.view(torch.int16))
+                and torch.equal(got[0].view(torch.int32), loss.view(torch.int32))):
+            differ.append(label)
+        calls[label] = lambda s=s, tuning=tuning: sm.cross_entropy_forward(x, t, -100, 0.0, dloss=one, strategy=s,
+                                                                           tuning=tuning)
+        nbytes[label] = fwd_bytes + rows * n * 2
+    written = sm.cross_entropy_forward(x, t, -100, 0.0, dloss=one)[2]
+    calls["backward into the dx written (returns at once)"] = lambda: sm.cross_entropy_backward(
+        one, x, t, stats, -100, 0.0, written=(written, one))
+    nbytes["backward into the dx written (returns at once)"] = 8
+    calls["step: fwd, then bwd"] = lambda: sm.cross_entropy_backward(
+        one, x, t, sm.cross_entropy_forward(x, t, -100, 0.0)[1], -100, 0.0)
+    nbytes["step: fwd, then bwd"] = rows * n * 4 + rows * 8
+    calls["step: fwd writing dx, then bwd into it"] = lambda: sm.cross_entropy_backward(
+        one, x, t, stats, -100, 0.0, written=(sm.cross_entropy_forward(x, t, -100, 0.0, dloss=one)[2], one))
+    nbytes["step: fwd writing dx, then bwd into it"] = rows * n * 4 + rows * 8
     xg = x.detach().requires_grad_()
     calls["torch F.cross_entropy fwd"] = lambda: F.cross_entropy(x, t, reduction="none")
     nbytes["torch F.cross_entropy fwd"] = fwd_bytes
     calls["torch F.cross_entropy fwd + bwd"] = lambda: torch.autograd.grad(
         F.cross_entropy(xg, t, reduction="none"), xg, g.bfloat16())
     nbytes["torch F.cross_entropy fwd + bwd"] = fwd_bytes + bwd_bytes
-    print(f"{rows}x{n} bf16: bits: {len(calls) - 5 - len(differ)} of {len(calls) - 5} variants equal to "
-          f"their default; differ: {differ}")
+    print(f"{rows}x{n} bf16: bits: variants that differ from their default: {differ or 'none'}")
     name = f"probe-cross-entropy-{rows}x{n}.json"
     table = time_against_roof(calls, nbytes, os.path.join(out_dir, name) if out_dir else "", differ=differ)
-    print(f"{'variant':44s} % of roof (median of the rounds)")
+    print(f"{'variant':48s} us and % of roof of the bytes declared (median of the rounds)")
     for r in table:
-        print(f"{r['name']:44s} {sorted(r['pct'])[1]:5.1f}%")
+        print(f"{r['name']:48s} {sorted(r['us'])[1]:9.1f} {sorted(r['pct'])[1]:6.1f}%")
 
 
 def main(out_dir: str = "", shapes=("8192x128256", "4096x151936")) -> None:
