@@ -16,6 +16,8 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 import treefold
 from treefold import backend
@@ -217,6 +219,76 @@ def test_reduced_losses_through_the_fused_forward_give_the_unfused_bits(reductio
     for name, a, b in zip(("loss", "dx", "dx for 0.5", "accumulated"), results[True], results[False]):
         assert_same_bits(a, b, f"{reduction} {name}")
     assert_same_bits(results[True][3], results[True][1] * 2, "two accumulations")
+
+
+@needs_kernel
+def test_a_summed_loss_takes_in_place_scaling_and_checkpointing_computes_dx_in_the_backward():
+    x = _logits((5, 40), seed=41)
+    t = _targets(5, 40, seed=42)
+    grads = []
+    for fused in (True, False):
+        ops.FUSED_GRADIENT, saved = fused, ops.FUSED_GRADIENT
+        try:
+            xg = x.clone().requires_grad_()
+            loss = treefold.cross_entropy(xg, t, reduction="sum")
+            loss /= 4  # gradient accumulation's scaling, in place
+            loss.backward()
+            grads.append(xg.grad)
+        finally:
+            ops.FUSED_GRADIENT = saved
+    assert_same_bits(grads[0], grads[1], "sum scaled in place")
+    # saved-tensor hooks would not see a dx held from the forward: under them, the two passes
+    xg = x.clone().requires_grad_()
+    assert ops.fuses_gradient(xg)
+    with torch.autograd.graph.save_on_cpu():
+        assert not ops.fuses_gradient(xg)
+    checkpointed = torch.utils.checkpoint.checkpoint(lambda v: treefold.cross_entropy(v, t), xg, use_reentrant=False)
+    assert type(checkpointed.grad_fn).__name__ != "_ReducedCrossEntropyFunctionBackward"
+    (dx,) = torch.autograd.grad(checkpointed, xg)
+    assert_same_bits(dx, torch.autograd.grad(treefold.cross_entropy(xg, t), xg)[0], "checkpointed")
+
+
+@triton.jit
+def _no_wait(arrivals_ptr, row, arrived, expected):
+    """``combine.wait_for_arrivals`` that waits for no one (``test_cooperative_rows_shared_...``)."""
+    tl.static_assert(True)
+
+
+@pytest.mark.skipif(not backend.INTERPRETED, reason="the interpreter's stand-in for programs that run at once")
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("n", [5120, 9000, 40000])
+def test_cooperative_rows_shared_by_several_programs(n, smoothing, monkeypatch):
+    # Compiled, the programs of a "cooperative" row run at once and wait for one another; the
+    # interpreter runs them one after another. Its stand-in: no wait, and the launch run twice,
+    # so that the second run's programs merge every partial of the row (the first run's).
+    from treefold.kernels import softmax as kernels
+    real = ops._KERNEL
+
+    def twice(grid, *args, **kwargs):
+        real(grid, *args, **kwargs)
+        if kwargs.get("PHASE") == kernels.COOPERATIVE.value:
+            real(grid, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "wait_for_arrivals", _no_wait)
+    monkeypatch.setattr(ops, "_KERNEL", twice)
+    x = _logits((3, n), torch.bfloat16, seed=43)
+    t = torch.tensor([IGNORE, n - 1, min(n - 1, 2 * 4096 + 5)], device=DEVICE)  # targets in later shares
+    expected = torch.tensor(0.25, device=DEVICE)
+    loss, stats = ops.cross_entropy_forward(x, t, IGNORE, smoothing)
+    want = ops.cross_entropy_backward(expected.expand(3), x, t, stats, IGNORE, smoothing)
+    for spp in (1, 2):
+        p = ops.plan(ops._SOFTMAX, False, n, 3, 4, 2, "cooperative", ops.Tuning(segments_per_program=spp), "softmax",
+                     False, True)
+        if p.phases[0].programs_per_row == 1:
+            assert spp > 1
+            continue  # (n = 5120: two segments)
+        got_loss, got_stats, dx = (torch.full((3,), float("nan")), torch.full((2, 3), float("nan")),
+                                   torch.full_like(x, float("nan")))
+        row_sum = ops._reduce.tree_sum_rows(x, out_dtype=torch.float32) if smoothing else None
+        ops._launch(p, x, expected, dx, got_stats, 3, n, n, 0, n, 1.0,
+                    targets=ops._Targets(t, got_loss, row_sum, IGNORE, smoothing, fused=True))
+        for name, a, b in zip(("loss", "stats", "dx"), (got_loss, got_stats, dx), (loss, stats, want)):
+            assert_same_bits(a, b, f"{name} n={n} {spp} segments per program")
 
 
 @needs_kernel

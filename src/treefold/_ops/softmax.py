@@ -904,8 +904,14 @@ class _CrossEntropyFunction(torch.autograd.Function):
 #: the backward, whose launch then returns at once (``_ReducedCrossEntropyFunction``). Another
 #: dloss (a loss scaled before its backward) makes the backward the plain one, writing over that
 #: dx: one write more than without. The bits are the same either way; the choice is by the bytes
-#: moved, not yet timed on a GPU (``benchmarks/probe_cross_entropy.py``).
+#: moved, not yet timed on a GPU (``benchmarks/probe_cross_entropy.py``). Not while saved-tensor
+#: hooks are active (non-reentrant activation checkpointing, ``save_on_cpu``): the dx written
+#: ahead is held on the Function, out of the hooks' reach, so it would outlive a checkpointed
+#: region that otherwise keeps nothing.
 FUSED_GRADIENT = True
+#: The innermost default saved-tensor hooks (None when there are none); a torch without this
+#: query is taken to have some.
+_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 
 
 class _ReducedCrossEntropyFunction(torch.autograd.Function):
@@ -924,7 +930,9 @@ class _ReducedCrossEntropyFunction(torch.autograd.Function):
         ctx.save_for_backward(x, target, stats)
         ctx.written = (dx, expected)
         ctx.counted, ctx.mean, ctx.ignore_index, ctx.smoothing = counted, mean, ignore_index, smoothing
-        return total / counted if mean else total
+        # (not the view itself: autograd refuses in-place changes, `loss /= steps`, to a view made
+        # inside a Function)
+        return total / counted if mean else total.clone()
 
     @staticmethod
     def backward(ctx, grad):
@@ -1021,8 +1029,10 @@ def cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoo
 
 def fuses_gradient(x: torch.Tensor) -> bool:
     """Whether a "mean" or "sum" cross-entropy of ``x`` goes through ``cross_entropy_reduced``:
-    an eager call whose logits need a gradient, where the kernels run (``FUSED_GRADIENT``)."""
-    return FUSED_GRADIENT and _path(x) == 1 and backend.use_kernel(x)
+    an eager call whose logits need a gradient, where the kernels run and no saved-tensor hooks
+    are active (``FUSED_GRADIENT``)."""
+    return (FUSED_GRADIENT and _path(x) == 1 and backend.use_kernel(x) and _saved_tensors_hooks is not None
+            and _saved_tensors_hooks(False) is None)
 
 
 def cross_entropy_reduced(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float,

@@ -224,7 +224,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     "mean" or "sum" whose logits need a gradient, the forward writes that gradient for the dloss
     of a plain ``loss.backward()`` instead (one write; the backward then launches a kernel that
     returns at once), and a backward with any other dloss (a scaled loss) computes it anew over
-    it: the same bits either way.
+    it: the same bits either way. That gradient is held from the forward on: a loss that is never
+    backpropagated holds it too. Not under saved-tensor hooks (activation checkpointing,
+    ``save_on_cpu``), nor inside ``torch.compile``: there the backward computes it.
 
     A target outside [0, classes) that is not ``ignore_index`` is a ValueError for CPU tensors;
     on the GPU, where checking would wait for the device, and inside ``torch.compile``, that
