@@ -18,6 +18,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t):
+    return t.detach().cpu().contiguous().view(-1).view(_SAME_SIZE_INT[t.element_size()])
+
+
+def assert_same_bits(a, b, what=""):
+    """The same shape, dtype and bits (NaN payloads included)."""
+    assert a.shape == b.shape and a.dtype == b.dtype, what
+    assert torch.equal(_bits(a), _bits(b)), f"{what}: {int((_bits(a) != _bits(b)).sum())} elements differ"
+
+
 @pytest.fixture
 def device():
     """The device the CPU tier or the GPU tier runs on."""

@@ -24,7 +24,7 @@ from treefold import backend
 from treefold._ops import softmax as ops
 from treefold.numerics import compare
 
-from conftest import DEVICE
+from conftest import DEVICE, assert_same_bits
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -33,18 +33,6 @@ needs_kernel = pytest.mark.skipif(not backend.INTERPRETED and not torch.cuda.is_
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 LENGTHS = [1, 33, 4095, 5120]
 IGNORE = -100
-
-_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(t):
-    return t.detach().cpu().contiguous().view(-1).view(_SAME_SIZE_INT[t.element_size()])
-
-
-def assert_same_bits(a, b, what=""):
-    assert a.shape == b.shape and a.dtype == b.dtype, what
-    assert torch.equal(_bits(a), _bits(b)), f"{what}: {int((_bits(a) != _bits(b)).sum())} elements differ"
-
 
 def _logits(shape, dtype=torch.float32, scale=3.0, seed=0):
     g = torch.Generator().manual_seed(seed)

@@ -23,7 +23,7 @@ from treefold._ops import softmax as ops
 from treefold.numerics import compare
 from treefold.reference import softmax as reference
 
-from conftest import DEVICE
+from conftest import DEVICE, assert_same_bits
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -58,18 +58,6 @@ def _float64(op, x, dim=-1, temperature=1.0):
 
 def _call(op, x, **kw):
     return treefold.logsumexp(x, **kw) if op == "logsumexp" else FUNCS[op](x, **kw)
-
-
-_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(t):
-    return t.detach().cpu().contiguous().view(-1).view(_SAME_SIZE_INT[t.element_size()])
-
-
-def assert_same_bits(a, b, what=""):
-    assert a.shape == b.shape and a.dtype == b.dtype, what
-    assert torch.equal(_bits(a), _bits(b)), f"{what}: {int((_bits(a) != _bits(b)).sum())} elements differ"
 
 
 # ---- accuracy against float64 ----------------------------------------------------------------
