@@ -575,6 +575,15 @@ def test_gpu_strategies_and_batches_agree_bitwise(rows, n, dtype):
         want, want_dx = _torch64(x, t, g, reduction="none", label_smoothing=smoothing)
         assert compare(outs[0][0], want.float()).ok
         assert compare(outs[0][2], want_dx.to(dtype)).ok
+        # the forward that writes dx (the softmax forward's launches), for one dloss on every row
+        one = torch.tensor(0.5, device=DEVICE)
+        plain = ops.cross_entropy_backward(one.expand(rows), x, t, outs[0][1], IGNORE, smoothing)
+        for strategy, tuning in configs:
+            got = ops.cross_entropy_forward(x, t, IGNORE, smoothing, dloss=one, strategy=strategy, tuning=tuning)
+            for name, a, b in zip(("loss", "stats", "dx"), got, (outs[0][0], outs[0][1], plain)):
+                assert_same_bits(a, b, f"fused {name} {rows}x{n} {strategy} {tuning} eps={smoothing}")
+            resumed = ops.cross_entropy_backward(one.clone(), x, t, got[1], IGNORE, smoothing, written=(got[2], one))
+            assert_same_bits(resumed, plain, f"backward into the dx written {rows}x{n} {strategy} {tuning}")
 
 
 @pytest.mark.gpu
