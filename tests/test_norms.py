@@ -1221,7 +1221,7 @@ def test_fused_add_rms_norm_on_column_ranges_of_one_buffer():
         treefold.fused_add_rms_norm_(flat[0::2][:2 * n].view(2, n), flat[1::2][:2 * n].view(2, n),
                                      weight_like(n, torch.float32))
     # views of one storage in two dtypes: the test is in bytes
-    raw = torch.zeros(4 * n, dtype=torch.float32)
+    raw = torch.zeros(4 * n, dtype=torch.float32, device=flat.device)
     with pytest.raises(ValueError, match=r"fused_add_rms_norm_: x and residual share memory"):
         treefold.fused_add_rms_norm_(raw[:2 * n].view(2, n), raw.view(torch.bfloat16)[2 * n - 2:4 * n - 2].view(2, n),
                                      weight_like(n, torch.float32))

@@ -618,6 +618,33 @@ class _Targets:
     resume: bool = False
 
 
+#: Cross-entropy's own launch choices where its family's plan ("auto") would take another, on
+#: the H100, three interleaved rounds, bf16 (``benchmarks/results/h100-probe-cross-entropy-*``):
+#: the forward "online" with 4 warps where logsumexp's plan is "cooperative" (8192 x 128256
+#: 693 against 748 us, 4096 x 151936 427 against 457, 16384 x 32000 350 against 390); the
+#: backward "split" with one segment per program where it is "online" (1424 against 1500, 845
+#: against 893); the forward that writes dx "cooperative" with one segment per program where the
+#: softmax forward's plan is "cooperative" with more (1806 against 1867, 1097 against 1306).
+#: Compiled launches only: the interpreter runs a row's programs one after another.
+_CROSS_ENTROPY_ONLINE = Tuning(num_warps=4)
+_CROSS_ENTROPY_ONE_SEGMENT = Tuning(segments_per_program=1)
+
+
+def _cross_entropy_plan(op: int, backward: bool, n: int, rows: int, x: torch.Tensor, strategy: str,
+                        tuning: Tuning) -> Plan:
+    """``_plan_for``, with cross-entropy's own choices (above) where the caller left it "auto"."""
+    p = _plan_for(op, backward, n, rows, x, strategy, tuning)
+    if strategy != "auto" or tuning != _DEFAULT_TUNING or backend.INTERPRETED:
+        return p
+    if op == _LOGSUMEXP and not backward and p.strategy == "cooperative":
+        return _plan_for(op, False, n, rows, x, "online", _CROSS_ENTROPY_ONLINE)
+    if op == _LOGSUMEXP and backward and p.strategy == "online":
+        return _plan_for(op, True, n, rows, x, "split", _CROSS_ENTROPY_ONE_SEGMENT)
+    if op == _SOFTMAX and p.strategy == "cooperative" and p.segments_per_program > 1:
+        return _plan_for(op, False, n, rows, x, "cooperative", _CROSS_ENTROPY_ONE_SEGMENT)
+    return p
+
+
 def cross_entropy_forward(x: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float, *,
                           dloss: Optional[torch.Tensor] = None, strategy: str = "auto",
                           tuning: Tuning = _DEFAULT_TUNING) -> tuple:
@@ -639,10 +666,10 @@ def cross_entropy_forward(x: torch.Tensor, target: torch.Tensor, ignore_index: i
     row_sum = _reduce.tree_sum_rows(x2, out_dtype=torch.float32) if smoothing else None
     targets = _Targets(target.contiguous(), loss, row_sum, ignore_index, smoothing, fused=dloss is not None)
     if dx is None:
-        p = _plan_for(_LOGSUMEXP, False, n, rows, x, strategy, tuning)
+        p = _cross_entropy_plan(_LOGSUMEXP, False, n, rows, x, strategy, tuning)
         _launch(p, x2, x2, stats, stats, rows, n, x_stride, x_stride, 1, 1.0, targets=targets)
         return loss, stats
-    p = _plan_for(_SOFTMAX, False, n, rows, x, strategy, tuning)
+    p = _cross_entropy_plan(_SOFTMAX, False, n, rows, x, strategy, tuning)
     _launch(p, x2, dloss.reshape(()).float(), dx, stats, rows, n, x_stride, 0, n, 1.0, targets=targets)
     return loss, stats, dx
 
@@ -669,7 +696,7 @@ def cross_entropy_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Te
     if dx.numel() == 0:
         return dx
     x2, x_stride = (x, n) if x.is_contiguous() else _rows(x, n)
-    p = _plan_for(_LOGSUMEXP, True, n, rows, x, strategy, tuning)
+    p = _cross_entropy_plan(_LOGSUMEXP, True, n, rows, x, strategy, tuning)
     _launch(p, x2, g, dx, stats.contiguous(), rows, n, x_stride, g_stride, n, 1.0,
             targets=_Targets(target.contiguous(), None, None, ignore_index, smoothing, resume=written is not None))
     return dx

@@ -212,12 +212,11 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
 def _dimension(d) -> Optional[int]:
     """d as a Python int where it is an integer that is not a bool (NumPy's integers included,
     as torch takes them), else None."""
-    if isinstance(d, (bool, torch.Tensor)):
+    # (no try/except around operator.index: torch.compile of torch 2.11 fails on the TypeError
+    # it raises for a tuple instead of taking the except branch)
+    if isinstance(d, (bool, torch.Tensor, tuple, list)) or not hasattr(d, "__index__"):
         return None
-    try:
-        return operator.index(d)
-    except TypeError:
-        return None
+    return operator.index(d)
 
 
 def _normalized_shape(fn: str, normalized_shape) -> tuple[int, ...]:
