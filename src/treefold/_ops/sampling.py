@@ -222,6 +222,7 @@ _RESOLVE = Launcher(kernels.resolve_kernel)
 _APPLY = Launcher(kernels.apply_filter_kernel)
 _TOP_K_LANES = Launcher(kernels.top_k_lanes_kernel)
 _TOP_K_LANES_FINISH = Launcher(kernels.top_k_lanes_finish_kernel)
+_DESCENT = Launcher(kernels.descent_kernel)
 
 
 @dataclass(frozen=True)
@@ -806,6 +807,66 @@ def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[in
         num_warps=TOP_K_LANES_FINISH_WARPS, **race_flags, **last)
 
 
+#: ``sample_descent_rows``: launches of rounds after round 0, before the one program per row that
+#: finishes a row still undecided. Under top-p each round decides a row with probability >= p.
+DESCENT_ROUNDS = 2
+#: ``sample`` on CUDA takes the descent for sampling under top-p (a scalar of at least this) and
+#: min-p without top-k: a row's candidates are kept with probability >= p each, so a small p
+#: means many rounds; per-row top-p tensors, whose p the host cannot see, take ``sample_rows``.
+DESCENT_MIN_TOP_P = 0.5
+
+
+def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
+                        rounds: Optional[int] = None, programs_per_row: Optional[int] = None,
+                        prefetch: Optional[bool] = None, prepare_key=None) -> torch.Tensor:
+    """Token ids [rows] (int64) of logits x [rows, n] sampled under top-p and min-p (no top-k):
+    the tokens ``sample_rows(x, temperature, None, top_p, min_p, seed, offset)`` gives, by
+    descent (``kernels.descent_kernel``): a race over the row, then ``rounds`` (default
+    DESCENT_ROUNDS) rounds that keep the winner or race the tokens before it, then one program per
+    row for the rows still undecided. ``programs_per_row`` and ``prefetch``: launch choices (see
+    ``race_plan``). ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
+    _check_rows("sample_descent_rows", x)
+    rounds = DESCENT_ROUNDS if rounds is None else rounds
+    if not 1 <= rounds <= 8:
+        raise ValueError(f"sample_descent_rows: rounds must be from 1 to 8, got {rounds}")
+    rows, n = x.shape
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if rows == 0:
+        return out
+    dev = x.device
+    run, seed, offset = _sample_run(prepare_key, x, out, temperature, None, top_p, min_p, seed, offset)
+    g = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
+    c = _common(x, temperature, None, top_p, min_p, seed, offset)
+    t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
+    flags = {name: c["flags"][name] for name in ("T_ROW", "P_ROW", "MINP_ROW", "SEED_TENSOR", "OFFSET_TENSOR")}
+    grid = rows * g.programs_per_row
+    part_max = run.buffer("descent_max", grid, torch.float32, dev)
+    part_total = run.buffer("descent_total", grid, torch.int64, dev)
+    part_before = run.buffer("descent_before", (rounds + 1) * grid, torch.int64, dev)
+    part_score = run.buffer("descent_score", (rounds + 1) * grid, torch.float32, dev)
+    part_index = run.buffer("descent_index", (rounds + 1) * grid, torch.int64, dev)
+    first, middle, last = _chained(dev)
+    for r in range(rounds + 2):
+        final = r == rounds + 1
+        run(_DESCENT,
+            (rows if final else grid,), x, n, x.stride(0), part_max, part_total, part_before, part_score,
+            part_index, out, g.programs_per_row, grid, t, p, mp, filters, s, s_stride, o, o_stride,
+            ROUND=rounds if final else r, FINAL=final, **flags, MIN_P=min_p is not None, WIDTH=g.width,
+            SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, PREFETCH=g.prefetch and r == 0,
+            UNIT_T=c["unit_t"], num_warps=g.num_warps, **(first if r == 0 else last if final else middle))
+    _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
+    return out
+
+
+def _descent_serves(x: torch.Tensor, temperature, top_k, top_p, min_p) -> bool:
+    """Whether ``sample`` takes ``sample_descent_rows`` for a call (see DESCENT_MIN_TOP_P): on CUDA,
+    no top-k, top-p None or a scalar of at least DESCENT_MIN_TOP_P, and a call ``sample_rows``
+    would not serve with one race."""
+    return (x.is_cuda and top_k is None and (top_p is not None or min_p is not None)
+            and (top_p is None or (not isinstance(top_p, torch.Tensor) and top_p >= DESCENT_MIN_TOP_P))
+            and not _one_race(temperature, top_k, top_p, min_p))
+
+
 def _lanes_serve(x: torch.Tensor, k: int, least: int, least_16bit: int) -> bool:
     """Whether the two launches by group maxima serve x [rows, n] and k on CUDA: from ``least``
     rows of 4-byte logits (``least_16bit`` of 2-byte ones), within their limits."""
@@ -825,11 +886,13 @@ def top_k_kernel_rows(x: torch.Tensor, k: int, prepare_key=None):
 def sample_kernel_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None, seed=0, offset=0,
                        prepare_key=None) -> torch.Tensor:
     """``sample_top_k_lanes_rows`` where SAMPLE_TOP_K_LANES_MIN_ROWS' rule takes it (a scalar
-    top_k, a call ``sample_rows`` would not serve with one race), else ``sample_rows``: the same
-    tokens, by the faster launches."""
+    top_k, a call ``sample_rows`` would not serve with one race), ``sample_descent_rows`` where
+    ``_descent_serves``, else ``sample_rows``: the same tokens, by the faster launches."""
     if (top_k.__class__ is int and not _one_race(temperature, top_k, top_p, min_p)
             and _lanes_serve(x, top_k, SAMPLE_TOP_K_LANES_MIN_ROWS, SAMPLE_TOP_K_LANES_MIN_ROWS_16BIT)):
         return sample_top_k_lanes_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
+    if _descent_serves(x, temperature, top_k, top_p, min_p):
+        return sample_descent_rows(x, temperature, top_p, min_p, seed, offset, prepare_key=prepare_key)
     return sample_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
 
 

@@ -2285,3 +2285,248 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
                               stream, race_offset, MASSES)
         else:
             _top_k_lanes_store(x_ptr, row, stride_x, values_ptr, indices_ptr, k, ranked_all, g)
+
+
+# ------------------------------------------------------------------------------------------
+# Kernels: top-p and min-p sampling by descent
+# ------------------------------------------------------------------------------------------
+# The filters keep a prefix K of the composite order, and the sampled token is the winner of the
+# race over K. If the winner c of a race over a set S that holds K lies in K, it is also K's
+# winner; if not, K lies wholly before c (a prefix that does not reach c), so S is cut to the
+# tokens before c and raced again. Each step draws nothing new: the scores are the same y - log(E)
+# of every token, so the descent ends at exactly the token the pipeline's race over K picks.
+# By the Gumbel-max property, conditioned on the steps before, the winner of S is distributed in
+# proportion to the probabilities on S, so it lands in K with probability mass(K) / mass(S) >= p
+# under top-p (min-p is applied to S itself from the first step that knows the maximum). Under
+# top-p 0.9 the first winner is kept nine times in ten: the call is one race over the row and one
+# pass that sums the row's mass and the mass before the winner, where the pipeline makes five.
+#
+# Launches: round 0 (the race over every finite token and the maxima), rounds 1 .. R (each
+# program replays the decisions from the partials of the rounds before it, and a row still
+# undecided sums the mass before its candidate and races the tokens before it), then one program
+# per row that replays every round and, for the rare row still undecided, goes on alone.
+
+
+@triton.jit
+def _merge_descent(before_a, total_a, score_a, index_a, before_b, total_b, score_b, index_b):
+    """``tl.reduce`` combine of a descent round's lanes: two integer sums (exact in any order) and
+    the better race entry (``_race_pick``)."""
+    score, index = _race_pick(score_a, index_a, score_b, index_b)
+    return before_a + before_b, total_a + total_b, score, index
+
+
+@triton.jit
+def _descent_candidate(x_ptr, row, stride_x, c, live, m, inv_t, p, mp, UNIT_T: tl.constexpr):
+    """Candidate token c of a row (``live``: c is a real token; raced tokens are finite): its
+    logit's ordered key, its weight w = exp(y - m) (``_fixed_mass``'s), and whether it is kept
+    without a mass (top-p off in the row and min-p keeps it)."""
+    x, finite, y = _logits_at(x_ptr, row, stride_x, c, live, inv_t, UNIT_T)
+    w, w_fixed = _fixed_mass(y, m, finite)
+    return _ordered_key(x), w, live & (p >= 1.0) & (w >= mp)
+
+
+@triton.jit
+def _descent_accepts(before, total, w, p, mp):
+    """Whether a candidate is kept: the mass before it under top-p's target (``_top_p_target``:
+    the resolve pass's test) unless top-p is off (p = 1), and min-p's test on its weight (mp = 0:
+    off; every weight is >= 0)."""
+    return ((p >= 1.0) | (before < _top_p_target(p, total))) & (w >= mp)
+
+
+@triton.jit
+def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
+                    part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp,
+                    ROUNDS_DONE: tl.constexpr, PARTS_POW2: tl.constexpr, UNIT_T: tl.constexpr):
+    """A row's descent from the partials of round 0 and of rounds 1 .. ROUNDS_DONE, as every
+    program of every later launch sees it (the same loads and reductions: the same decisions):
+    (maximum, row mass, decided, token, candidate, its key, its weight). A row is decided when
+    it is invalid or has no finite logit (token -1) or when a candidate was kept; a round writes
+    partials only for rows it found undecided, and only those are read."""
+    q = tl.arange(0, PARTS_POW2)
+    live = q < programs_per_row
+    parts = row * programs_per_row + q
+    m = tl.max(tl.load(part_max_ptr + parts, mask=live, other=float("-inf")), axis=0)
+    score, c = _winner(tl.load(part_score_ptr + parts, mask=live, other=float("-inf")),
+                       tl.load(part_index_ptr + parts, mask=live, other=INT64_MAX), INT64_MAX)
+    decided = (valid == 0) | (score == float("-inf"))
+    token = tl.full([], -1, tl.int64)
+    c = tl.where(decided, 0, c)
+    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, decided == 0, m, inv_t, p, mp, UNIT_T)
+    token = tl.where(now, c, token)
+    decided = decided | now
+    total = tl.zeros([], tl.int64)
+    if ROUNDS_DONE >= 1:
+        total = tl.sum(tl.load(part_total_ptr + parts, mask=live & (decided == 0), other=0), axis=0)
+    for j in tl.static_range(1, ROUNDS_DONE + 1):
+        open_parts = live & (decided == 0)
+        before = tl.sum(tl.load(part_before_ptr + j * slot_stride + parts, mask=open_parts, other=0), axis=0)
+        kept = (decided == 0) & _descent_accepts(before, total, w_c, p, mp)
+        token = tl.where(kept, c, token)
+        decided = decided | kept
+        open_parts = live & (decided == 0)
+        score, c_next = _winner(tl.load(part_score_ptr + j * slot_stride + parts, mask=open_parts,
+                                        other=float("-inf")),
+                                tl.load(part_index_ptr + j * slot_stride + parts, mask=open_parts,
+                                        other=INT64_MAX), INT64_MAX)
+        c = tl.where(decided, c, c_next)
+        key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, decided == 0, m, inv_t, p, mp, UNIT_T)
+        token = tl.where(now, c, token)
+        decided = decided | now
+    return m, total, decided, token, c, key_c, w_c
+
+
+@triton.jit
+def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m, inv_t, mp, noise_scale,
+                  s, stream, o, TOTAL: tl.constexpr, MIN_P: tl.constexpr, WIDTH: tl.constexpr,
+                  UNIT_T: tl.constexpr):
+    """One candidate's pass over ``segments`` segments of a row from ``first_segment``: the
+    fixed-point mass of the finite tokens before c in the composite order, the row's mass with
+    TOTAL, and the race among the tokens before c that min-p keeps (MIN_P: min-p may be on).
+    The noise is drawn only for segments that hold such a token: after a first winner of high
+    probability, few do. Returns (mass before, row mass, winner score, winner index)."""
+    lanes = tl.arange(0, WIDTH)
+    lane_before = tl.zeros([WIDTH], tl.int64)
+    lane_total = tl.zeros([WIDTH], tl.int64)
+    lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
+    lane_index = tl.full([WIDTH], n, tl.int32)
+    j = tl.full([], 0, tl.int32)
+    while j < segments:  # (a bound the interpreter cannot take as a range)
+        start = (first_segment + j) * WIDTH
+        cols = start + lanes
+        x, finite, y = _logits_at(x_ptr, row, stride_x, cols, cols < n, inv_t, UNIT_T)
+        if MIN_P:
+            w, w_fixed = _fixed_mass(y, m, finite)
+        else:
+            w_fixed = _fixed_weight(_gap(y, m, finite))
+        key = _ordered_key(x)
+        before = finite & ((key > key_c) | ((key == key_c) & (cols < c)))
+        lane_before += tl.where(before, w_fixed, 0)
+        if TOTAL:
+            lane_total += w_fixed
+        racing = before
+        if MIN_P:
+            racing = racing & (w >= mp)
+        if tl.max(racing.to(tl.int32), axis=0) > 0:
+            score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+            lane_score, lane_index = _race_lanes(lane_score, lane_index, racing, score, cols)
+        j += 1
+    if FUSED_REDUCTIONS:
+        before_sum, total_sum, best_score, best_index = tl.reduce(
+            (lane_before, lane_total, lane_score, lane_index), 0, _merge_descent)
+    else:
+        best_score, best_index = _winner(lane_score, lane_index, n)
+        before_sum = tl.sum(lane_before, axis=0)
+        total_sum = tl.sum(lane_total, axis=0)
+    return before_sum, total_sum, best_score, best_index.to(tl.int64)
+
+
+@triton.jit
+def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
+                   part_index_ptr, token_ptr, programs_per_row, slot_stride,
+                   temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
+                   ROUND: tl.constexpr, FINAL: tl.constexpr,
+                   T_ROW: tl.constexpr, P_ROW: tl.constexpr, MINP_ROW: tl.constexpr,
+                   SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, MIN_P: tl.constexpr,
+                   WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
+                   PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
+                   RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
+    """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
+    0, a round 1 .. R, or with FINAL the row's token.
+
+    Grid rows * programs_per_row (FINAL: rows). Round 0 races every finite token of the
+    program's segments and takes their maximum; round r >= 1 replays the rounds before it
+    (``_descent_replay``) and, for an undecided row, passes over the program's segments for its
+    candidate (``_descent_pass``; round 1 also sums the row's mass); FINAL replays every round,
+    and a row still undecided is finished by its one program, a pass over the whole row per
+    candidate, until one is kept (each has probability >= p under top-p; the descent ends, as
+    every step leaves K inside a shorter prefix).
+
+    Bytes: round 0 reads the row once; a round reads the row again (from L2, right after round 0)
+    for undecided rows only, and every launch reads the 20-byte partials of the rounds before it
+    (and one logit per candidate); FINAL writes one int64 per row.
+
+    Args:
+        x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
+        part_max_ptr: float32 [rows * programs_per_row]: round 0's maxima of y.
+        part_total_ptr: int64 [rows * programs_per_row]: round 1's row masses (fixed point).
+        part_before_ptr: int64 [R + 1, rows * programs_per_row]: round r's masses before its
+            candidate (slot 0 unused).
+        part_score_ptr, part_index_ptr: float32 / int64 [R + 1, rows * programs_per_row]: round
+            r's race winners (round 0: every token; then the tokens before the candidate).
+        token_ptr: int64 [rows] out (FINAL): the sampled token; -1 for a row with an invalid
+            parameter or no finite logit.
+        programs_per_row: programs sharing a row in rounds 0 .. R.
+        slot_stride: rows * programs_per_row (one round's partials).
+        temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride, T_ROW, P_ROW,
+            MINP_ROW, SEED_TENSOR, OFFSET_TENSOR: as in ``compact_kernel`` (no top-k: filters
+            has no bit 1).
+        ROUND: this launch's round (0 .. R), or with FINAL the rounds before it (R).
+        FINAL: the row's token (grid rows).
+        MIN_P: min-p may be on in some row (else its tests and float weights are left out).
+        WIDTH, SEGMENTS_PER_PROGRAM: the segments of each program (a launch choice).
+        PARTS_POW2: next power of two of programs_per_row.
+        PREFETCH: round 0 loads each segment before working on the previous one.
+        WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: programmatic dependent launches (``race_kernel``).
+        UNIT_T: temperature is the scalar 1 or 0 (``_logits_from``).
+    """
+    start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
+    pid = tl.program_id(0).to(tl.int64)
+    if FINAL:
+        row = pid
+        prog = tl.zeros([], tl.int32)
+    else:
+        row = pid // programs_per_row
+        prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
+    inv_t, noise_scale, valid, k, p, mp, s, stream, o = _row_setup(
+        row, n, temperature, 0, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
+        T_ROW, False, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
+    if ROUND == 0:
+        lanes = tl.arange(0, WIDTH)
+        lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
+        lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
+        lane_index = tl.full([WIDTH], n, tl.int32)
+        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+        for j in range(SEGMENTS_PER_PROGRAM):
+            start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
+            cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
+                                                              SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T)
+            lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
+            score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+            lane_score, lane_index = _race_lanes(lane_score, lane_index, finite, score, cols)
+        tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
+        _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
+    else:
+        if FINAL:
+            m, total, decided, token, c, key_c, w_c = _descent_replay(
+                x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
+                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, ROUND, PARTS_POW2, UNIT_T)
+            segments = tl.cdiv(n, WIDTH)
+            while decided == 0:
+                before, unused, best_score, best_index = _descent_pass(
+                    x_ptr, row, stride_x, n, 0, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
+                    False, MIN_P, WIDTH, UNIT_T)
+                kept = _descent_accepts(before, total, w_c, p, mp)
+                token = tl.where(kept, c, token)
+                decided = kept
+                if kept == 0:
+                    c = best_index
+                    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, True, m, inv_t, p, mp, UNIT_T)
+                    token = tl.where(now, c, token)
+                    decided = now
+            tl.store(token_ptr + row, token)
+        else:
+            m, total, decided, token, c, key_c, w_c = _descent_replay(
+                x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
+                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, ROUND - 1, PARTS_POW2,
+                UNIT_T)
+            if decided == 0:
+                before, row_mass, best_score, best_index = _descent_pass(
+                    x_ptr, row, stride_x, n, prog * SEGMENTS_PER_PROGRAM,
+                    tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - prog * SEGMENTS_PER_PROGRAM), c, key_c, m,
+                    inv_t, mp, noise_scale, s, stream, o, ROUND == 1, MIN_P, WIDTH, UNIT_T)
+                slot = ROUND * slot_stride + pid
+                tl.store(part_before_ptr + slot, before)
+                if ROUND == 1:
+                    tl.store(part_total_ptr + pid, row_mass)
+                tl.store(part_score_ptr + slot, best_score)
+                tl.store(part_index_ptr + slot, best_index)

@@ -1,0 +1,94 @@
+"""Sampling under top-p and min-p by descent (``sample_descent_rows``: a race over the row, rounds
+that keep its winner or race the tokens before it, a finishing program per row) against the
+pipeline (``sample_rows``, six launches), in one process:
+
+    python benchmarks/probe_sampling_descent.py OUT_DIR
+
+First a check: for every case and filter, 32 offsets (32 different draws per row), the descent's
+tokens at 1, 2 and 3 rounds and at one program per row against the pipeline's; mismatches are
+counted and printed. Then each call replayed from a CUDA graph (do_bench median, L2 flushed) in
+three interleaved rounds, and the profiler's kernel time of each (``kernel_us``). 151936 logits,
+gpu_sampling's inputs (peaked; flat), one row and 64, float32 and bfloat16.
+"""
+import json
+import os
+import sys
+
+import torch
+
+import treefold  # noqa: F401  (the tree on PYTHONPATH)
+from treefold._ops import sampling as ops
+from treefold.bench.timing import kernel_us
+
+from gpu_sampling import FLAT, graphed, logits
+from probe_report import time_graphed_variants
+
+FILTERS = {  # name -> (temperature, top_p, min_p)
+    "top-p 0.9": (1.0, 0.9, None),
+    "top-p 0.5": (1.0, 0.5, None),
+    "min-p 0.05": (1.0, None, 0.05),
+    "top-p 0.9 + min-p 0.05": (1.0, 0.9, 0.05),
+    "t 0.7 top-p 0.95": (0.7, 0.95, None),
+}
+CASES = ((1, torch.float32, "peaked"), (1, torch.bfloat16, "peaked"), (64, torch.float32, "peaked"),
+         (64, torch.bfloat16, "peaked"), (64, torch.float32, "flat"), (1, torch.float32, "flat"))
+
+
+def check() -> dict:
+    bad = {}
+    for batch, dtype, kind in CASES:
+        x = logits(batch, dtype, **({"scale": FLAT} if kind == "flat" else {}))
+        seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
+        for name, (t, p, mp) in FILTERS.items():
+            wrong = 0
+            for offset in range(32):
+                want = ops.sample_rows(x, t, None, p, mp, seeds, offset)
+                for kw in (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1)):
+                    got = ops.sample_descent_rows(x, t, p, mp, seeds, offset, **kw)
+                    wrong += int((got != want).sum())
+            bad[f"{batch} {str(dtype)[6:]} {kind} {name}"] = wrong
+    torch.cuda.synchronize()
+    print("check: rows whose descent token differs from the pipeline's (32 offsets x 4 launch choices): "
+          + (", ".join(f"{k}: {v}" for k, v in bad.items() if v) or "none"))
+    return bad
+
+
+def table() -> dict:
+    out = {}
+    for batch, dtype, kind in CASES:
+        x = logits(batch, dtype, **({"scale": FLAT} if kind == "flat" else {}))
+        seeds = torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
+        for name, (t, p, mp) in FILTERS.items():
+            if kind == "flat" and name not in ("top-p 0.9", "min-p 0.05"):
+                continue
+            key = (f"{batch} {str(dtype)[6:]} {kind} {name}",)
+            out[key] = {
+                "pipeline": lambda x=x, s=seeds, t=t, p=p, mp=mp: (ops.sample_rows(x, t, None, p, mp, s, 3),),
+                "descent": lambda x=x, s=seeds, t=t, p=p, mp=mp: (ops.sample_descent_rows(x, t, p, mp, s, 3),),
+                "descent r1": lambda x=x, s=seeds, t=t, p=p, mp=mp: (
+                    ops.sample_descent_rows(x, t, p, mp, s, 3, rounds=1),),
+                "descent r3": lambda x=x, s=seeds, t=t, p=p, mp=mp: (
+                    ops.sample_descent_rows(x, t, p, mp, s, 3, rounds=3),),
+            }
+    return out
+
+
+def main(out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    bad = check()
+    cases = table()
+    times = time_graphed_variants(cases, os.path.join(out_dir, "sampling-descent-graph.json"), 3)
+    kernel = {}
+    for key, calls in cases.items():
+        for name, fn in calls.items():
+            kernel[f"{key[0]} | {name}"] = kernel_us(graphed(fn))
+    with open(os.path.join(out_dir, "sampling-descent-kernel.json"), "w") as f:
+        json.dump({"kernel_us": kernel, "mismatches": bad}, f, indent=1)
+    print("best of 3 graph rounds / kernel us:  " + " | ".join(next(iter(cases.values()))))
+    for key, calls in cases.items():
+        print(f"{key[0]:34s} " + "  ".join(
+            f"{min(times[(key, n)]):6.1f}/{kernel[f'{key[0]} | {n}'] or float('nan'):6.1f}" for n in calls))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
