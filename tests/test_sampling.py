@@ -750,6 +750,76 @@ def test_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(device,
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocations, monkeypatch):
+    """``sample_descent_rows`` (a race over the row, then rounds that keep the winner or race the
+    tokens before it) picks the token the pipeline picks (``sample_rows`` with the same
+    filters): top-p alone (0.9, 0.5, and 0.02, whose rows need many steps, most of them in the
+    finishing program's loop), min-p alone (scalar, per row), both, per-row p with an invalid
+    one (-1), p = 1 with min_p = 0 (keep everything), greedy with top-p; scalar and per-row
+    temperatures (one invalid), seeds and offsets; NaN and +-inf (never drawn), a row without a
+    finite logit (-1), ties; 1 to 3 rounds and several splits among programs. Segments of 64 tokens."""
+    monkeypatch.setattr(ops, "MAX_WIDTH", 64)
+    ops.plan.cache_clear()
+    g = torch.Generator().manual_seed(22)
+    x = (torch.randn(6, 300, generator=g) * 3).float()
+    x[0, 7] = float("nan")
+    x[0, 8] = float("inf")
+    x[0, 9] = float("-inf")
+    x[1] = torch.round(x[1])  # ties
+    x[2, :] = float("-inf")  # nothing to sample: -1
+    x[3, 20:] = float("nan")  # 20 finite logits
+    x[5] = x[5] * 0.05  # nearly flat: top-p keeps most of the row
+    xs = x.to(device)
+    seeds = torch.tensor([5, 11, 2, 9, 31, 7], device=device)
+    offsets = torch.tensor([0, 3, 1, 4, 1, 5], device=device)
+    temps = torch.tensor([0.7, 1.0, 1.3, 0.5, -1.0, 2.0], device=device)  # row 4 invalid: -1
+    ps = torch.tensor([0.9, 0.5, 0.9, 0.3, 0.8, 1.5], device=device)  # row 5 invalid: -1
+    mps = torch.tensor([0.5, 0.3, 0.5, 0.6, 0.4, 0.5], device=device)
+    configs = ((1.0, 0.9, None, 3, 0), (0.7, 0.5, None, seeds, offsets), (temps, 0.9, None, 17, offsets),
+               (0.8, ps, 0.05, seeds, offsets), (2.0, None, mps, 5, 1), (1.0, None, 0.1, seeds, 2),
+               (1.0, 0.02, None, 3, 2), (1.0, 1.0, 0.0, seeds, 1), (0.0, 0.9, None, 3, 0),
+               (1.0, 0.95, 0.2, 4, 4))
+    wants = [ops.sample_rows(xs, t, None, p, mp, seed, offset) for t, p, mp, seed, offset in configs]
+    poison_allocations()
+    try:
+        for (t, p, mp, seed, offset), want in zip(configs, wants):
+            for programs, rounds in ((None, None), (1, 1), (3, 3), (None, 1)):
+                got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, programs_per_row=programs, rounds=rounds)
+                assert torch.equal(got, want), (t, p, mp, programs, rounds, got, want)
+            assert want[2].item() == -1
+            if isinstance(t, torch.Tensor):
+                assert want[4].item() == -1
+            if isinstance(p, torch.Tensor):
+                assert want[5].item() == -1
+        with pytest.raises(ValueError, match="rounds must be from 1 to 8"):
+            ops.sample_descent_rows(xs, 1.0, 0.9, rounds=0)
+        with pytest.raises(ValueError, match="sample_descent_rows: x must be"):
+            ops.sample_descent_rows(xs[:, ::2], 1.0, 0.9)
+        assert ops.sample_descent_rows(xs[:0], 1.0, 0.9).shape == (0,)
+    finally:
+        ops.plan.cache_clear()
+
+
+def test_descent_serves_top_p_and_min_p_without_top_k():
+    # which calls ``sample`` sends to the descent on CUDA (the rule; the tokens are the same)
+    x = torch.empty(2, 100)
+
+    class OnCuda:  # (the rule reads only whether the logits are on CUDA)
+        is_cuda = True
+
+    serves = ops._descent_serves
+    assert serves(OnCuda, 1.0, None, 0.9, None) and serves(OnCuda, 0.7, None, None, 0.05)
+    assert serves(OnCuda, 1.0, None, ops.DESCENT_MIN_TOP_P, torch.ones(2))
+    assert serves(OnCuda, torch.ones(2), None, 0.9, None)
+    assert not serves(x, 1.0, None, 0.9, None)  # not CUDA
+    assert not serves(OnCuda, 1.0, 50, 0.9, None)  # top-k: the lanes or the pipeline
+    assert not serves(OnCuda, 1.0, None, ops.DESCENT_MIN_TOP_P / 2, None)  # small p: many rounds
+    assert not serves(OnCuda, 1.0, None, torch.full((2,), 0.9), None)  # p the host cannot see
+    assert not serves(OnCuda, 1.0, None, None, None)  # no filter: one race
+    assert not serves(OnCuda, 0.0, None, 0.9, None)  # greedy under scalar filters: one race
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_long_boundary_lists_take_the_sort_and_the_search(device, monkeypatch):
     """Short pairwise, sort and bracket-search tiers give the same answers (tiny tiers here)."""
     monkeypatch.setattr(ops, "PAIRWISE_MAX", 4)
@@ -1703,6 +1773,46 @@ def test_gpu_sample_under_top_k_takes_the_faster_launches_with_the_same_tokens(r
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 64])
+def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeypatch):
+    # top-p and min-p by descent against the pipeline at 151936 logits, 16 draws per row (the
+    # later rounds and the finishing loop are taken: top-p 0.02 needs many steps), peaked and
+    # flat rows, NaN, a row without a finite logit; then treefold.sample sends a scalar top-p to
+    # it, eager, prepared (the second call of a kind) and compiled, with the same tokens
+    x = qwen_like_logits(rows, 5).to(dtype)
+    x[-1, ::5] = float("nan")
+    flat = (qwen_like_logits(rows, 6, scale=1.0)).to(dtype)
+    if rows > 1:
+        x[1] = float("-inf")  # nothing to sample: -1
+    seeds = torch.arange(rows, device="cuda") * 7919 + 3
+    temps = torch.linspace(0.3, 1.5, rows, device="cuda")
+    mps = torch.linspace(0.01, 0.5, rows, device="cuda")
+    for logits in (x, flat):
+        for t, p, mp in ((1.0, 0.9, None), (0.7, 0.5, None), (1.0, None, 0.05), (1.0, 0.9, 0.05),
+                         (temps, 0.95, None), (1.0, None, mps), (1.0, 0.02, None)):
+            for offset in range(16):
+                want = ops.sample_rows(logits, t, None, p, mp, seeds, offset)
+                for rounds in (1, 2):
+                    got = ops.sample_descent_rows(logits, t, p, mp, seeds, offset, rounds=rounds)
+                    assert torch.equal(got, want), (p, mp, offset, rounds)
+    taken = []
+    descent = ops.sample_descent_rows
+    monkeypatch.setattr(ops, "sample_descent_rows", lambda *a, **kw: taken.append(1) or descent(*a, **kw))
+    monkeypatch.setattr(ops, "_PREPARED", {})
+    for config, routed in ((dict(top_p=0.9), True), (dict(temperature=0.8, min_p=0.05), True),
+                           (dict(top_p=torch.full((rows,), 0.9, device="cuda")), False), (dict(top_p=0.3), False)):
+        want = ops.sample_rows(x, config.get("temperature", 1.0), None, config.get("top_p"), config.get("min_p"),
+                               seeds, 9)
+        taken.clear()
+        for _ in range(2):  # the second call goes through the prepared launches
+            assert torch.equal(treefold.sample(x, seed=seeds, offset=9, **config), want), config
+        assert bool(taken) == routed, config
+    compiled = torch.compile(lambda t: treefold.sample(t, top_p=0.9, seed=seeds, offset=9), fullgraph=True)
+    assert torch.equal(compiled(x), ops.sample_rows(x, 1.0, None, 0.9, None, seeds, 9))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gpu_sure_kept_race_inside_or_after_the_compaction_gives_the_same_tokens(rows, monkeypatch):
     # flat rows keep tens of thousands of tokens for sure: they race them in place, in the
@@ -2104,6 +2214,30 @@ def test_prepared_top_k_calls_through_the_interpreter(monkeypatch, request, laun
         assert torch.equal(indices, want_indices) and torch.equal(values.isnan(), want_values.isnan())
         assert torch.equal(values.nan_to_num(), want_values.nan_to_num())
     assert InterpretedPrepared.launched > launched
+
+
+@pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
+def test_prepared_descent_calls_through_the_interpreter(monkeypatch, request):
+    # the descent's prepared launches (its partials in the workspace, seed and offset in their
+    # slots) with new logits give the ordinary path's tokens
+    prepare_through_the_interpreter(monkeypatch, ops)
+    monkeypatch.setattr(ops, "MAX_WIDTH", 64)
+    ops.plan.cache_clear()
+    request.addfinalizer(ops.plan.cache_clear)
+    g = torch.Generator().manual_seed(15)
+    x = torch.randn(3, 300, generator=g) * 3
+    seeds = torch.tensor([4, 5, 6])
+    for t, p, mp in ((1.0, 0.9, None), (0.7, 0.6, torch.tensor([0.01, 0.2, 0.5]))):
+        key = ops._sample_key(x, t, None, p, mp, seeds, 1)
+        first = ops.sample_descent_rows(x, t, p, mp, seeds, 1, prepare_key=key)
+        assert torch.equal(first, ops.sample_rows(x, t, None, p, mp, seeds, 1))
+        launched = InterpretedPrepared.launched
+        for step in range(2):
+            xs = torch.randn(3, 300, generator=g) * (step + 2)
+            xs[1, 3] = float("nan")
+            got = ops._PREPARED[key](xs, ops._tensor_params(t, None, p, mp, seeds, 1), {"seed": seeds, "offset": 1})
+            assert torch.equal(got, ops.sample_rows(xs, t, None, p, mp, seeds, 1)), (p, mp, step)
+        assert InterpretedPrepared.launched >= launched + 2 * 4  # (round 0, two rounds, the finish)
 
 
 @pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")

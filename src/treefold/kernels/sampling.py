@@ -2509,10 +2509,13 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 token = tl.where(kept, c, token)
                 decided = kept
                 if kept == 0:
-                    c = best_index
-                    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, True, m, inv_t, p, mp, UNIT_T)
+                    # (a rejected candidate has K's first token before it, so the race had an
+                    # entry; the test keeps a fault from looping forever: it ends with -1)
+                    raced = best_score > float("-inf")
+                    c = tl.where(raced, best_index, 0)
+                    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, raced, m, inv_t, p, mp, UNIT_T)
                     token = tl.where(now, c, token)
-                    decided = now
+                    decided = now | (raced == 0)
             tl.store(token_ptr + row, token)
         else:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
