@@ -49,6 +49,9 @@ grid large enough for the pre-list, one more for the masks):
 6. ``apply_filter_kernel`` (the mask functions only): writes masked logits or probabilities.
 
 Greedy decoding and sampling without filters take ``race_kernel`` + ``race_combine_kernel``.
+Sampling under top-p and min-p without top-k can take ``descent_kernel`` instead: the race over
+the row first, then, while its winner lies outside the kept prefix, the race among the tokens
+before it (the same scores: the same token as the race over the kept prefix; see the section).
 
 Masses are summed in fixed point (w * 2^40 truncated to int64, w = exp(y - m) <= 1), so sums
 taken in any order, by any number of programs, give the same integers: results never depend on
