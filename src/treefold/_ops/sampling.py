@@ -814,6 +814,9 @@ DESCENT_ROUNDS = 2
 #: min-p without top-k: a row's candidates are kept with probability >= p each, so a small p
 #: means many rounds; per-row top-p tensors, whose p the host cannot see, take ``sample_rows``.
 DESCENT_MIN_TOP_P = 0.5
+#: Warps of the descent's finishing program per row: a row still undecided after the rounds is
+#: passed over whole by that one program, once per candidate.
+DESCENT_FINISH_WARPS = 16
 
 
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
@@ -853,7 +856,8 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
             part_index, out, g.programs_per_row, grid, t, p, mp, filters, s, s_stride, o, o_stride,
             ROUND=rounds if final else r, FINAL=final, **flags, MIN_P=min_p is not None, WIDTH=g.width,
             SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, PREFETCH=g.prefetch and r == 0,
-            UNIT_T=c["unit_t"], num_warps=g.num_warps, **(first if r == 0 else last if final else middle))
+            UNIT_T=c["unit_t"], num_warps=DESCENT_FINISH_WARPS if final else g.num_warps,
+            **(first if r == 0 else last if final else middle))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
 
