@@ -1262,6 +1262,10 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
         monkeypatch.setattr(ops, "SURE_LIST_MAX", defaults[0])
         monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", defaults[1])
         monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", defaults[2])
+        # the descent's rounds (sums and races in one reduce) and its finishing loop (near-flat rows)
+        out.append(ops.sample_descent_rows(x, 0.8, 0.9, 0.05, seeds, 3, rounds=1, **launch))
+        out.append(ops.sample_descent_rows(ties, torch.zeros(3), 0.99, None, seeds, 3, **launch))
+        out.append(ops.sample_descent_rows(long_lists[0], 0.8, 0.3, None, seeds[:2], 3, rounds=1, **launch))
         return out
 
     assert not kernels.FUSED_REDUCTIONS
@@ -1778,8 +1782,9 @@ def test_gpu_sample_under_top_k_takes_the_faster_launches_with_the_same_tokens(r
 def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeypatch):
     # top-p and min-p by descent against the pipeline at 151936 logits, 16 draws per row (the
     # later rounds and the finishing loop are taken: top-p 0.02 needs many steps), peaked and
-    # flat rows, NaN, a row without a finite logit; then treefold.sample sends a scalar top-p to
-    # it, eager, prepared (the second call of a kind) and compiled, with the same tokens
+    # flat rows, NaN, a row without a finite logit; then, with DESCENT_SAMPLES, treefold.sample
+    # sends a scalar top-p to it, eager, prepared (the second call of a kind) and compiled, with
+    # the same tokens
     x = qwen_like_logits(rows, 5).to(dtype)
     x[-1, ::5] = float("nan")
     flat = (qwen_like_logits(rows, 6, scale=1.0)).to(dtype)
@@ -1798,6 +1803,7 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
                     assert torch.equal(got, want), (p, mp, offset, rounds)
     taken = []
     descent = ops.sample_descent_rows
+    monkeypatch.setattr(ops, "DESCENT_SAMPLES", True)
     monkeypatch.setattr(ops, "sample_descent_rows", lambda *a, **kw: taken.append(1) or descent(*a, **kw))
     monkeypatch.setattr(ops, "_PREPARED", {})
     for config, routed in ((dict(top_p=0.9), True), (dict(temperature=0.8, min_p=0.05), True),

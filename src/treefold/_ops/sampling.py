@@ -810,9 +810,13 @@ def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[in
 #: ``sample_descent_rows``: launches of rounds after round 0, before the one program per row that
 #: finishes a row still undecided. Under top-p each round decides a row with probability >= p.
 DESCENT_ROUNDS = 2
-#: ``sample`` on CUDA takes the descent for sampling under top-p (a scalar of at least this) and
-#: min-p without top-k: a row's candidates are kept with probability >= p each, so a small p
-#: means many rounds; per-row top-p tensors, whose p the host cannot see, take ``sample_rows``.
+#: Whether ``sample`` on CUDA takes the descent where ``_descent_serves`` says. Off until a device
+#: run has timed it against the pipeline (benchmarks/probe_sampling_descent.py); the tokens are
+#: the same either way.
+DESCENT_SAMPLES = False
+#: The descent serves sampling under top-p (a scalar of at least this) and min-p without top-k: a
+#: row's candidates are kept with probability >= p each, so a small p means many rounds; per-row
+#: top-p tensors, whose p the host cannot see, take ``sample_rows``.
 DESCENT_MIN_TOP_P = 0.5
 #: Warps of the descent's finishing program per row: a row still undecided after the rounds is
 #: passed over whole by that one program, once per candidate.
@@ -863,7 +867,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
 
 
 def _descent_serves(x: torch.Tensor, temperature, top_k, top_p, min_p) -> bool:
-    """Whether ``sample`` takes ``sample_descent_rows`` for a call (see DESCENT_MIN_TOP_P): on CUDA,
+    """Whether ``sample_descent_rows`` serves a call for ``sample`` (see DESCENT_MIN_TOP_P): on CUDA,
     no top-k, top-p None or a scalar of at least DESCENT_MIN_TOP_P, and a call ``sample_rows``
     would not serve with one race."""
     return (x.is_cuda and top_k is None and (top_p is not None or min_p is not None)
@@ -891,11 +895,12 @@ def sample_kernel_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min
                        prepare_key=None) -> torch.Tensor:
     """``sample_top_k_lanes_rows`` where SAMPLE_TOP_K_LANES_MIN_ROWS' rule takes it (a scalar
     top_k, a call ``sample_rows`` would not serve with one race), ``sample_descent_rows`` where
-    ``_descent_serves``, else ``sample_rows``: the same tokens, by the faster launches."""
+    DESCENT_SAMPLES and ``_descent_serves`` say, else ``sample_rows``: the same tokens, by the
+    faster launches."""
     if (top_k.__class__ is int and not _one_race(temperature, top_k, top_p, min_p)
             and _lanes_serve(x, top_k, SAMPLE_TOP_K_LANES_MIN_ROWS, SAMPLE_TOP_K_LANES_MIN_ROWS_16BIT)):
         return sample_top_k_lanes_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
-    if _descent_serves(x, temperature, top_k, top_p, min_p):
+    if DESCENT_SAMPLES and _descent_serves(x, temperature, top_k, top_p, min_p):
         return sample_descent_rows(x, temperature, top_p, min_p, seed, offset, prepare_key=prepare_key)
     return sample_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
 
