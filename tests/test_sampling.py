@@ -702,6 +702,21 @@ def test_row_launches_refuse_rows_that_are_not_contiguous(device):
             call()
 
 
+def mixed_rows(seed: int) -> torch.Tensor:
+    """Six rows of 300 logits (N(0, 9)) for the tests that compare two paths' tokens: row 0 with
+    NaN, +inf and -inf, row 1 rounded to whole numbers (ties), row 2 without a finite logit (its
+    token is -1), row 3 with 20 finite logits."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(6, 300, generator=g) * 3).float()
+    x[0, 7] = float("nan")
+    x[0, 8] = float("inf")
+    x[0, 9] = float("-inf")
+    x[1] = torch.round(x[1])
+    x[2, :] = float("-inf")
+    x[3, 20:] = float("nan")
+    return x
+
+
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(device, poison_allocations, monkeypatch):
     """``sample_top_k_lanes_rows`` (the top k by group maxima, filtered and raced) picks the
@@ -713,14 +728,7 @@ def test_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(device,
     programs. Segments of 64 tokens (the interpreter sorts slowly)."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
-    g = torch.Generator().manual_seed(21)
-    x = (torch.randn(6, 300, generator=g) * 3).float()
-    x[0, 7] = float("nan")
-    x[0, 8] = float("inf")
-    x[0, 9] = float("-inf")
-    x[1] = torch.round(x[1])  # ties
-    x[2, :] = float("-inf")  # nothing to sample: -1
-    x[3, 20:] = float("nan")  # 20 finite logits, fewer than k = 50
+    x = mixed_rows(21)  # row 3: 20 finite logits, fewer than k = 50
     xs = x.to(device)
     seeds = torch.tensor([5, 11, 2, 9, 31, 7], device=device)
     offsets = torch.tensor([0, 3, 1, 4, 1, 5], device=device)
@@ -760,14 +768,7 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
     finite logit (-1), ties; 1 to 3 rounds and several splits among programs. Segments of 64 tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
-    g = torch.Generator().manual_seed(22)
-    x = (torch.randn(6, 300, generator=g) * 3).float()
-    x[0, 7] = float("nan")
-    x[0, 8] = float("inf")
-    x[0, 9] = float("-inf")
-    x[1] = torch.round(x[1])  # ties
-    x[2, :] = float("-inf")  # nothing to sample: -1
-    x[3, 20:] = float("nan")  # 20 finite logits
+    x = mixed_rows(22)
     x[5] = x[5] * 0.05  # nearly flat: top-p keeps most of the row
     xs = x.to(device)
     seeds = torch.tensor([5, 11, 2, 9, 31, 7], device=device)

@@ -757,11 +757,13 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                   SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, NOISE: tl.constexpr,
                   WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, SURE_ONLY: tl.constexpr,
                   NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, PREFETCH: tl.constexpr,
-                  UNIT_T: tl.constexpr):
+                  UNIT_T: tl.constexpr, part_max_ptr, MAXIMA: tl.constexpr):
     """Race program ``pid``: of ``race_kernel`` (whose arguments these are), and with SURE_ONLY of
     ``compact_kernel``'s race programs, where only the sure-kept tokens race (bins before the
     plan's lo that min-p keeps), and only in the rows whose plan says they are raced in place
-    (too many to list); the other rows' programs read their plan and store no winner.
+    (too many to list); the other rows' programs read their plan and store no winner. With
+    MAXIMA (round 0 of ``descent_kernel``) it also stores the maximum of the finite tokens' y at
+    ``part_max_ptr + pid``.
 
     Args (beyond ``race_kernel``'s):
         plan_ptr: SURE_ONLY: int32 [rows, PLAN_SLOTS], the plan ``plan_kernel`` wrote (lo,
@@ -779,6 +781,7 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
     lanes = tl.arange(0, WIDTH)
     lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
     lane_index = tl.full([WIDTH], n, tl.int32)
+    lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
     race = True
     lo = 0
     m = 0.0
@@ -799,9 +802,13 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                 # the compaction's own test of a sure-kept token, on the same values
                 w, w_fixed = _fixed_mass(y, m, valid)
                 valid = valid & (_bin_of(x, y, m, valid, NUM_BINS, BINS_PER_NAT, False) < lo) & (w >= mp)
+            if MAXIMA:
+                lane_max = tl.maximum(lane_max, tl.where(valid, y, float("-inf")))
             if NOISE:
                 y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
             lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
+    if MAXIMA:
+        tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
     _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
 
 
@@ -844,7 +851,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     # (no plan without SURE_ONLY: part_score_ptr stands in for the unused plan_ptr)
     _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
                   seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR, OFFSET_TENSOR,
-                  NOISE, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T)
+                  NOISE, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T, part_score_ptr, False)
 
 
 @triton.jit
@@ -1293,7 +1300,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature,
                           seed, seed_stride, offset, offset_stride, plan_ptr, pid - race_from, T_ROW,
                           SEED_TENSOR, OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, True, NUM_BINS,
-                          BINS_PER_NAT, RACE_PREFETCH, UNIT_T)
+                          BINS_PER_NAT, RACE_PREFETCH, UNIT_T, part_score_ptr, False)
             return
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -2480,25 +2487,15 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     else:
         row = pid // programs_per_row
         prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
-    inv_t, noise_scale, valid, k, p, mp, s, stream, o = _row_setup(
-        row, n, temperature, 0, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
-        T_ROW, False, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
     if ROUND == 0:
-        lanes = tl.arange(0, WIDTH)
-        lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
-        lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
-        lane_index = tl.full([WIDTH], n, tl.int32)
-        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
-        for j in range(SEGMENTS_PER_PROGRAM):
-            start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
-            cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                              SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T)
-            lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
-            score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-            lane_score, lane_index = _race_lanes(lane_score, lane_index, finite, score, cols)
-        tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
-        _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
+        # (no plan: part_score_ptr stands in for the race program's unused plan_ptr)
+        _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
+                      seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR, OFFSET_TENSOR,
+                      True, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T, part_max_ptr, True)
     else:
+        inv_t, noise_scale, valid, k, p, mp, s, stream, o = _row_setup(
+            row, n, temperature, 0, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
+            T_ROW, False, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
         if FINAL:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
