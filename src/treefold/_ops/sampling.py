@@ -349,9 +349,10 @@ def _common(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset) -> 
     s, s_stride, s_tensor = _random(seed)
     o, o_stride, o_tensor = _random(offset)
     filters = (top_k is not None) * 1 + (top_p is not None) * 2 + (min_p is not None) * 4
+    # (flags_without_k: for the kernels that take top-k as a launch constant or not at all)
+    flags_without_k = dict(T_ROW=t_row, P_ROW=p_row, MINP_ROW=mp_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor)
     return dict(args=(t, k, p, mp, filters, s, s_stride, o, o_stride), unit_t=_unit_temperature(temperature),
-                flags=dict(T_ROW=t_row, K_ROW=k_row, P_ROW=p_row, MINP_ROW=mp_row,
-                           SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor))
+                flags=dict(K_ROW=k_row, **flags_without_k), flags_without_k=flags_without_k)
 
 
 def _unit_temperature(temperature) -> bool:
@@ -728,7 +729,7 @@ def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, top_p=None
     run, seed, offset = _sample_run(prepare_key, x, out, temperature, None, top_p, min_p, seed, offset)
     c = _common(x, temperature, top_k, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
-    flags = {name: c["flags"][name] for name in ("T_ROW", "P_ROW", "MINP_ROW", "SEED_TENSOR", "OFFSET_TENSOR")}
+    flags = c["flags_without_k"]
     _top_k_lanes_launches(x, top_k, programs_per_row, run, out, out, race=(
         out, (t, p, mp, filters, s, s_stride, o, o_stride),
         dict(MASSES=top_p is not None or min_p is not None, **flags)))
@@ -845,11 +846,11 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     g = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
     c = _common(x, temperature, None, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
-    flags = {name: c["flags"][name] for name in ("T_ROW", "P_ROW", "MINP_ROW", "SEED_TENSOR", "OFFSET_TENSOR")}
+    flags = c["flags_without_k"]
     grid = rows * g.programs_per_row
     part_max = run.buffer("descent_max", grid, torch.float32, dev)
     part_total = run.buffer("descent_total", grid, torch.int64, dev)
-    part_before = run.buffer("descent_before", (rounds + 1) * grid, torch.int64, dev)
+    part_before = run.buffer("descent_before", rounds * grid, torch.int64, dev)
     part_score = run.buffer("descent_score", (rounds + 1) * grid, torch.float32, dev)
     part_index = run.buffer("descent_index", (rounds + 1) * grid, torch.int64, dev)
     first, middle, last = _chained(dev)

@@ -2369,7 +2369,7 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
         total = tl.sum(tl.load(part_total_ptr + parts, mask=live & (decided == 0), other=0), axis=0)
     for j in tl.static_range(1, ROUNDS_DONE + 1):
         open_parts = live & (decided == 0)
-        before = tl.sum(tl.load(part_before_ptr + j * slot_stride + parts, mask=open_parts, other=0), axis=0)
+        before = tl.sum(tl.load(part_before_ptr + (j - 1) * slot_stride + parts, mask=open_parts, other=0), axis=0)
         kept = (decided == 0) & _descent_accepts(before, total, w_c, p, mp)
         token = tl.where(kept, c, token)
         decided = decided | kept
@@ -2459,8 +2459,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
         part_max_ptr: float32 [rows * programs_per_row]: round 0's maxima of y.
         part_total_ptr: int64 [rows * programs_per_row]: round 1's row masses (fixed point).
-        part_before_ptr: int64 [R + 1, rows * programs_per_row]: round r's masses before its
-            candidate (slot 0 unused).
+        part_before_ptr: int64 [R, rows * programs_per_row]: round r's masses before its
+            candidate (slot r - 1).
         part_score_ptr, part_index_ptr: float32 / int64 [R + 1, rows * programs_per_row]: round
             r's race winners (round 0: every token; then the tokens before the candidate).
         token_ptr: int64 [rows] out (FINAL): the sampled token; -1 for a row with an invalid
@@ -2528,7 +2528,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                     tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - prog * SEGMENTS_PER_PROGRAM), c, key_c, m,
                     inv_t, mp, noise_scale, s, stream, o, ROUND == 1, MIN_P, WIDTH, UNIT_T)
                 slot = ROUND * slot_stride + pid
-                tl.store(part_before_ptr + slot, before)
+                tl.store(part_before_ptr + slot - slot_stride, before)
                 if ROUND == 1:
                     tl.store(part_total_ptr + pid, row_mass)
                 tl.store(part_score_ptr + slot, best_score)
