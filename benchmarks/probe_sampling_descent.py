@@ -30,6 +30,8 @@ FILTERS = {  # name -> (temperature, top_p, min_p)
     "min-p 0.05": (1.0, None, 0.05),
     "top-p 0.9 + min-p 0.05": (1.0, 0.9, 0.05),
     "t 0.7 top-p 0.95": (0.7, 0.95, None),
+    "top-p 0.1": (1.0, 0.1, None),
+    "top-p per row": (1.0, "rows", None),  # rows' p spread over [0.05, 1]
 }
 QUICK = os.environ.get("QUICK") == "1"
 CASES = ((1, torch.float32, "peaked"), (1, torch.bfloat16, "peaked"), (64, torch.float32, "peaked"),
@@ -42,11 +44,17 @@ def inputs(batch: int, dtype: torch.dtype, kind: str) -> tuple:
     return x, torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
 
 
+def top_p_of(p, batch: int):
+    """A filter's top-p: the scalar, or for "rows" a tensor spread over [0.05, 1]."""
+    return torch.linspace(0.05, 1.0, batch, device="cuda") if p == "rows" else p
+
+
 def check() -> dict:
     bad = {}
     for batch, dtype, kind in CASES:
         x, seeds = inputs(batch, dtype, kind)
         for name, (t, p, mp) in FILTERS.items():
+            p = top_p_of(p, batch)
             wrong = 0
             for offset in range(8 if QUICK else 32):
                 want = ops.sample_rows(x, t, None, p, mp, seeds, offset)
@@ -65,8 +73,9 @@ def table() -> dict:
     for batch, dtype, kind in CASES:
         x, seeds = inputs(batch, dtype, kind)
         for name, (t, p, mp) in FILTERS.items():
-            if kind == "flat" and name not in ("top-p 0.9", "min-p 0.05"):
+            if kind == "flat" and name not in ("top-p 0.9", "min-p 0.05", "top-p per row"):
                 continue
+            p = top_p_of(p, batch)
             key = (f"{batch} {str(dtype)[6:]} {kind} {name}",)
             out[key] = {
                 "pipeline": lambda x=x, s=seeds, t=t, p=p, mp=mp: (ops.sample_rows(x, t, None, p, mp, s, 3),),

@@ -815,9 +815,11 @@ DESCENT_ROUNDS = 2
 #: run has timed it against the pipeline (benchmarks/probe_sampling_descent.py); the tokens are
 #: the same either way.
 DESCENT_SAMPLES = False
-#: The descent serves sampling under top-p (a scalar of at least this) and min-p without top-k: a
-#: row's candidates are kept with probability >= p each, so a small p means many rounds; per-row
-#: top-p tensors, whose p the host cannot see, take ``sample_rows``.
+#: The descent serves sampling under top-p (a scalar of at least this) and min-p without top-k. A
+#: row takes about 1 + ln(1 / p) candidates (the mass before each winner is a uniform fraction of
+#: the mass before the last; fewer when the top token is heavy), and those after the last round
+#: cost a pass by the row's one finishing program each: below this p, and for per-row top-p
+#: tensors, whose p the host cannot see, ``sample_rows`` serves until a device run says otherwise.
 DESCENT_MIN_TOP_P = 0.5
 #: Warps of the descent's finishing program per row: a row still undecided after the rounds is
 #: passed over whole by that one program, once per candidate.
