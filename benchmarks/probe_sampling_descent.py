@@ -4,11 +4,12 @@ pipeline (``sample_rows``, six launches), in one process:
 
     python benchmarks/probe_sampling_descent.py OUT_DIR
 
-First a check: for every case and filter, 32 offsets (32 different draws per row), the descent's
-tokens at 1, 2 and 3 rounds and at one program per row against the pipeline's; mismatches are
-counted and printed. Then each call replayed from a CUDA graph (do_bench median, L2 flushed) in
-three interleaved rounds, and the profiler's kernel time of each (``kernel_us``). 151936 logits,
-gpu_sampling's inputs (peaked; flat), one row and 64, float32 and bfloat16.
+Case by case: a check (for every filter, 32 offsets, i.e. 32 different draws per row, the
+descent's tokens at 1, 2 and 3 rounds and at one program per row against the pipeline's;
+mismatches are counted), then each call replayed from a CUDA graph (do_bench median, L2 flushed)
+in three interleaved rounds, and the profiler's kernel time of each (``kernel_us``), at offset 3
+(one draw per row: at one row the time is that draw's). 151936 logits, gpu_sampling's inputs
+(peaked; flat), one row and 64, float32 and bfloat16. Writes OUT_DIR/sampling-descent.json.
 QUICK=1: 8 offsets in the check, and only the pipeline and the default descent timed.
 """
 import json
@@ -34,8 +35,8 @@ FILTERS = {  # name -> (temperature, top_p, min_p)
     "top-p per row": (1.0, "rows", None),  # rows' p spread over [0.05, 1]
 }
 QUICK = os.environ.get("QUICK") == "1"
-CASES = ((1, torch.float32, "peaked"), (1, torch.bfloat16, "peaked"), (64, torch.float32, "peaked"),
-         (64, torch.bfloat16, "peaked"), (64, torch.float32, "flat"), (1, torch.float32, "flat"))
+CASES = ((64, torch.float32, "peaked"), (1, torch.float32, "peaked"), (64, torch.float32, "flat"),
+         (64, torch.bfloat16, "peaked"), (1, torch.bfloat16, "peaked"), (1, torch.float32, "flat"))
 
 
 def inputs(batch: int, dtype: torch.dtype, kind: str) -> tuple:
@@ -49,62 +50,72 @@ def top_p_of(p, batch: int):
     return torch.linspace(0.05, 1.0, batch, device="cuda") if p == "rows" else p
 
 
-def check() -> dict:
+def check(batch: int, dtype: torch.dtype, kind: str) -> dict:
+    """{case and filter: rows whose descent token differs from the pipeline's, over the offsets
+    and 4 launch choices}."""
+    x, seeds = inputs(batch, dtype, kind)
     bad = {}
-    for batch, dtype, kind in CASES:
-        x, seeds = inputs(batch, dtype, kind)
-        for name, (t, p, mp) in FILTERS.items():
-            p = top_p_of(p, batch)
-            wrong = 0
-            for offset in range(8 if QUICK else 32):
-                want = ops.sample_rows(x, t, None, p, mp, seeds, offset)
-                for kw in (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1)):
-                    got = ops.sample_descent_rows(x, t, p, mp, seeds, offset, **kw)
-                    wrong += int((got != want).sum())
-            bad[f"{batch} {str(dtype)[6:]} {kind} {name}"] = wrong
-    torch.cuda.synchronize()
-    print("check: rows whose descent token differs from the pipeline's (offsets x 4 launch choices): "
-          + (", ".join(f"{k}: {v}" for k, v in bad.items() if v) or "none"))
+    for name, (t, p, mp) in FILTERS.items():
+        p = top_p_of(p, batch)
+        wrong = 0
+        for offset in range(8 if QUICK else 32):
+            want = ops.sample_rows(x, t, None, p, mp, seeds, offset)
+            for kw in (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1)):
+                got = ops.sample_descent_rows(x, t, p, mp, seeds, offset, **kw)
+                wrong += int((got != want).sum())
+        bad[f"{batch} {str(dtype)[6:]} {kind} {name}"] = wrong
     return bad
 
 
-def table() -> dict:
+def table(batch: int, dtype: torch.dtype, kind: str) -> dict:
+    """{(case and filter,): {variant: call}} of one case (flat rows: three filters)."""
+    x, seeds = inputs(batch, dtype, kind)
     out = {}
-    for batch, dtype, kind in CASES:
-        x, seeds = inputs(batch, dtype, kind)
-        for name, (t, p, mp) in FILTERS.items():
-            if kind == "flat" and name not in ("top-p 0.9", "min-p 0.05", "top-p per row"):
-                continue
-            p = top_p_of(p, batch)
-            key = (f"{batch} {str(dtype)[6:]} {kind} {name}",)
-            out[key] = {
-                "pipeline": lambda x=x, s=seeds, t=t, p=p, mp=mp: (ops.sample_rows(x, t, None, p, mp, s, 3),),
-                "descent": lambda x=x, s=seeds, t=t, p=p, mp=mp: (ops.sample_descent_rows(x, t, p, mp, s, 3),),
-                "descent r1": lambda x=x, s=seeds, t=t, p=p, mp=mp: (
-                    ops.sample_descent_rows(x, t, p, mp, s, 3, rounds=1),),
-                "descent r3": lambda x=x, s=seeds, t=t, p=p, mp=mp: (
-                    ops.sample_descent_rows(x, t, p, mp, s, 3, rounds=3),),
-            }
-            if QUICK:
-                del out[key]["descent r1"], out[key]["descent r3"]
+    for name, (t, p, mp) in FILTERS.items():
+        if kind == "flat" and name not in ("top-p 0.9", "min-p 0.05", "top-p per row"):
+            continue
+        p = top_p_of(p, batch)
+        key = (f"{batch} {str(dtype)[6:]} {kind} {name}",)
+        out[key] = {
+            "pipeline": lambda x=x, s=seeds, t=t, p=p, mp=mp: (ops.sample_rows(x, t, None, p, mp, s, 3),),
+            "descent": lambda x=x, s=seeds, t=t, p=p, mp=mp: (ops.sample_descent_rows(x, t, p, mp, s, 3),),
+            "descent r1": lambda x=x, s=seeds, t=t, p=p, mp=mp: (
+                ops.sample_descent_rows(x, t, p, mp, s, 3, rounds=1),),
+            "descent r3": lambda x=x, s=seeds, t=t, p=p, mp=mp: (
+                ops.sample_descent_rows(x, t, p, mp, s, 3, rounds=3),),
+        }
+        if QUICK:
+            del out[key]["descent r1"], out[key]["descent r3"]
     return out
 
 
+def line(key: str, row: dict) -> str:
+    return f"{key:34s} " + "  ".join(
+        f"{name} {min(r['graph_us']):6.1f}/{r['kernel_us'] or float('nan'):6.1f}"
+        for name, r in row.items() if name != "mismatches") + f"  mismatches {row['mismatches']}"
+
+
 def main(out_dir: str) -> None:
+    """Case by case (the most telling first), so that a call cut short keeps what it measured:
+    check, time, print a line per filter and rewrite the JSON."""
     os.makedirs(out_dir, exist_ok=True)
-    bad = check()
-    cases = table()
-    times = time_graphed_variants(cases, os.path.join(out_dir, "sampling-descent-graph.json"), 3)
-    kernel = {}
-    for key, calls in cases.items():
-        for name, fn in calls.items():
-            kernel[f"{key[0]} | {name}"] = kernel_us(graphed(fn))
-    with open(os.path.join(out_dir, "sampling-descent-kernel.json"), "w") as f:
-        json.dump({"kernel_us": kernel, "mismatches": bad}, f, indent=1)
-    print("best of 3 graph rounds / kernel us:  " + " | ".join(next(iter(cases.values()))))
-    for key, calls in cases.items():
-        print(f"{key[0]:34s} " + "  ".join(
-            f"{min(times[(key, n)]):6.1f}/{kernel[f'{key[0]} | {n}'] or float('nan'):6.1f}" for n in calls))
+    results = {}
+    for case in CASES:
+        bad = check(*case)
+        cases = table(*case)
+        times = time_graphed_variants(cases, "", 3)
+        for key, calls in cases.items():
+            row = {name: {"graph_us": times[(key, name)], "kernel_us": kernel_us(graphed(fn))}
+                   for name, fn in calls.items()}
+            row["mismatches"] = bad[key[0]]
+            results[key[0]] = row
+            print(line(key[0], row), flush=True)
+        with open(os.path.join(out_dir, "sampling-descent.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+    print("\ngraph us (best of 3 rounds) / kernel us; mismatches: rows whose descent token differs from "
+          "the pipeline's (offsets x 4 launch choices)")
+    for key, row in results.items():
+        print(line(key, row))
 
 
 if __name__ == "__main__":
