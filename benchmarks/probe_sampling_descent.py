@@ -84,12 +84,15 @@ def table(batch: int, dtype: torch.dtype, kind: str) -> dict:
         p = top_p_of(p, batch)
         for offset in TIMED_OFFSETS:
             out[(f"{batch} {str(dtype)[6:]} {kind} {name}", offset)] = {
-                variant: (lambda x=x, s=seeds, t=t, p=p, mp=mp, o=offset: (ops.sample_rows(x, t, None, p, mp, s, o),))
-                if kw is None else
-                (lambda x=x, s=seeds, t=t, p=p, mp=mp, o=offset, kw=kw: (
-                    ops.sample_descent_rows(x, t, p, mp, s, o, **kw),))
-                for variant, kw in variants.items()}
+                variant: call(x, seeds, t, p, mp, offset, kw) for variant, kw in variants.items()}
     return out
+
+
+def call(x, seeds, t, p, mp, offset, kw):
+    """The pipeline's call (kw None), or the descent's with launch choices kw."""
+    if kw is None:
+        return lambda: (ops.sample_rows(x, t, None, p, mp, seeds, offset),)
+    return lambda: (ops.sample_descent_rows(x, t, p, mp, seeds, offset, **kw),)
 
 
 def line(key: str, row: dict) -> str:
