@@ -1,6 +1,6 @@
 """Sampling under top-p and min-p by descent (``sample_descent_rows``: a race over the row, rounds
 that keep its winner or race the tokens before it, a finishing program per row) against the
-pipeline (``sample_rows``, six launches), in one process:
+pipeline (``sample_rows``: five launches, six with the pre-list), in one process:
 
     python benchmarks/probe_sampling_descent.py OUT_DIR
 
@@ -32,7 +32,7 @@ FILTERS = {  # name -> (temperature, top_p, min_p)
     "top-p 0.9 + min-p 0.05": (1.0, 0.9, 0.05),
     "t 0.7 top-p 0.95": (0.7, 0.95, None),
     "top-p 0.1": (1.0, 0.1, None),
-    "top-p per row": (1.0, "rows", None),  # rows' p spread over [0.05, 1]
+    "top-p per row": (1.0, "rows", None),  # rows' p spread over [0.05, 1] (one row: 0.05)
 }
 QUICK = os.environ.get("QUICK") == "1"
 #: Offsets timed, each its own graph: different draws per row, so that the times average over
@@ -50,7 +50,8 @@ def inputs(batch: int, dtype: torch.dtype, kind: str) -> tuple:
 
 
 def top_p_of(p, batch: int):
-    """A filter's top-p: the scalar, or for "rows" a tensor spread over [0.05, 1]."""
+    """A filter's top-p: the scalar, or for "rows" a tensor spread over [0.05, 1] (a single row
+    takes 0.05, the hardest)."""
     return torch.linspace(0.05, 1.0, batch, device="cuda") if p == "rows" else p
 
 

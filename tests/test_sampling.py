@@ -763,14 +763,16 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
     tokens before it) picks the token the pipeline picks (``sample_rows`` with the same
     filters): top-p alone (0.9, 0.5, and 0.02, whose rows need many steps, most of them in the
     finishing program's loop), min-p alone (scalar, per row), both, per-row p with an invalid
-    one (-1), p = 1 with min_p = 0 (keep everything), greedy with top-p; scalar and per-row
-    temperatures (one invalid), seeds and offsets; NaN and +-inf (never drawn), a row without a
-    finite logit (-1), ties; 1 to 3 rounds and several splits among programs. Segments of 64 tokens."""
+    one (-1), p = 1 with min_p = 0 (keep everything), greedy with top-p (also an invalid one: the
+    argmax, as the pipeline's one race gives); scalar and per-row temperatures (one invalid),
+    seeds and offsets; NaN and +-inf (never drawn), a row without a finite logit (-1), ties;
+    bfloat16 logits; 1 to 3 rounds and several splits among programs. Segments of 64 tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     x = mixed_rows(22)
     x[5] = x[5] * 0.05  # nearly flat: top-p keeps most of the row
     xs = x.to(device)
+    xs_16 = xs.to(torch.bfloat16)  # (many ties)
     seeds = torch.tensor([5, 11, 2, 9, 31, 7], device=device)
     offsets = torch.tensor([0, 3, 1, 4, 1, 5], device=device)
     temps = torch.tensor([0.7, 1.0, 1.3, 0.5, -1.0, 2.0], device=device)  # row 4 invalid: -1
@@ -779,10 +781,12 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
     configs = ((1.0, 0.9, None, 3, 0), (0.7, 0.5, None, seeds, offsets), (temps, 0.9, None, 17, offsets),
                (0.8, ps, 0.05, seeds, offsets), (2.0, None, mps, 5, 1), (1.0, None, 0.1, seeds, 2),
                (1.0, 0.02, None, 3, 2), (1.0, 1.0, 0.0, seeds, 1), (0.0, 0.9, None, 3, 0),
-               (1.0, 0.95, 0.2, 4, 4))
+               (0.0, 1.5, None, 3, 0), (1.0, 0.95, 0.2, 4, 4))
     wants = [ops.sample_rows(xs, t, None, p, mp, seed, offset) for t, p, mp, seed, offset in configs]
+    want_16 = ops.sample_rows(xs_16, temps, None, 0.5, mps, seeds, offsets)
     poison_allocations()
     try:
+        assert torch.equal(ops.sample_descent_rows(xs_16, temps, 0.5, mps, seeds, offsets, rounds=1), want_16)
         for (t, p, mp, seed, offset), want in zip(configs, wants):
             for programs, rounds in ((None, None), (1, 1), (3, 3), (None, 1)):
                 got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, programs_per_row=programs, rounds=rounds)

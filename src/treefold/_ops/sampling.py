@@ -839,6 +839,10 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     rounds = DESCENT_ROUNDS if rounds is None else rounds
     if not 1 <= rounds <= 8:
         raise ValueError(f"sample_descent_rows: rounds must be from 1 to 8, got {rounds}")
+    if _one_race(temperature, None, top_p, min_p):
+        # (no filter, or greedy under scalar filters: the pipeline's one race, whose token under an
+        # invalid scalar filter is the argmax, where the descent's rows would end with -1)
+        return sample_rows(x, temperature, None, top_p, min_p, seed, offset, prepare_key=prepare_key)
     rows, n = x.shape
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
@@ -861,7 +865,8 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         run(_DESCENT,
             (rows if final else grid,), x, n, x.stride(0), part_max, part_total, part_before, part_score,
             part_index, out, g.programs_per_row, grid, t, p, mp, filters, s, s_stride, o, o_stride,
-            ROUND=rounds if final else r, FINAL=final, **flags, MIN_P=min_p is not None, WIDTH=g.width,
+            ROUND=rounds if final else r, FINAL=final, **flags, TOP_P=top_p is not None, MIN_P=min_p is not None,
+            WIDTH=g.width,
             SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, PREFETCH=g.prefetch and r == 0,
             UNIT_T=c["unit_t"], num_warps=DESCENT_FINISH_WARPS if final else g.num_warps,
             **(first if r == 0 else last if final else middle))

@@ -2312,7 +2312,10 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
 # pass that sums the row's mass and the mass before the winner, where the pipeline makes five.
 # For any p the steps are few: the mass before each new winner is about a uniform fraction of the
 # mass before the last, so a row ends after about 1 + ln(1 / p) candidates (a simulation at 151936
-# tokens: 3.1 on average for p = 0.1 on flat rows, 2.1 on peaked ones; 99th percentile 7).
+# tokens: 3.1 on average for p = 0.1 on flat rows, 2.1 on peaked ones; 99th percentile 7). Tied
+# scores are the exception: the race breaks them by index, not in the composite order, so a run of
+# tokens whose y clamp to the same value (x / t past the float range, at temperatures below about
+# 1e-30) can take a step per token; the token is still the pipeline's.
 #
 # Launches: round 0 (the race over every finite token and the maxima), rounds 1 .. R (each
 # program replays the decisions from the partials of the rounds before it, and a row still
@@ -2390,11 +2393,12 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
 
 @triton.jit
 def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m, inv_t, mp, noise_scale,
-                  s, stream, o, TOTAL: tl.constexpr, MIN_P: tl.constexpr, WIDTH: tl.constexpr,
-                  UNIT_T: tl.constexpr):
-    """One candidate's pass over ``segments`` segments of a row from ``first_segment``: the
-    fixed-point mass of the finite tokens before c in the composite order, the row's mass with
-    TOTAL, and the race among the tokens before c that min-p keeps (MIN_P: min-p may be on).
+                  s, stream, o, TOTAL: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
+                  WIDTH: tl.constexpr, UNIT_T: tl.constexpr):
+    """One candidate's pass over ``segments`` segments of a row from ``first_segment``: with
+    TOP_P (top-p may be on) the fixed-point mass of the finite tokens before c in the composite
+    order and, with TOTAL, the row's mass (else both 0: min-p alone needs neither), and the race
+    among the tokens before c that min-p keeps (MIN_P: min-p may be on).
     The noise is drawn only for segments that hold such a token: after a first winner of high
     probability, few do. Returns (mass before, row mass, winner score, winner index)."""
     lanes = tl.arange(0, WIDTH)
@@ -2413,9 +2417,10 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
             w_fixed = _fixed_weight(_gap(y, m, finite))
         key = _ordered_key(x)
         before = finite & ((key > key_c) | ((key == key_c) & (cols < c)))
-        lane_before += tl.where(before, w_fixed, 0)
-        if TOTAL:
-            lane_total += w_fixed
+        if TOP_P:
+            lane_before += tl.where(before, w_fixed, 0)
+            if TOTAL:
+                lane_total += w_fixed
         racing = before
         if MIN_P:
             racing = racing & (w >= mp)
@@ -2439,8 +2444,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                    temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
                    ROUND: tl.constexpr, FINAL: tl.constexpr,
                    T_ROW: tl.constexpr, P_ROW: tl.constexpr, MINP_ROW: tl.constexpr,
-                   SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, MIN_P: tl.constexpr,
-                   WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr,
+                   SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, TOP_P: tl.constexpr,
+                   MIN_P: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                   PARTS_POW2: tl.constexpr,
                    PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
                    RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
@@ -2475,6 +2481,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             has no bit 1).
         ROUND: this launch's round (0 .. R), or with FINAL the rounds before it (R).
         FINAL: the row's token (grid rows).
+        TOP_P: top-p may be on in some row (else the masses are left out: min-p alone keeps a
+            candidate on its weight).
         MIN_P: min-p may be on in some row (else its tests and float weights are left out).
         WIDTH, SEGMENTS_PER_PROGRAM: the segments of each program (a launch choice).
         PARTS_POW2: next power of two of programs_per_row.
@@ -2507,7 +2515,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             while decided == 0:
                 before, unused, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, 0, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
-                    False, MIN_P, WIDTH, UNIT_T)
+                    False, TOP_P, MIN_P, WIDTH, UNIT_T)
                 kept = _descent_accepts(before, total, w_c, p, mp)
                 token = tl.where(kept, c, token)
                 decided = kept
@@ -2529,7 +2537,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 before, row_mass, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, prog * SEGMENTS_PER_PROGRAM,
                     tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - prog * SEGMENTS_PER_PROGRAM), c, key_c, m,
-                    inv_t, mp, noise_scale, s, stream, o, ROUND == 1, MIN_P, WIDTH, UNIT_T)
+                    inv_t, mp, noise_scale, s, stream, o, ROUND == 1, TOP_P, MIN_P, WIDTH, UNIT_T)
                 slot = ROUND * slot_stride + pid
                 tl.store(part_before_ptr + slot - slot_stride, before)
                 if ROUND == 1:
