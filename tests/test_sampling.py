@@ -764,7 +764,7 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
     filters): top-p alone (0.9, 0.5, and 0.02, whose rows need many steps, most of them in the
     finishing program's loop), min-p alone (scalar, per row), both, per-row p with an invalid
     one (-1), p = 1 with min_p = 0 (keep everything), greedy with top-p (also an invalid one: the
-    argmax, as the pipeline's one race gives); scalar and per-row temperatures (one invalid),
+    argmax, as the pipeline's one race gives); scalar and per-row temperatures (one greedy, one invalid),
     seeds and offsets; NaN and +-inf (never drawn), a row without a finite logit (-1), ties;
     bfloat16 logits; 1 to 3 rounds and several splits among programs. Segments of 64 tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
@@ -775,7 +775,7 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
     xs_16 = xs.to(torch.bfloat16)  # (many ties)
     seeds = torch.tensor([5, 11, 2, 9, 31, 7], device=device)
     offsets = torch.tensor([0, 3, 1, 4, 1, 5], device=device)
-    temps = torch.tensor([0.7, 1.0, 1.3, 0.5, -1.0, 2.0], device=device)  # row 4 invalid: -1
+    temps = torch.tensor([0.7, 0.0, 1.3, 0.5, -1.0, 2.0], device=device)  # row 1 greedy (ties), row 4 invalid: -1
     ps = torch.tensor([0.9, 0.5, 0.9, 0.3, 0.8, 1.5], device=device)  # row 5 invalid: -1
     mps = torch.tensor([0.5, 0.3, 0.5, 0.6, 0.4, 0.5], device=device)
     configs = ((1.0, 0.9, None, 3, 0), (0.7, 0.5, None, seeds, offsets), (temps, 0.9, None, 17, offsets),
