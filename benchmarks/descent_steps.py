@@ -9,17 +9,19 @@ races the tokens before c. This replays that rule with Gumbel noise on gpu_sampl
 and prints, per top-p: the mean, 99th percentile and largest number of candidates, and the share
 of rows whose finishing program must pass over the row, alone and in a batch of 64 (where the
 call waits for its slowest row). Round r (1 .. R) sums the mass before candidate r and races
-candidate r + 1, so a row of more than R = DESCENT_ROUNDS candidates needs the finishing passes
-(one per candidate after the R-th).
+candidate r + 1, so a row of more than R = DESCENT_ROUNDS (the library's) candidates needs the
+finishing passes (one per candidate after the R-th). Run with the library on the path (the
+repository's environment, or PYTHONPATH=src).
 """
 import sys
 
 import numpy as np
 
+from treefold._ops.sampling import DESCENT_ROUNDS
+
 VOCAB = 151936
 SCALES = {"peaked (sd 4)": 4.0, "flat (sd 2)": 2.0, "uniform": 1e-4}
 TOP_P = (0.95, 0.9, 0.5, 0.1, 0.01, 1e-4)
-ROUNDS = 2  # DESCENT_ROUNDS
 
 
 def candidates(y: np.ndarray, mass_before: np.ndarray, p: float, rng: np.random.Generator) -> int:
@@ -46,7 +48,7 @@ def main(draws: int) -> None:
         mass_before = np.cumsum(probs) - probs
         for p in TOP_P:
             steps = np.array([candidates(y, mass_before, p, rng) for _ in range(draws)])
-            finish = float(np.mean(steps > ROUNDS))
+            finish = float(np.mean(steps > DESCENT_ROUNDS))
             print(f"{name:14s} {p:7g} {steps.mean():5.2f} {np.percentile(steps, 99):4.0f} {steps.max():4d} "
                   f"{finish:14.3f} {1 - (1 - finish) ** 64:16.3f}")
 

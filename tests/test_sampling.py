@@ -1792,7 +1792,7 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
     # the same tokens
     x = qwen_like_logits(rows, 5).to(dtype)
     x[-1, ::5] = float("nan")
-    flat = (qwen_like_logits(rows, 6, scale=1.0)).to(dtype)
+    flat = qwen_like_logits(rows, 6, scale=1.0).to(dtype)
     if rows > 1:
         x[1] = float("-inf")  # nothing to sample: -1
     seeds = torch.arange(rows, device="cuda") * 7919 + 3
