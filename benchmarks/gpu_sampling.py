@@ -4,6 +4,7 @@ Run on the device machine from the repository root:
 
     python benchmarks/gpu_sampling.py            # OUT=<dir> also writes <dir>/sampling.json
     CHECKS=0 python benchmarks/gpu_sampling.py   # timings only (the GPU test tier checks)
+    DESCENT=1 python benchmarks/gpu_sampling.py  # top-p / min-p without top-k by descent
 
 It first checks every path on CUDA (greedy == torch.argmax, top_k == a stable torch.sort,
 sampled tokens inside the float64 filtered support, tokens equal to the NumPy reference, the
@@ -42,6 +43,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import treefold  # noqa: E402
+from treefold._ops import sampling as sampling_ops  # noqa: E402
 from treefold.bench.timing import clean_flush, kernel_us  # noqa: E402
 from treefold.reference import sampling as reference  # noqa: E402
 
@@ -388,6 +390,10 @@ def main() -> int:
     t0 = time.time()
     say(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
     RESULTS["device"] = torch.cuda.get_device_name()
+    if os.environ.get("DESCENT") == "1":  # route what the descent serves to it (a study switch)
+        sampling_ops.DESCENT_SAMPLES = True
+    RESULTS["descent"] = sampling_ops.DESCENT_SAMPLES
+    say(f"sampling by descent: {'on' if sampling_ops.DESCENT_SAMPLES else 'off'}")
     if os.environ.get("CHECKS", "1") != "0":  # CHECKS=0: timings only (the GPU test tier checks)
         say("checks")
         checks()
