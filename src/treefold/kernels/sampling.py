@@ -2352,12 +2352,14 @@ def _descent_accepts(before, total, w, p, mp):
 @triton.jit
 def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                     part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp,
-                    ROUNDS_DONE: tl.constexpr, PARTS_POW2: tl.constexpr, UNIT_T: tl.constexpr):
+                    ROUNDS_DONE: tl.constexpr, TOP_P: tl.constexpr, PARTS_POW2: tl.constexpr,
+                    UNIT_T: tl.constexpr):
     """A row's descent from the partials of round 0 and of rounds 1 .. ROUNDS_DONE, as every
     program of every later launch sees it (the same loads and reductions: the same decisions):
     (maximum, row mass, decided, token, candidate, its key, its weight). A row is decided when
     it is invalid or has no finite logit (token -1) or when a candidate was kept; a round writes
-    partials only for rows it found undecided, and only those are read."""
+    partials only for rows it found undecided, and only those are read. Without TOP_P no round
+    wrote masses, and none are read (the row mass and the masses before are 0; p is 1)."""
     q = tl.arange(0, PARTS_POW2)
     live = q < programs_per_row
     parts = row * programs_per_row + q
@@ -2371,11 +2373,14 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
     token = tl.where(now, c, token)
     decided = decided | now
     total = tl.zeros([], tl.int64)
-    if ROUNDS_DONE >= 1:
+    if TOP_P and ROUNDS_DONE >= 1:
         total = tl.sum(tl.load(part_total_ptr + parts, mask=live & (decided == 0), other=0), axis=0)
     for j in tl.static_range(1, ROUNDS_DONE + 1):
         open_parts = live & (decided == 0)
-        before = tl.sum(tl.load(part_before_ptr + (j - 1) * slot_stride + parts, mask=open_parts, other=0), axis=0)
+        before = tl.zeros([], tl.int64)
+        if TOP_P:
+            before = tl.sum(tl.load(part_before_ptr + (j - 1) * slot_stride + parts, mask=open_parts, other=0),
+                            axis=0)
         kept = (decided == 0) & _descent_accepts(before, total, w_c, p, mp)
         token = tl.where(kept, c, token)
         decided = decided | kept
@@ -2461,13 +2466,15 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     every step leaves K inside a shorter prefix).
 
     Bytes: round 0 reads the row once; a round reads the row again (from L2, right after round 0)
-    for undecided rows only, and every launch reads the 20-byte partials of the rounds before it
-    (and one logit per candidate); FINAL writes one int64 per row.
+    for undecided rows only, and every launch reads the partials of the rounds before it (20
+    bytes a program and round, 12 without TOP_P; and one logit per candidate); FINAL writes one
+    int64 per row.
 
     Args:
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
         part_max_ptr: float32 [rows * programs_per_row]: round 0's maxima of y.
-        part_total_ptr: int64 [rows * programs_per_row]: round 1's row masses (fixed point).
+        part_total_ptr: int64 [rows * programs_per_row]: round 1's row masses (fixed point;
+            written and read only with TOP_P, as part_before_ptr).
         part_before_ptr: int64 [R, rows * programs_per_row]: round r's masses before its
             candidate (slot r - 1).
         part_score_ptr, part_index_ptr: float32 / int64 [R + 1, rows * programs_per_row]: round
@@ -2510,7 +2517,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         if FINAL:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
-                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, ROUND, PARTS_POW2, UNIT_T)
+                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, ROUND, TOP_P, PARTS_POW2,
+                UNIT_T)
             segments = tl.cdiv(n, WIDTH)
             while decided == 0:
                 before, unused, best_score, best_index = _descent_pass(
@@ -2531,16 +2539,17 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         else:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
-                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, ROUND - 1, PARTS_POW2,
-                UNIT_T)
+                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, ROUND - 1, TOP_P,
+                PARTS_POW2, UNIT_T)
             if decided == 0:
                 before, row_mass, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, prog * SEGMENTS_PER_PROGRAM,
                     tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - prog * SEGMENTS_PER_PROGRAM), c, key_c, m,
                     inv_t, mp, noise_scale, s, stream, o, ROUND == 1, TOP_P, MIN_P, WIDTH, UNIT_T)
                 slot = ROUND * slot_stride + pid
-                tl.store(part_before_ptr + slot - slot_stride, before)
-                if ROUND == 1:
-                    tl.store(part_total_ptr + pid, row_mass)
+                if TOP_P:
+                    tl.store(part_before_ptr + slot - slot_stride, before)
+                    if ROUND == 1:
+                        tl.store(part_total_ptr + pid, row_mass)
                 tl.store(part_score_ptr + slot, best_score)
                 tl.store(part_index_ptr + slot, best_index)
