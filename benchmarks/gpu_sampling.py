@@ -5,6 +5,7 @@ Run on the device machine from the repository root:
     python benchmarks/gpu_sampling.py            # OUT=<dir> also writes <dir>/sampling.json
     CHECKS=0 python benchmarks/gpu_sampling.py   # timings only (the GPU test tier checks)
     DESCENT=1 python benchmarks/gpu_sampling.py  # top-p / min-p without top-k by descent
+    ONLY="top-p 0.9,min-p 0.05" BASELINES=0 ...  # some calls, treefold's only (a short run)
 
 It first checks every path on CUDA (greedy == torch.argmax, top_k == a stable torch.sort,
 sampled tokens inside the float64 filtered support, tokens equal to the NumPy reference, the
@@ -277,6 +278,10 @@ def time_case(op: str, dtype, batch: int, impl: str, fn, nbytes: int, roof: floa
 
 
 def timings(roof: float) -> None:
+    # ONLY: the CONFIGS names (and "top_k(50)", "top-p 0.9 (flat)") to time; BASELINES=0: no torch
+    # or FlashInfer rows (a short run beside a table that has them)
+    only = set(filter(None, os.environ.get("ONLY", "").split(","))) or None
+    baselines = os.environ.get("BASELINES", "1") != "0"
     for dtype in DTYPES:
         for batch in BATCHES:
             x = logits(batch, dtype, seed=11)
@@ -284,9 +289,13 @@ def timings(roof: float) -> None:
             offset = torch.zeros(1, dtype=torch.int64, device="cuda")
             nbytes = x.numel() * x.element_size()
             for name, config in CONFIGS.items():
+                if only is not None and name not in only:
+                    continue
                 guarded(f"time treefold {name} {dtype} {batch}", lambda: time_case(
                     name, dtype, batch, "treefold.sample",
                     lambda: treefold.sample(x, seed=seeds, offset=offset, **config), nbytes, roof))
+                if not baselines:
+                    continue
                 base = "torch.argmax" if name == "greedy" else (
                     "torch.multinomial" if name == "sample" else
                     "torch.topk+multinomial" if name == "top-k 50" else "HF warpers+multinomial")
@@ -299,20 +308,25 @@ def timings(roof: float) -> None:
     for batch in BATCHES:
         x = logits(batch, torch.float32, seed=13)
         nbytes = x.numel() * 4
-        guarded(f"time top_k {batch}", lambda: time_case(
-            "top_k(50)", torch.float32, batch, "treefold.top_k", lambda: treefold.top_k(x, 50),
-            nbytes, roof))
-        guarded(f"time torch.topk {batch}", lambda: time_case(
-            "top_k(50)", torch.float32, batch, "torch.topk", lambda: torch.topk(x, 50), nbytes,
-            roof))
+        if only is None or "top_k(50)" in only:
+            guarded(f"time top_k {batch}", lambda: time_case(
+                "top_k(50)", torch.float32, batch, "treefold.top_k", lambda: treefold.top_k(x, 50),
+                nbytes, roof))
+            if baselines:
+                guarded(f"time torch.topk {batch}", lambda: time_case(
+                    "top_k(50)", torch.float32, batch, "torch.topk", lambda: torch.topk(x, 50), nbytes,
+                    roof))
+        if only is not None and "top-p 0.9 (flat)" not in only:
+            continue
         xf = logits(batch, torch.float32, scale=FLAT, seed=17)
         seeds = torch.arange(batch, device="cuda")
         guarded(f"time flat top-p {batch}", lambda: time_case(
             "top-p 0.9 (flat)", torch.float32, batch, "treefold.sample",
             lambda: treefold.sample(xf, seed=seeds, top_p=0.9), nbytes, roof))
-        guarded(f"time flat top-p HF {batch}", lambda: time_case(
-            "top-p 0.9 (flat)", torch.float32, batch, "HF warpers+multinomial",
-            lambda: torch_sample(xf, dict(top_p=0.9)), nbytes, roof))
+        if baselines:
+            guarded(f"time flat top-p HF {batch}", lambda: time_case(
+                "top-p 0.9 (flat)", torch.float32, batch, "HF warpers+multinomial",
+                lambda: torch_sample(xf, dict(top_p=0.9)), nbytes, roof))
 
 
 def profile() -> None:
