@@ -10,7 +10,11 @@ mismatches are counted), then each call replayed from a CUDA graph (do_bench med
 in three interleaved rounds, and the profiler's kernel time of each (``kernel_us``), at each of
 TIMED_OFFSETS (different draws), reported as means over them. 151936 logits, gpu_sampling's
 inputs (peaked; flat), one row and 64, float32 and bfloat16. Writes OUT_DIR/sampling-descent.json.
-QUICK=1: 8 offsets in the check, two timed, and only the pipeline and the default descent.
+QUICK=1: 8 offsets in the check, two timed, and only the pipeline and the default descent (in
+the check too). ONLY_CASES="0,1" (indices into CASES) and ONLY_FILTERS="top-p 0.9,min-p 0.05"
+narrow the run; WARM=1 makes each call once and exits (compiles into Triton's cache: several
+WARM=1 processes with different ONLY_CASES, run at once, compile in parallel, and the timed run
+after them starts at once; the kernels of one case take minutes to compile in one process).
 """
 import json
 import os
@@ -41,6 +45,13 @@ QUICK = os.environ.get("QUICK") == "1"
 TIMED_OFFSETS = (3, 4) if QUICK else (3, 4, 5, 6)
 CASES = ((64, torch.float32, "peaked"), (1, torch.float32, "peaked"), (64, torch.float32, "flat"),
          (64, torch.bfloat16, "peaked"), (1, torch.bfloat16, "peaked"), (1, torch.float32, "flat"))
+if os.environ.get("ONLY_CASES"):
+    CASES = tuple(CASES[int(i)] for i in os.environ["ONLY_CASES"].split(","))
+if os.environ.get("ONLY_FILTERS"):
+    FILTERS = {name: FILTERS[name] for name in os.environ["ONLY_FILTERS"].split(",")}
+WARM = os.environ.get("WARM") == "1"
+#: The descent's launch choices the check compares with the pipeline.
+CHECKED = ({},) if QUICK else (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1))
 
 
 def inputs(batch: int, dtype: torch.dtype, kind: str) -> tuple:
@@ -57,15 +68,17 @@ def top_p_of(p, batch: int):
 
 def check(batch: int, dtype: torch.dtype, kind: str) -> dict:
     """{case and filter: rows whose descent token differs from the pipeline's, over the offsets
-    and 4 launch choices}."""
+    and the launch choices CHECKED}."""
     x, seeds = inputs(batch, dtype, kind)
     bad = {}
     for name, (t, p, mp) in FILTERS.items():
         p = top_p_of(p, batch)
         wrong = 0
-        for offset in range(8 if QUICK else 32):
+        # (WARM: an offset of each kind Triton specialises an integer on: 0 (a multiple of 16), 1,
+        # and others, such as the timed ones)
+        for offset in (0, 1, TIMED_OFFSETS[0]) if WARM else range(8 if QUICK else 32):
             want = ops.sample_rows(x, t, None, p, mp, seeds, offset)
-            for kw in (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1)):
+            for kw in CHECKED:
                 got = ops.sample_descent_rows(x, t, p, mp, seeds, offset, **kw)
                 wrong += int((got != want).sum())
         bad[f"{batch} {str(dtype)[6:]} {kind} {name}"] = wrong
@@ -109,6 +122,10 @@ def main(out_dir: str) -> None:
     results, raw = {}, {}
     for case in CASES:
         bad = check(*case)
+        if WARM:
+            torch.cuda.synchronize()
+            print(f"compiled {case}", flush=True)
+            continue
         cases = table(*case)
         times = time_graphed_variants(cases, "", 3)
         kernel = {(key, name): kernel_us(graphed(fn)) or float("nan")
@@ -130,7 +147,7 @@ def main(out_dir: str) -> None:
                        "per_offset": raw}, f, indent=1)
     print(f"\ngraph us / kernel us: means over offsets {TIMED_OFFSETS} (different draws; each the best of 3 "
           "rounds), (<= the slowest offset's graph us); mismatches: rows whose descent token differs from "
-          "the pipeline's (check offsets x 4 launch choices)")
+          "the pipeline's (check offsets x the launch choices checked)")
     for key, row in results.items():
         print(line(key, row))
 
