@@ -1,6 +1,6 @@
 """Sampling under top-p and min-p by descent (``sample_descent_rows``: a race over the row, rounds
 that keep its winner or race the tokens before it, a finishing program per row) against the
-pipeline (``sample_rows``: five launches, six with the pre-list), in one process:
+pipeline (``sample_rows``: five launches, six with the pre-list), timed in the same process:
 
     python benchmarks/probe_sampling_descent.py OUT_DIR
 
@@ -12,13 +12,16 @@ TIMED_OFFSETS (different draws), reported as means over them. 151936 logits, gpu
 inputs (peaked; flat), one row and 64, float32 and bfloat16. Writes OUT_DIR/sampling-descent.json.
 QUICK=1: 8 offsets in the check, two timed, and only the pipeline and the default descent (in
 the check too). ONLY_CASES="0,1" (indices into CASES) and ONLY_FILTERS="top-p 0.9,min-p 0.05"
-narrow the run; WARM=1 makes each call once and exits (compiles into Triton's cache: several
-WARM=1 processes with different ONLY_CASES, run at once, compile in parallel, and the timed run
-after them starts at once; the kernels of one case take minutes to compile in one process).
+narrow the run. Before anything is timed, the calls are compiled into Triton's cache by one
+process per plan (rows, dtype) and filter, several at once (a process with WARM=1 makes each of
+its calls once and exits): on a fresh machine, one process compiling a case's kernels took more
+than five minutes. PARALLEL=0 compiles in the timed process instead.
 """
 import json
 import os
+import subprocess
 import sys
+import time
 
 import torch
 
@@ -45,6 +48,7 @@ QUICK = os.environ.get("QUICK") == "1"
 TIMED_OFFSETS = (3, 4) if QUICK else (3, 4, 5, 6)
 CASES = ((64, torch.float32, "peaked"), (1, torch.float32, "peaked"), (64, torch.float32, "flat"),
          (64, torch.bfloat16, "peaked"), (1, torch.bfloat16, "peaked"), (1, torch.float32, "flat"))
+ALL_CASES = CASES
 if os.environ.get("ONLY_CASES"):
     CASES = tuple(CASES[int(i)] for i in os.environ["ONLY_CASES"].split(","))
 if os.environ.get("ONLY_FILTERS"):
@@ -115,10 +119,34 @@ def line(key: str, row: dict) -> str:
         for name, r in row.items() if name != "mismatches") + f"  mismatches {row['mismatches']}"
 
 
+def compile_in_parallel(out_dir: str) -> None:
+    """Every call of the run made once by WARM=1 processes, one per plan (rows and dtype: peaked
+    and flat rows share their kernels) and filter, as many at once as the host has cores; each
+    process's output in out_dir/compile-<case>-<n>.txt."""
+    started = time.time()
+    plans = {}
+    for case in CASES:
+        plans.setdefault(case[:2], ALL_CASES.index(case))
+    jobs = [(index, name) for index in plans.values() for name in FILTERS]
+    procs = []
+    for n, (index, name) in enumerate(jobs):
+        while sum(proc.poll() is None for proc, _ in procs) >= (os.cpu_count() or 2):
+            time.sleep(0.2)
+        env = dict(os.environ, WARM="1", ONLY_CASES=str(index), ONLY_FILTERS=name)
+        with open(os.path.join(out_dir, f"compile-{index}-{n}.txt"), "w") as log:
+            procs.append((subprocess.Popen([sys.executable, os.path.abspath(__file__), os.path.join(out_dir, "compile")],
+                                           env=env, stdout=log, stderr=subprocess.STDOUT), (index, name)))
+    failed = [job for proc, job in procs if proc.wait() != 0]
+    print(f"compiled {len(jobs)} (plan, filter) pairs in {time.time() - started:.0f} s"
+          + (f"; failed (see compile-*.txt): {failed}" if failed else ""), flush=True)
+
+
 def main(out_dir: str) -> None:
     """Case by case (the most telling first), so that a call cut short keeps what it measured:
     check, time, print a line per filter and rewrite the JSON."""
     os.makedirs(out_dir, exist_ok=True)
+    if not WARM and os.environ.get("PARALLEL", "1") != "0":
+        compile_in_parallel(out_dir)
     results, raw = {}, {}
     for case in CASES:
         bad = check(*case)
