@@ -56,6 +56,11 @@ if os.environ.get("ONLY_FILTERS"):
 WARM = os.environ.get("WARM") == "1"
 #: The descent's launch choices the check compares with the pipeline.
 CHECKED = ({},) if QUICK else (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1))
+#: Offsets checked: QUICK's are, as the timed ones, neither 1 nor a multiple of 16 (the values
+#: Triton specialises an integer argument on), so all of them take one compiled kernel.
+CHECK_OFFSETS = range(2, 10) if QUICK else range(32)
+#: What a WARM process calls with: one offset of each specialisation the run meets.
+WARM_OFFSETS = tuple({(o == 1, o % 16 == 0): o for o in (*TIMED_OFFSETS, *CHECK_OFFSETS)}.values())
 
 
 def inputs(batch: int, dtype: torch.dtype, kind: str) -> tuple:
@@ -78,9 +83,7 @@ def check(batch: int, dtype: torch.dtype, kind: str) -> dict:
     for name, (t, p, mp) in FILTERS.items():
         p = top_p_of(p, batch)
         wrong = 0
-        # (Triton specialises an integer argument on being 1 or a multiple of 16: QUICK's offsets
-        # are neither, as the timed ones, so that WARM compiles the one kind they all take)
-        for offset in TIMED_OFFSETS[:1] if WARM else range(2, 10) if QUICK else range(32):
+        for offset in WARM_OFFSETS if WARM else CHECK_OFFSETS:
             want = ops.sample_rows(x, t, None, p, mp, seeds, offset)
             for kw in CHECKED:
                 got = ops.sample_descent_rows(x, t, p, mp, seeds, offset, **kw)
@@ -173,6 +176,8 @@ def main(out_dir: str) -> None:
         with open(os.path.join(out_dir, "sampling-descent.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "offsets": TIMED_OFFSETS, "results": results,
                        "per_offset": raw}, f, indent=1)
+    if WARM:
+        return
     print(f"\ngraph us / kernel us: means over offsets {TIMED_OFFSETS} (different draws; each the best of 3 "
           "rounds), (<= the slowest offset's graph us); mismatches: rows whose descent token differs from "
           "the pipeline's (check offsets x the launch choices checked)")
