@@ -12,7 +12,8 @@ TIMED_OFFSETS (different draws), reported as means over them. 151936 logits, gpu
 inputs (peaked; flat), one row and 64, float32 and bfloat16. Writes OUT_DIR/sampling-descent.json.
 QUICK=1: 8 offsets in the check, two timed, and only the pipeline and the default descent (in
 the check too). ONLY_CASES="0,1" (indices into CASES) and ONLY_FILTERS="top-p 0.9,min-p 0.05"
-narrow the run. Before anything is timed, the calls are compiled into Triton's cache by one
+narrow the run; ROWS="2,8,32" replaces the cases with those batch sizes (float32 and bfloat16
+peaked, float32 flat), TIMED="0,3,4" the timed offsets. Before anything is timed, the calls are compiled into Triton's cache by one
 process per plan (rows, dtype) and filter, several at once (a process with WARM=1 makes each of
 its calls once and exits): on a fresh machine, one process compiling a case's kernels took more
 than five minutes. PARALLEL=0 compiles in the timed process instead.
@@ -46,8 +47,13 @@ QUICK = os.environ.get("QUICK") == "1"
 #: rows that end early and rows that need the finishing passes (descent_steps.py: under top-p 0.9
 #: about one 64-row call in three holds such a row).
 TIMED_OFFSETS = (3, 4) if QUICK else (3, 4, 5, 6)
+if os.environ.get("TIMED"):
+    TIMED_OFFSETS = tuple(int(o) for o in os.environ["TIMED"].split(","))
 CASES = ((64, torch.float32, "peaked"), (1, torch.float32, "peaked"), (64, torch.float32, "flat"),
          (64, torch.bfloat16, "peaked"), (1, torch.bfloat16, "peaked"), (1, torch.float32, "flat"))
+if os.environ.get("ROWS"):  # where the two meet: these batch sizes, fp32 and bf16 peaked, fp32 flat
+    CASES = tuple((int(rows), dtype, kind) for rows in os.environ["ROWS"].split(",")
+                  for dtype, kind in ((torch.float32, "peaked"), (torch.bfloat16, "peaked"), (torch.float32, "flat")))
 ALL_CASES = CASES
 if os.environ.get("ONLY_CASES"):
     CASES = tuple(CASES[int(i)] for i in os.environ["ONLY_CASES"].split(","))
