@@ -4,7 +4,7 @@ Run on the device machine from the repository root:
 
     python benchmarks/gpu_sampling.py            # OUT=<dir> also writes <dir>/sampling.json
     CHECKS=0 python benchmarks/gpu_sampling.py   # timings only (the GPU test tier checks)
-    DESCENT=1 python benchmarks/gpu_sampling.py  # top-p / min-p without top-k by descent
+    DESCENT=0 python benchmarks/gpu_sampling.py  # top-p on the pipeline at every batch (1: the descent where it serves)
     ONLY="top-p 0.9,min-p 0.05" BASELINES=0 ...  # some calls, treefold's only (a short run)
 
 It first checks every path on CUDA (greedy == torch.argmax, top_k == a stable torch.sort,
@@ -404,8 +404,8 @@ def main() -> int:
     t0 = time.time()
     say(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
     RESULTS["device"] = torch.cuda.get_device_name()
-    if os.environ.get("DESCENT") == "1":  # route what the descent serves to it (a study switch)
-        sampling_ops.DESCENT_SAMPLES = True
+    if os.environ.get("DESCENT") in ("0", "1"):  # the descent's routing on or off (a study switch)
+        sampling_ops.DESCENT_SAMPLES = os.environ["DESCENT"] == "1"
     RESULTS["descent"] = sampling_ops.DESCENT_SAMPLES
     say(f"sampling by descent: {'on' if sampling_ops.DESCENT_SAMPLES else 'off'}")
     if os.environ.get("CHECKS", "1") != "0":  # CHECKS=0: timings only (the GPU test tier checks)

@@ -811,15 +811,25 @@ def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[in
 #: ``sample_descent_rows``: launches of rounds after round 0, before the one program per row that
 #: finishes a row still undecided. Under top-p each round decides a row with probability >= p.
 DESCENT_ROUNDS = 2
-#: Whether ``sample`` on CUDA takes the descent where ``_descent_serves`` says. Off until a device
-#: run has timed it against the pipeline (benchmarks/probe_sampling_descent.py); the tokens are
-#: the same either way.
-DESCENT_SAMPLES = False
-#: The descent serves sampling under top-p (a scalar of at least this) and min-p without top-k. A
-#: row takes about 1 + ln(1 / p) candidates (the mass before each winner is a uniform fraction of
-#: the mass before the last; fewer when the top token is heavy), and those after the last round
-#: cost a pass by the row's one finishing program each: below this p, and for per-row top-p
-#: tensors, whose p the host cannot see, ``sample_rows`` serves until a device run says otherwise.
+#: Whether ``sample`` on CUDA takes the descent where ``_descent_serves`` says (the tokens are the
+#: same either way; off, the pipeline serves every call).
+DESCENT_SAMPLES = True
+#: The descent serves sampling under top-p (a scalar of at least DESCENT_MIN_TOP_P, min-p off)
+#: without top-k, up to this many rows. Top-p 0.9 at 151936 logits, kernel us, pipeline ->
+#: descent, on an H100 (benchmarks/results/h100-probe-sampling-descent-rows.txt): float32 1 row
+#: 17.8 -> 14.3, 4 rows 26.7 -> 18.8, 16 rows 36.2 -> 34.7, 32 rows 56.5 -> 52.0; bfloat16 1 row
+#: 21.8 -> 13.5, 16 rows 37.9 -> 33.4; flat rows (2 N(0, 1)) 1 row 67.8 -> 14.3, 16 rows 109.4 ->
+#: 37.0, 32 rows 160.0 -> 144.9 but 320 us at one of three draws; on the H200
+#: (h200-probe-sampling-descent-quick.txt) 64 rows lose: float32 60.7 -> 85.4, bfloat16 56.2 ->
+#: 77.2 (each row's rounds pass over the whole row, and past a wave of programs the extra passes
+#: cost more than the pipeline's few narrow ones). Min-p alone stays on the pipeline: its one
+#: race over the kept tokens costs less than the descent's rounds (float32 1 row 11.0 -> 12.4,
+#: 64 rows 49.4 -> 50.2, bfloat16 64 rows 37.3 -> 48.9 on the H200).
+DESCENT_MAX_ROWS = 16
+#: A row takes about 1 + ln(1 / p) candidates (the mass before each winner is a uniform fraction
+#: of the mass before the last; fewer when the top token is heavy), and those after the last
+#: round cost a pass by the row's one finishing program each: below this p, and for per-row
+#: top-p tensors, whose p the host cannot see, ``sample_rows`` serves.
 DESCENT_MIN_TOP_P = 0.5
 #: Warps of the descent's finishing program per row: a row still undecided after the rounds is
 #: passed over whole by that one program, once per candidate.
@@ -875,11 +885,12 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
 
 
 def _descent_serves(x: torch.Tensor, temperature, top_k, top_p, min_p) -> bool:
-    """Whether ``sample_descent_rows`` serves a call for ``sample`` (see DESCENT_MIN_TOP_P): on CUDA,
-    no top-k, top-p None or a scalar of at least DESCENT_MIN_TOP_P, and a call ``sample_rows``
-    would not serve with one race."""
-    return (x.is_cuda and top_k is None and (top_p is not None or min_p is not None)
-            and (top_p is None or (not isinstance(top_p, torch.Tensor) and top_p >= DESCENT_MIN_TOP_P))
+    """Whether ``sample_descent_rows`` serves a call for ``sample`` (see DESCENT_MAX_ROWS and
+    DESCENT_MIN_TOP_P): on CUDA, at most DESCENT_MAX_ROWS rows, no top-k, no min-p, top-p a
+    scalar of at least DESCENT_MIN_TOP_P, and a call ``sample_rows`` would not serve with one
+    race."""
+    return (x.is_cuda and x.shape[0] <= DESCENT_MAX_ROWS and top_k is None and min_p is None
+            and top_p is not None and not isinstance(top_p, torch.Tensor) and top_p >= DESCENT_MIN_TOP_P
             and not _one_race(temperature, top_k, top_p, min_p))
 
 
