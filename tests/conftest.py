@@ -69,19 +69,19 @@ class InterpretedPrepared:
     dtype and shape) and the new integers in the scalar slots."""
 
     def __init__(self, launcher, grid, args, kwargs, slots, scalars):
-        from treefold._ops.launch import int_key
         self.launcher, self.grid, self.args, self.kwargs = launcher, grid, list(args), kwargs
         # as Launcher.prepare requires: every tensor argument is a slot (none is relaunched from
         # the prepared call's own memory)
         assert all(not isinstance(a, torch.Tensor) or any(a is t for t in slots) for a in args)
         self.positions = [[i for i, a in enumerate(args) if a is t] for t in slots]
         self.like = list(slots)
-        self.scalars = [(launcher._runtime_names.index(name), int_key(args[launcher._runtime_names.index(name)]))
-                        for name in scalars]
+        self.scalars = []
+        for name in scalars:
+            i = launcher._runtime_names.index(name)
+            self.scalars.append((i, launcher.int_key_of(i)(args[i]), launcher.int_key_of(i)))
 
     def accepts(self, values):
-        from treefold._ops.launch import int_key
-        return all(int_key(v) == key for (_, key), v in zip(self.scalars, values))
+        return all(keyed(v) == key for (_, key, keyed), v in zip(self.scalars, values))
 
     def __call__(self, *values, scalars=()):
         import ctypes
@@ -93,7 +93,7 @@ class InterpretedPrepared:
             for i in positions:
                 args[i] = value
         assert self.accepts(scalars)
-        for (i, _), v in zip(self.scalars, scalars):
+        for (i, _, _), v in zip(self.scalars, scalars):
             args[i] = v
         self.launcher(self.grid, *args, **self.kwargs)
         InterpretedPrepared.launched += 1

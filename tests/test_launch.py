@@ -54,6 +54,63 @@ def test_integers_are_keyed_as_triton_specialises_them():
             assert (_spec(a) == _spec(b)) == (triton_key[a] == triton_key[b]), (a, b, triton_key[a], triton_key[b])
 
 
+def test_integers_triton_does_not_specialise_are_keyed_by_their_type():
+    # a kernel's do_not_specialize arguments (the sampling kernels' seed and offset): one key for
+    # 1, multiples of 16 and any other 32-bit value, as Triton compiles one kernel for them
+    from treefold._ops.launch import int_type_key
+    assert int_type_key(1) == int_type_key(16) == int_type_key(3) == int_type_key(-(1 << 31))
+    assert int_type_key(1 << 31) != int_type_key(3) and int_type_key(1 << 63) != int_type_key(1 << 31)
+    try:
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+    except ImportError:
+        pytest.skip("this Triton has no native_specialize_impl")
+    values = [0, 1, 2, 15, 16, 17, -1, -16, (1 << 31) - 1, 1 << 31, -(1 << 31), -(1 << 31) - 1, (1 << 63) - 16,
+              1 << 63, (1 << 64) - 16]
+    triton_key = {v: native_specialize_impl(BaseBackend, v, False, False, True) for v in values}
+    for a in values:
+        for b in values:
+            assert (int_type_key(a) == int_type_key(b)) == (triton_key[a] == triton_key[b]), (a, b)
+
+
+@triton.jit(do_not_specialize=["step"])
+def _stepped_kernel(out_ptr, step, scale):
+    tl.store(out_ptr + tl.arange(0, 1), (step * scale).to(tl.float32))
+
+
+def test_launcher_keys_unspecialised_integers_by_type_and_specialised_ones_by_value():
+    launcher = Launcher(_stepped_kernel)
+    assert launcher._unspecialised == (1,)
+    out = torch.empty(1)
+    keys = {v: launcher._typed(_specialise((out, v, 5))[0], (out, v, 5)) for v in (1, 3, 16)}
+    assert keys[1] == keys[3] == keys[16]  # step: its type alone
+    scale_keys = {v: launcher._typed(_specialise((out, 3, v))[0], (out, 3, v)) for v in (1, 3, 16)}
+    assert len(set(scale_keys.values())) == 3  # scale: as Triton specialises it
+    assert launcher.int_key_of(1)(1) == launcher.int_key_of(1)(16) and launcher.int_key_of(2)(1) != launcher.int_key_of(2)(16)
+
+
+def test_sampling_kernels_do_not_specialise_seeds_and_offsets():
+    # a decode loop's offset meets 1 and multiples of 16: no kernel that draws random numbers
+    # may compile again for them, nor its prepared launches decline them
+    from treefold._ops import sampling as ops
+    launchers = [v for v in vars(ops).values() if isinstance(v, Launcher)]
+    drawing = [l for l in launchers if l.takes("seed") or l.takes("offset")]
+    assert len(drawing) >= 5
+    for launcher in drawing:
+        assert {launcher._runtime_names[i] for i in launcher._unspecialised} == {"seed", "offset"}, launcher.kernel
+        assert launcher.int_key_of(launcher._runtime_names.index("offset"))(1) == \
+            launcher.int_key_of(launcher._runtime_names.index("offset"))(16)
+
+
+def test_prepared_launch_takes_any_value_of_an_unspecialised_integer():
+    from treefold._ops.launch import PreparedLaunch, int_type_key
+    launched = []
+    prepared = PreparedLaunch((lambda *a: launched.append(a), False, False), (1, 1, 1), None, None,
+                              [0, 5], ((0,),), 0, ((1, int_type_key(5), int_type_key),))
+    assert all(prepared.accepts((v,)) for v in (1, 16, 7, -3))
+    assert not prepared.accepts((1 << 40,))  # another type: another kernel
+
+
 def test_tensors_are_passed_as_their_addresses():
     a = torch.empty(8, dtype=torch.float32)
     _, run = _specialise((a, 3, 0.5))

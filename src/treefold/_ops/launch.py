@@ -7,8 +7,9 @@ compiled kernel per specialisation key and calls it directly.
 
 The key holds everything Triton specialises on: for each tensor its dtype and whether its
 address is 16-byte aligned; for each integer what Triton 3.6 specialises it on (equal to 1,
-divisible by 16, and whether it needs 32 or 64 bits, signed or not), so that an argument that
-changes on every call (a seed, an offset) does not miss the cache every time; the type of any
+divisible by 16, and whether it needs 32 or 64 bits, signed or not; for an integer the kernel
+names in ``do_not_specialize``, the bits alone), so that an argument that changes on every call
+(a seed, an offset) does not miss the cache every time; the type of any
 other value; the device; and the constexpr values and launch options. Tensors are passed to the compiled launcher
 as their addresses, and with Triton 3.6 its C entry point is called directly. A new key goes through Triton's own path once (which
 compiles or finds the kernel) and is then cached.
@@ -98,6 +99,15 @@ def int_key(value: int):
     if -_INT32_END <= value < _INT32_END:
         return "i32" if value & 15 else "i32/16"
     return ("u64" if value >= _INT64_END else "i64", value & 15 == 0)
+
+
+def int_type_key(value: int) -> str:
+    """What Triton 3.6 keys an integer argument it does not specialise (a kernel's
+    ``do_not_specialize``) on: its type alone, i32 inside [-2^31, 2^31), u64 from 2^63, i64
+    otherwise."""
+    if -_INT32_END <= value < _INT32_END:
+        return "i32"
+    return "u64" if value >= _INT64_END else "i64"
 
 
 def check_max_registers(fn: str, value) -> None:
@@ -253,6 +263,11 @@ class Launcher:
         self._constexpr_names = [n for i, n in enumerate(names) if i in constexpr]
         self._defaults = {p.name: p.default for i, p in enumerate(params) if i in constexpr}
         self._layout = [(i in constexpr, n) for i, n in enumerate(names)]
+        # runtime arguments Triton does not specialise on their value: keyed by their type alone
+        # (the interpreter's function keeps the jit's keywords in ``kwargs``)
+        named = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize") or ()
+        unspecialised = {names[a] if isinstance(a, int) else a for a in named}
+        self._unspecialised = tuple(i for i, n in enumerate(self._runtime_names) if n in unspecialised)
         # Kernels whose constexpr parameters all come last take the cheap merge.
         self._constexpr_last = all(i in constexpr for i in range(len(names) - len(constexpr), len(names)))
         self._cache: dict = {}
@@ -270,6 +285,8 @@ class Launcher:
             # Launch hooks (profilers) see what Triton's own path gives them.
             return self._triton_launch(grid, args, kwargs)
         spec, run_args = _specialise(args)
+        if self._unspecialised:
+            spec = self._typed(spec, args)
         key = (device, spec, tuple(kwargs.items()))
         entry = self._cache.get(key)
         if entry is None:
@@ -294,6 +311,19 @@ class Launcher:
             compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
         return compiled
 
+    def _typed(self, spec, args):
+        """``spec`` with the integers Triton does not specialise keyed by their type alone."""
+        spec = list(spec)
+        for i in self._unspecialised:
+            if args[i].__class__ is int:
+                spec[i] = int_type_key(args[i])
+        return tuple(spec)
+
+    def int_key_of(self, index: int):
+        """The key function of the runtime argument at ``index`` when it is an integer:
+        ``int_type_key`` for one the kernel does not specialise, else ``int_key``."""
+        return int_type_key if index in self._unspecialised else int_key
+
     def takes(self, name: str) -> bool:
         """Whether the kernel has a runtime (non-constexpr) argument of this name."""
         return name in self._runtime_names
@@ -311,6 +341,8 @@ class Launcher:
             return None
         device = args[0].device.index
         spec, run_args = _specialise(args)
+        if self._unspecialised:
+            spec = self._typed(spec, args)
         entry = self._cache.get((device, spec, tuple(kwargs.items())))
         if entry is None or entry[2] is None or entry[3] is None:
             return None
@@ -321,7 +353,8 @@ class Launcher:
             # a tensor outside the slots would be launched again at its old address, which its
             # owner may have freed by then: such a launch is not prepared
             return None
-        scalar_slots = tuple((i, int_key(args[i])) for i in (self._runtime_names.index(name) for name in scalars))
+        scalar_slots = tuple((i, self.int_key_of(i)(args[i]), self.int_key_of(i))
+                             for i in (self._runtime_names.index(name) for name in scalars))
         g = tuple(grid) + (1,) * (3 - len(grid))
         return PreparedLaunch(direct, g, compiled.function, compiled.packed_metadata,
                               list(run_args + tail), positions, device, scalar_slots)
@@ -363,6 +396,8 @@ class PreparedLaunch:
     _KERNEL_ARGS, _STREAM = 13, 3
 
     def __init__(self, direct, grid, function, metadata, template, positions, device, scalar_slots=()):
+        """``scalar_slots``: (position among the kernel's arguments, the integer's key, and
+        optionally the function that keys it, ``int_key`` by default) for each scalar slot."""
         launch, cooperative, pdl = direct
         g0, g1, g2 = grid
         self._launch = launch
@@ -371,11 +406,12 @@ class PreparedLaunch:
                       *template]
         self._slots = tuple(tuple(self._KERNEL_ARGS + i for i in p) for p in positions)
         self._device = device
-        self._scalar_slots = tuple((self._KERNEL_ARGS + i, key) for i, key in scalar_slots)
+        self._scalar_slots = tuple((self._KERNEL_ARGS + slot[0], slot[1], slot[2] if len(slot) > 2 else int_key)
+                                   for slot in scalar_slots)
 
     def accepts(self, scalars) -> bool:
         """Whether the integers ``scalars`` (in scalar-slot order) fit this compiled launch."""
-        return all(int_key(v) == key for (_, key), v in zip(self._scalar_slots, scalars))
+        return all(keyed(v) == key for (_, key, keyed), v in zip(self._scalar_slots, scalars))
 
     def __call__(self, *tensors, scalars=()) -> bool:
         # (the checks and the filling in one loop, not through ``launch_addresses``: this is the
@@ -396,8 +432,8 @@ class PreparedLaunch:
         if addresses & 15:
             return False
         if scalars:
-            for (i, key), value in zip(self._scalar_slots, scalars):
-                if int_key(value) != key:
+            for (i, key, keyed), value in zip(self._scalar_slots, scalars):
+                if keyed(value) != key:
                     return False
                 args[i] = value
         args[self._STREAM] = torch._C._cuda_getCurrentRawStream(self._device)
@@ -412,7 +448,7 @@ class PreparedLaunch:
         for positions, address in zip(self._slots, addresses):
             for i in positions:
                 args[i] = address
-        for (i, _), value in zip(self._scalar_slots, scalars):
+        for (i, _, _), value in zip(self._scalar_slots, scalars):
             args[i] = value
         args[self._STREAM] = torch._C._cuda_getCurrentRawStream(self._device)
         self._launch(*args)

@@ -20,7 +20,7 @@ import torch
 from .. import backend, order
 from ..kernels import sampling as kernels
 from ..reference import sampling as reference
-from .launch import Launcher, PreparedPipeline, dependent_launch, int_key, register_cap
+from .launch import Launcher, PreparedPipeline, dependent_launch, int_type_key, register_cap
 
 #: Longest row the kernels take.
 MAX_ROW = 1 << 20
@@ -609,9 +609,10 @@ def _tensor_params(temperature, top_k, top_p, min_p, seed, offset) -> dict:
 
 def _sample_key(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset):
     """The kind of a call: scalar parameters by value, tensors by shape and dtype, integer seed
-    and offset by what Triton specialises them on (``launch.int_key``: the values fill slots of
-    the prepared launches, which take any value specialised alike, so an offset counting decode
-    steps meets at most three kinds; greedy calls read neither); None when two parameters are
+    and offset by their type alone (``launch.int_type_key``: the kernels do not specialise on
+    their values, ``kernels.sampling.RANDOM_ARGS``, and the values fill slots of the prepared
+    launches, so an offset counting decode steps stays one kind; greedy calls read neither);
+    None when two parameters are
     one tensor (slots are filled by identity, so such a call is not prepared). Module settings
     (SURE_LIST_MAX, the programs per SM, ...) are not in the key: prepared calls keep the plan
     they were made with, so code that changes a setting clears ``_PREPARED``."""
@@ -627,7 +628,7 @@ def _sample_key(x: torch.Tensor, temperature, top_k, top_p, min_p, seed, offset)
             tensors.append(v)
             key.append((v.shape, v.dtype))
         elif i >= 4:
-            key.append(int_key(v))
+            key.append(int_type_key(v))
         else:
             key.append((v.__class__, v))
     return tuple(key)

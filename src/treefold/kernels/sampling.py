@@ -210,6 +210,14 @@ def _in_first_bins(x, gap, FIRST_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr,
 # Random numbers: Philox4x32-10 on (token // 4, stream, offset), key = seed
 # ------------------------------------------------------------------------------------------
 
+#: The kernels' arguments Triton compiles no value specialisation for: a request's seed and its
+#: decode step change from call to call, and only feed the Philox counter, so specialising them
+#: (Triton makes the value 1 a constant and marks multiples of 16) gains nothing and would compile
+#: every kernel of a call again at offset 1 and again at offset 16 (the top-p pipeline's resolve
+#: pass alone takes 13.6 s to compile for sm_90).
+RANDOM_ARGS = ("seed", "offset")
+
+
 @triton.jit
 def _philox_bits(seed, groups, stream, offset):
     c0 = groups.to(tl.uint32)
@@ -812,7 +820,7 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
     _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RANDOM_ARGS)
 def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
                 temperature, seed, seed_stride, offset, offset_stride,
                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
@@ -1217,7 +1225,7 @@ def plan_kernel(part_max_ptr, part_total_ptr, hist_ptr, plan_ptr, n, programs_pe
     tl.store(plan_ptr + row * PLAN_SLOTS + f, slots)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RANDOM_ARGS)
 def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                    plan_ptr, list_ptr, list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr,
                    part_index_ptr, prelist_ptr, prelist_stride, prelist_count_ptr, programs_per_row,
@@ -1855,7 +1863,7 @@ def _refine(x_ptr, row, stride_x, list_ptr, list_stride, n_list, fine_counts, lo
     return written, count_above, mass_above, kept_above, best_score, best_index, kept_low
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RANDOM_ARGS)
 def resolve_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, fine_ptr, counter_ptr, plan_ptr,
                    list_ptr,
                    list_stride, part_mass_ptr, part_kept_ptr, part_score_ptr, part_index_ptr,
@@ -2174,7 +2182,7 @@ def _top_k_lanes_race(ranked, place, row, k, token_ptr, inv_t, noise_scale, ok, 
     tl.store(token_ptr + row, tl.where((top > float("-inf")) & ok, at, -1))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RANDOM_ARGS)
 def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_ptr, programs_per_row, k,
                               cand_stride, token_ptr, temperature, top_p, min_p, filters, seed, seed_stride,
                               offset, offset_stride, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
@@ -2446,7 +2454,7 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
     return before_sum, total_sum, best_score, best_index.to(tl.int64)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RANDOM_ARGS)
 def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                    part_index_ptr, token_ptr, programs_per_row, slot_stride,
                    temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
