@@ -76,8 +76,10 @@ def compile_sm90(kernel, args, kwargs, overrides: dict):
     runtime = [p for p in params if p not in kwargs]
     signature = {p: _type_of(v) for p, v in zip(runtime, args)}
     attrs = {}
+    # integers the kernel does not specialise (``do_not_specialize``) get no divisibility, as on a device
+    unspecialised = {params[a] if isinstance(a, int) else a for a in getattr(kernel, "do_not_specialize", None) or ()}
     for p, v in zip(runtime, args):
-        aligned = isinstance(v, int) and not isinstance(v, bool) and v and v % 16 == 0
+        aligned = isinstance(v, int) and not isinstance(v, bool) and v and v % 16 == 0 and p not in unspecialised
         if isinstance(v, torch.Tensor) or aligned:
             attrs[(params.index(p),)] = [["tt.divisibility", 16]]
     constexprs = {k: v for k, v in kwargs.items() if k in params}
