@@ -2294,6 +2294,7 @@ def test_prepared_sample_calls_through_the_interpreter(monkeypatch):
     configs = [(0.0, None, None, None), (1.0, None, None, None), (0.7, None, 0.9, None), (0.7, 20, None, None),
                (1.0, None, None, 0.05), (temps, torch.tensor([5, 50, 500]), 0.8, None),
                (0.0, torch.tensor([5, 50, 500]), None, None)]  # greedy through the filters: no seed read
+    kinds = []
     for step in (0, 1, 2, 16, 17):
         xs = x * (1 + step % 2)
         for t, k, p, mp in configs:
@@ -2301,7 +2302,10 @@ def test_prepared_sample_calls_through_the_interpreter(monkeypatch):
                 got = ops._sample_prepared(xs, t, k, p, mp, seed, offset)
                 want = ops.sample_rows(xs, t, k, p, mp, seed, offset)
                 assert torch.equal(got, want), (step, t, k, p, mp, seed, offset)
+        kinds.append(len(ops._PREPARED))
     assert len(ops._PREPARED) >= 2 * len(configs)
+    # integer seeds and offsets of 1 and of multiples of 16 are no kinds of their own
+    assert kinds == [kinds[0]] * len(kinds), kinds
     # later calls of a kind took the prepared launches (two or more per call)
     assert InterpretedPrepared.launched >= 2 * 2 * len(configs) * 2
     # rows whose sure-kept tokens race in place, in the compaction or in a launch of their own
