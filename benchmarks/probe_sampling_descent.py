@@ -62,11 +62,11 @@ if os.environ.get("ONLY_FILTERS"):
 WARM = os.environ.get("WARM") == "1"
 #: The descent's launch choices the check compares with the pipeline.
 CHECKED = ({},) if QUICK else (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1))
-#: Offsets checked: QUICK's are, as the timed ones, neither 1 nor a multiple of 16 (the values
-#: Triton specialises an integer argument on), so all of them take one compiled kernel.
+#: Offsets checked.
 CHECK_OFFSETS = range(2, 10) if QUICK else range(32)
-#: What a WARM process calls with: one offset of each specialisation the run meets.
-WARM_OFFSETS = tuple({(o == 1, o % 16 == 0): o for o in (*TIMED_OFFSETS, *CHECK_OFFSETS)}.values())
+#: What a WARM process calls with: one offset (the kernels do not specialise on it, so one
+#: compiled kernel serves every offset).
+WARM_OFFSETS = TIMED_OFFSETS[:1]
 
 
 def inputs(batch: int, dtype: torch.dtype, kind: str) -> tuple:

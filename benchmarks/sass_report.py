@@ -77,7 +77,7 @@ def compile_sm90(kernel, args, kwargs, overrides: dict):
     signature = {p: _type_of(v) for p, v in zip(runtime, args)}
     attrs = {}
     # integers the kernel does not specialise (``do_not_specialize``) get no divisibility, as on a device
-    unspecialised = {params[a] if isinstance(a, int) else a for a in getattr(kernel, "do_not_specialize", None) or ()}
+    unspecialised = launch.unspecialised_names(kernel)
     for p, v in zip(runtime, args):
         aligned = isinstance(v, int) and not isinstance(v, bool) and v and v % 16 == 0 and p not in unspecialised
         if isinstance(v, torch.Tensor) or aligned:

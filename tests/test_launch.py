@@ -163,7 +163,7 @@ def test_prepared_launch_takes_integers_specialised_as_the_one_it_was_made_with(
     from treefold._ops.launch import PreparedLaunch, int_key
     launched = []
     prepared = PreparedLaunch((lambda *a: launched.append(a), False, False), (1, 1, 1), None, None,
-                              [0, 5], ((0,),), 0, ((1, int_key(5)),))
+                              [0, 5], ((0,),), 0, ((1, int_key(5), int_key),))
     assert prepared.accepts((7,)) and prepared.accepts(((1 << 31) - 3,))
     assert not any(prepared.accepts((v,)) for v in (1, 16, 1 << 40))
     x = torch.empty(4)
@@ -180,7 +180,7 @@ def test_prepared_launch_calls_the_c_launcher_as_triton_does(monkeypatch):
     monkeypatch.setattr(launch_module, "_current_device", lambda: 1)  # the launch's own device is current
     launched = []
     prepared = PreparedLaunch((lambda *a: launched.append(a), True, False), (5, 2, 1), "function", (4, 1, 0),
-                              [0, 5, "constexpr", 0], ((0, 3),), 1, ((1, int_key(5)),))
+                              [0, 5, "constexpr", 0], ((0, 3),), 1, ((1, int_key(5), int_key),))
     x = torch.empty(4)
     assert prepared(x, scalars=(7,))
     assert launched == [(5, 2, 1, 1001, "function", True, False, None, None, (4, 1, 0), None, None, None,

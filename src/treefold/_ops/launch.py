@@ -110,6 +110,15 @@ def int_type_key(value: int) -> str:
     return "u64" if value >= _INT64_END else "i64"
 
 
+def unspecialised_names(kernel) -> set:
+    """The names of the arguments a jitted kernel declares in ``do_not_specialize`` (given by name
+    or by position; the interpreter's function keeps the jit's keywords in ``kwargs``)."""
+    fn = getattr(kernel, "fn", kernel)
+    names = list(inspect.signature(fn).parameters)
+    named = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize") or ()
+    return {names[a] if isinstance(a, int) else a for a in named}
+
+
 def check_max_registers(fn: str, value) -> None:
     """A launch's ``max_registers`` (Triton's ``maxnreg``): None, or an int from 24 to 255, the
     per-thread caps ptxas accepts."""
@@ -264,9 +273,7 @@ class Launcher:
         self._defaults = {p.name: p.default for i, p in enumerate(params) if i in constexpr}
         self._layout = [(i in constexpr, n) for i, n in enumerate(names)]
         # runtime arguments Triton does not specialise on their value: keyed by their type alone
-        # (the interpreter's function keeps the jit's keywords in ``kwargs``)
-        named = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize") or ()
-        unspecialised = {names[a] if isinstance(a, int) else a for a in named}
+        unspecialised = unspecialised_names(kernel)
         self._unspecialised = tuple(i for i, n in enumerate(self._runtime_names) if n in unspecialised)
         # Kernels whose constexpr parameters all come last take the cheap merge.
         self._constexpr_last = all(i in constexpr for i in range(len(names) - len(constexpr), len(names)))
@@ -396,8 +403,8 @@ class PreparedLaunch:
     _KERNEL_ARGS, _STREAM = 13, 3
 
     def __init__(self, direct, grid, function, metadata, template, positions, device, scalar_slots=()):
-        """``scalar_slots``: (position among the kernel's arguments, the integer's key, and
-        optionally the function that keys it, ``int_key`` by default) for each scalar slot."""
+        """``scalar_slots``: (position among the kernel's arguments, the integer's key, the
+        function that keys it: ``Launcher.int_key_of``) for each scalar slot."""
         launch, cooperative, pdl = direct
         g0, g1, g2 = grid
         self._launch = launch
@@ -406,8 +413,7 @@ class PreparedLaunch:
                       *template]
         self._slots = tuple(tuple(self._KERNEL_ARGS + i for i in p) for p in positions)
         self._device = device
-        self._scalar_slots = tuple((self._KERNEL_ARGS + slot[0], slot[1], slot[2] if len(slot) > 2 else int_key)
-                                   for slot in scalar_slots)
+        self._scalar_slots = tuple((self._KERNEL_ARGS + i, key, keyed) for i, key, keyed in scalar_slots)
 
     def accepts(self, scalars) -> bool:
         """Whether the integers ``scalars`` (in scalar-slot order) fit this compiled launch."""
