@@ -63,8 +63,9 @@ class RMSNorm(nn.Module):
 
     Args:
         normalized_shape: the trailing shape to normalise (an int for the last dimension).
-        eps: added to the mean square; None means ``torch.finfo(x.dtype).eps`` as in
-            ``torch.nn.RMSNorm`` (Hugging Face's modules use 1e-6 or the model config's value).
+        eps: added to the mean square; None means the machine epsilon of float32, the type the
+            statistics are computed in, as ``torch.nn.RMSNorm`` takes it for float16, bfloat16 and
+            float32 inputs alike (Hugging Face's modules use 1e-6 or the model config's value).
         elementwise_affine: learn a ``weight`` of shape ``normalized_shape``.
         casting: ``"llama"``, ``"gemma"`` or ``"none"`` (see ``treefold.rms_norm``).
         offset: added to the weight (1.0 for Gemma, whose checkpoints store ``weight`` with the
@@ -106,7 +107,7 @@ class RMSNorm(nn.Module):
                 raise ValueError(f"RMSNorm: residual has shape {tuple(residual.shape)}, expected x's shape "
                                  f"{tuple(x.shape)}")
         _check_weight("RMSNorm", "weight", self.weight, self.normalized_shape)
-        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
         n = math.prod(self.normalized_shape)
         flat = x if k == 1 else x.reshape(*x.shape[:-k], n)
         res = residual if residual is None or k == 1 else residual.reshape(*residual.shape[:-k], n)
