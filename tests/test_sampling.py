@@ -1559,6 +1559,13 @@ def test_masks_equal_reference(device, name, arg, config, dtype):
     x[0, 3] = float("nan")
     x[3] = float("-inf")
     fn = getattr(treefold, name)
+    on_host = torch.device(device).type == "cpu"
+    if on_host:
+        # a row without a finite logit has nothing to keep: on the host, an error naming it
+        for probs in (False, True):
+            with pytest.raises(ValueError, match=rf"{name}: logits row\(s\) 3 .*hold no finite value"):
+                fn(x, arg, probs=probs)
+        x = x[:3]  # on the GPU (never read back) the row keeps nothing, checked below
     masked = fn(x.to(device), arg).cpu()
     want = ref.filter_mask(x, **config)
     assert masked.dtype == dtype
@@ -1569,7 +1576,8 @@ def test_masks_equal_reference(device, name, arg, config, dtype):
     assert probs.dtype == torch.float32
     # float32 probabilities: exp and the division round, relative error a few ulps
     torch.testing.assert_close(probs[:3], want_p[:3], rtol=2e-6, atol=1e-7)
-    assert torch.isnan(probs[3]).all()
+    if not on_host:
+        assert torch.isnan(probs[3]).all() and torch.isinf(masked[3]).all()
     torch.testing.assert_close(probs[:3].sum(-1), torch.ones(3), rtol=1e-5, atol=0)
 
 
@@ -1603,7 +1611,7 @@ def test_top_k_and_the_masks_pass_gradients_like_torch(device):
     g = torch.Generator().manual_seed(14)
     x0 = torch.randn(4, 1100, generator=g).to(device)
     x0[0, 3] = float("nan")  # a NaN ranks first: its bits too are the kernels'
-    x0[3] = float("-inf")  # a row that keeps nothing in the masks
+    x0[3] = float("-inf")  # a row without a finite logit
     int_view = {torch.float32: torch.int32}[x0.dtype]
     dy_of = lambda t: torch.randn(t.shape, generator=g).to(device)
     for k in (5, 1050):
@@ -1614,18 +1622,21 @@ def test_top_k_and_the_masks_pass_gradients_like_torch(device):
         dy = dy_of(values)
         (got,) = torch.autograd.grad(values, x, dy)
         assert torch.equal(got, torch.zeros_like(x0).scatter_(-1, want_indices, dy))
+    # the row without a finite logit keeps nothing in the masks on the GPU; on the CPU it is an
+    # error (test_masks_equal_reference), so the masks there take the other rows
+    xm = x0 if x0.is_cuda else x0[:3]
     for probs in (False, True):
         for mask, arg in ((treefold.top_k_mask, 7), (treefold.top_p_mask, 0.8), (treefold.min_p_mask, 0.05)):
-            x = x0.clone().requires_grad_()
+            x = xm.clone().requires_grad_()
             out = mask(x, arg, probs=probs)
-            want = mask(x0, arg, probs=probs)
+            want = mask(xm, arg, probs=probs)
             assert out.requires_grad and torch.equal(out.detach().view(int_view), want.view(int_view))
             kept = torch.isfinite(want) & (want != 0)
-            assert not kept[3].any()
+            assert x0.is_cuda == (len(kept) == 4) and not kept[3:].any()
             dy = dy_of(out)  # a gradient arrives at dropped tokens and at the row that keeps nothing
             (got,) = torch.autograd.grad(out, x, dy)
             assert torch.equal(got[~kept], torch.zeros_like(got[~kept]))  # dropped tokens get none
-            xd = x0.double().requires_grad_()
+            xd = xm.double().requires_grad_()
             if probs:
                 ref_out = torch.softmax(torch.where(kept, xd, torch.where(kept.any(-1, keepdim=True), float("-inf"), 0.0)), -1)
                 ref_out = ref_out * kept.any(-1, keepdim=True)

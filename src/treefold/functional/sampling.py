@@ -17,8 +17,8 @@ rounds to 0, is out of range; a temperature that rounds to 0 is greedy). Tensor 
 are never read back to the host (that would stall the GPU and break CUDA graphs): a row whose own
 parameter is out of range samples -1 (a mask keeps nothing in it), as does a row without a
 finite logit. On the CPU the values are on the host already: a per-row parameter out of range
-raises ValueError naming the rows, and so does, in ``sample``, a row without a finite logit
-(inside torch.compile nothing is read back, and such rows give the GPU's results).
+raises ValueError naming the rows, and so does a row without a finite logit (inside
+torch.compile nothing is read back, and such rows give the GPU's results).
 """
 from __future__ import annotations
 
@@ -152,6 +152,16 @@ def _check_rows_on_host(fn: str, n: int, temperature, top_k, top_p, min_p,
                                  f"batch): got {value[bad[0]].item()}, expected {expected}")
 
 
+def _check_finite_rows(fn: str, x: torch.Tensor, consequence: str) -> None:
+    """ValueError naming the rows of CPU logits x [rows, n] that hold no finite value (non-finite
+    logits are never drawn or kept, so such a row has nothing to give)."""
+    no_finite = ~torch.isfinite(x).any(dim=-1)
+    if bool(no_finite.any()):
+        bad = no_finite.nonzero().flatten().tolist()
+        raise ValueError(f"{fn}: logits row(s) {_named_rows(bad)} (of the flattened batch) hold no finite value "
+                         f"(every logit NaN or infinite; such logits are never drawn): {consequence}")
+
+
 def _named_rows(rows: list) -> str:
     """The first few of a list of row numbers, for an error message."""
     return ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
@@ -265,11 +275,7 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
         return torch.empty(batch, dtype=torch.int64, device=dev)
     if dev.type == "cpu" and not torch.compiler.is_compiling():  # (a compiled graph reads nothing back)
         _check_rows_on_host(fn, n, t, k, p, mp)
-        no_finite = ~torch.isfinite(x).any(dim=-1)
-        if bool(no_finite.any()):
-            bad = no_finite.nonzero().flatten().tolist()
-            raise ValueError(f"{fn}: logits row(s) {_named_rows(bad)} (of the flattened batch) hold no finite value "
-                             f"(every logit NaN or infinite; such logits are never drawn): there is nothing to sample")
+        _check_finite_rows(fn, x, "there is nothing to sample")
     if kind is not None:
         if len(_VALIDATED) >= _MAX_VALIDATED:
             _VALIDATED.clear()
@@ -382,9 +388,9 @@ _MASK_DOC = """
             instead of x with -inf outside the kept tokens.
 
     The order and the rule are those of ``sample`` (which applies top-k, then top-p, then
-    min-p); non-finite logits are never kept. A row without a finite logit keeps nothing: all
-    -inf, or all NaN with ``probs``. A per-row parameter out of range raises ValueError naming
-    the rows on the CPU; on the GPU (never read back) its row keeps nothing.
+    min-p); non-finite logits are never kept. On the CPU a row without a finite logit, or whose
+    per-row parameter is out of range, raises ValueError naming the rows; on the GPU (never read
+    back) such a row keeps nothing: all -inf, or all NaN with ``probs``.
 
     Differentiable in x with the kept set held fixed: kept logits pass their gradient through,
     dropped ones get 0; with ``probs``, the gradient of softmax over the kept tokens.
@@ -404,6 +410,7 @@ def _mask(fn: str, needs: str, x, probs, top_k=None, top_p=None, min_p=None) -> 
         return torch.empty(x.shape, dtype=torch.float32 if probs else x.dtype, device=dev)
     if dev.type == "cpu" and not torch.compiler.is_compiling():
         _check_rows_on_host(fn, n, None, k, p, mp, names=(None, "k", "p", "min_p"))
+        _check_finite_rows(fn, x2, "there is nothing to keep")
     out = _ops.sampling_filter(x2, k, p, mp, probs)
     if x2.requires_grad and torch.is_grad_enabled():
         out = _with_filter_gradient(x2, out, probs)
