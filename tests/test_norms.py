@@ -1731,6 +1731,29 @@ def test_gpu_backward_is_deterministic_and_launch_independent():
 
 
 @pytest.mark.gpu
+def test_gpu_layer_norm_backward_is_deterministic_and_launch_independent():
+    # dw and db are column sums of per-program partials in the treefold order: the same bits
+    # run to run and under every launch choice that keeps the programs' rows
+    m, n = 4096, 4096
+    x = randn((m, n), torch.bfloat16, seed=1).cuda().requires_grad_()
+    w = weight_like(n, torch.bfloat16).cuda().requires_grad_()
+    b = randn(n, torch.bfloat16, seed=3).cuda().requires_grad_()
+    dy = randn((m, n), torch.bfloat16, seed=2).cuda()
+    first = torch.autograd.grad(treefold.layer_norm(x, n, w, b), (x, w, b), dy)
+    for _ in range(3):
+        again = torch.autograd.grad(treefold.layer_norm(x, n, w, b), (x, w, b), dy)
+        for g, g_first in zip(again, first):
+            assert_bits(g, g_first)
+    _, mean, rstd = ops.layer_norm_impl(x.detach(), w.detach(), b.detach(), 1e-5)
+    for num_warps in (4, 8, 16):
+        for prefetch in (False, True):
+            got = ops.layer_norm_backward_impl(dy, x.detach(), w.detach(), mean, rstd, True, torch.bfloat16,
+                                               num_warps=num_warps, prefetch=prefetch)
+            for g, g_first in zip(got, first):
+                assert_bits(g, g_first)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n", [4096, 14336])
 def test_gpu_bf16_matches_hugging_face(n):
     x = randn((4096 if n == 4096 else 1024, n), torch.bfloat16, seed=3, scale=3.0).cuda()
