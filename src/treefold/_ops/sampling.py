@@ -138,10 +138,13 @@ SURE_LIST_MAX_IN_COMPACTION = 0
 #: with that race in it (154 on sm_90): all programs are then resident at once either way, and
 #: race programs would only add their own (one row of 151936 takes 149 programs). Larger grids
 #: keep the race in race programs of their own in the same launch (RACE_PROGRAMS): without it
-#: in their loops the compaction's programs hold 4 per SM (128 registers) instead of 3. Those
+#: in their loops the compaction's programs held 4 per SM (128 registers) instead of 3. Those
 #: took a launch of their own (``race_kernel``) until the chain probe showed it adding 2.9 us
 #: to 64 rows of peaked logits, where no row races in place
-#: (results/h200-sampling-chain.txt).
+#: (results/h200-sampling-chain.txt). Offline (sm_90, 64 rows of 151936, the pre-list on) the
+#: kernel now takes 144 registers with the race programs' path in it and 145 with the race in
+#: its loops (112 with neither): 3 per SM either way, the race programs doubling the grid; which
+#: is faster is ``benchmarks/probe_compact_race.py``'s question, not yet timed.
 COMPACT_RACE_PROGRAMS_PER_SM = 3
 #: Registers per thread the histogram pass may take (Triton's ``maxnreg``): sm_90 holds 8 of its
 #: 4-warp programs per SM at 64, and its fp32 form with masses wants 66 uncapped (7 per SM: the
