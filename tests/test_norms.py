@@ -100,6 +100,15 @@ def hf_gemma_rms_norm(x, weight, eps):
     return output.type_as(x)
 
 
+def hf_t5_layer_norm(hidden_states, weight, eps):
+    """T5LayerNorm.forward (also mT5, UMT5, LongT5, Pix2Struct): a float32 weight's product unrounded."""
+    variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    if weight.dtype in [torch.float16, torch.bfloat16]:
+        hidden_states = hidden_states.to(weight.dtype)
+    return weight * hidden_states
+
+
 def vllm_fused_add_rms_norm(x, residual, weight, eps):
     """The serving engines' in-place semantics, written out of place."""
     residual = x + residual
@@ -626,6 +635,21 @@ def test_bf16_matches_hugging_face_llama_and_gemma(n):
     # torch's own functional: the "gemma" arithmetic with no offset
     got = treefold.rms_norm(x, w, 1e-6, casting="gemma")
     assert agreement(got, torch.nn.functional.rms_norm(x, (n,), w, 1e-6)) >= 0.9999
+
+
+def test_none_casting_is_t5_layer_norm_with_a_float32_weight():
+    # T5LayerNorm leaves a float32 weight's product unrounded (float32 out): "none". Its rsqrt and
+    # its order of the two products against treefold's IEEE square root and division move the
+    # last float32 bits (about 80% of elements equal on the CPU, at most 2 ulps apart; CUDA's
+    # rsqrt is itself within 2 ulps, hence the bound of 8). With a 16-bit weight it rounds the
+    # normalised row to the weight's dtype first: "llama" (check_llama_agreement's bound).
+    x = randn((32, 4096), torch.bfloat16, seed=21, scale=3.0)
+    w32 = weight_like(4096, torch.float32)
+    got, want = treefold.rms_norm(x, w32, 1e-6, casting="none"), hf_t5_layer_norm(x, w32, 1e-6)
+    assert got.dtype == want.dtype == torch.float32
+    agreement(got, want, max_ulps=8)
+    wb = weight_like(4096, torch.bfloat16)
+    assert agreement(treefold.rms_norm(x, wb, 1e-6), hf_t5_layer_norm(x, wb, 1e-6), max_ulps=2) >= 0.9999
 
 
 def test_fused_add_rms_norm_in_place_serving_semantics():
