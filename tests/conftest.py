@@ -75,13 +75,15 @@ class InterpretedPrepared:
         assert all(not isinstance(a, torch.Tensor) or any(a is t for t in slots) for a in args)
         self.positions = [[i for i, a in enumerate(args) if a is t] for t in slots]
         self.like = list(slots)
-        self.scalars = []
+        # (position, key, key function) per scalar slot, as Launcher.prepare makes them
+        self._scalar_slots = []
         for name in scalars:
             i = launcher._runtime_names.index(name)
-            self.scalars.append((i, launcher.int_key_of(i)(args[i]), launcher.int_key_of(i)))
+            self._scalar_slots.append((i, launcher.int_key_of(i)(args[i]), launcher.int_key_of(i)))
 
     def accepts(self, values):
-        return all(keyed(v) == key for (_, key, keyed), v in zip(self.scalars, values))
+        from treefold._ops.launch import PreparedLaunch
+        return PreparedLaunch.accepts(self, values)  # the same test over the same slots
 
     def __call__(self, *values, scalars=()):
         import ctypes
@@ -93,7 +95,7 @@ class InterpretedPrepared:
             for i in positions:
                 args[i] = value
         assert self.accepts(scalars)
-        for (i, _, _), v in zip(self.scalars, scalars):
+        for (i, _, _), v in zip(self._scalar_slots, scalars):
             args[i] = v
         self.launcher(self.grid, *args, **self.kwargs)
         InterpretedPrepared.launched += 1

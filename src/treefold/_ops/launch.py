@@ -98,7 +98,7 @@ def int_key(value: int):
         return "1"
     if -_INT32_END <= value < _INT32_END:
         return "i32" if value & 15 else "i32/16"
-    return ("u64" if value >= _INT64_END else "i64", value & 15 == 0)
+    return (int_type_key(value), value & 15 == 0)
 
 
 def int_type_key(value: int) -> str:
