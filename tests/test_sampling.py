@@ -688,6 +688,25 @@ def test_top_k_by_lane_maxima_equals_stable_sort(device, dtype, poison_allocatio
         ops.plan.cache_clear()
 
 
+def test_top_k_by_lane_maxima_refuses_a_launch_that_sorts_too_many_tokens(monkeypatch):
+    # one program per row of 151936 logits would gather 59600 tokens a row (k = 50, 8 lanes a
+    # group, 149 segments): a sort whose compile does not end in useful time. The launch refuses
+    # it before launching anything, naming the choice (here a bound of 256, segments of 64 tokens:
+    # 300 logits are 5 segments, k = 60 takes groups of one lane, so one program gathers 300)
+    monkeypatch.setattr(ops, "TOP_K_LANES_MAX_SORT", 256)
+    x = torch.randn(2, 300)
+    monkeypatch.setattr(ops, "MAX_WIDTH", 64)
+    ops.plan.cache_clear()
+    try:
+        for call in (lambda: ops.top_k_lanes_rows(x, 60, programs_per_row=1),
+                     lambda: ops.sample_top_k_lanes_rows(x, 1.0, 60, programs_per_row=1)):
+            with pytest.raises(ValueError, match=r"1 programs per row of 300 logits gather 300 tokens a row "
+                                                 r"for k=60, more than the 256"):
+                call()
+    finally:
+        ops.plan.cache_clear()
+
+
 def test_row_launches_refuse_rows_that_are_not_contiguous(device):
     # the launches read each row at x.stride(0) as contiguous: the public functions copy other
     # layouts first, and the launches themselves refuse them rather than read the wrong logits
@@ -1736,15 +1755,19 @@ def test_gpu_top_k_equals_stable_sort(k, rows):
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [1, 50, 64])
 def test_gpu_top_k_by_lane_maxima_equals_stable_sort(k):
+    # the vocabulary at the default plan; other splits among programs on rows of 5120 (5
+    # segments), where even one program per row gathers few enough tokens to sort
+    # (TOP_K_LANES_MAX_SORT: at 151936 logits it would gather 149 segments' worth)
     x = qwen_like_logits(64, 2)
     x[3] = torch.round(x[3])  # heavy ties
     x[4] = 0.0  # one tie group
-    want_v, want_i = torch.sort(x, dim=-1, descending=True, stable=True)
-    for programs in (None, 1, 7):
-        values, indices = ops.top_k_lanes_rows(x, k, programs_per_row=programs)
-        assert torch.equal(indices, want_i[:, :k]) and torch.equal(values, want_v[:, :k]), programs
-    one = ops.top_k_lanes_rows(x[5:6], k)
-    assert torch.equal(one[1], want_i[5:6, :k])
+    for logits, choices in ((x, (None,)), (x[:, :5120].contiguous(), (None, 1, 2))):
+        want_v, want_i = torch.sort(logits, dim=-1, descending=True, stable=True)
+        for programs in choices:
+            values, indices = ops.top_k_lanes_rows(logits, k, programs_per_row=programs)
+            assert torch.equal(indices, want_i[:, :k]) and torch.equal(values, want_v[:, :k]), programs
+        one = ops.top_k_lanes_rows(logits[5:6], k)
+        assert torch.equal(one[1], want_i[5:6, :k])
 
 
 @pytest.mark.gpu
@@ -1758,13 +1781,17 @@ def test_gpu_sampling_under_top_k_by_group_maxima_gives_the_pipelines_tokens(k):
     seeds = torch.randint(0, 1 << 62, (64,), device="cuda")
     offsets = torch.randint(0, 1000, (64,), device="cuda")
     ps = torch.linspace(0.2, 1.0, 64, device="cuda")
-    for temperature, p, mp in ((1.0, None, None), (0.7, 0.9, None), (torch.linspace(0.3, 1.5, 64, device="cuda"),
-                                                                      ps, 0.05)):
-        want = ops.sample_rows(x, temperature, k, p, mp, seeds, offsets)
-        for programs in (None, 1, 7):
-            got = ops.sample_top_k_lanes_rows(x, temperature, k, p, mp, seeds, offsets, programs_per_row=programs)
-            assert torch.equal(got, want), (k, p, mp, programs)
-        assert want[5].item() == -1
+    # the vocabulary at the default plan; other splits among programs on rows of 5120 (as in
+    # test_gpu_top_k_by_lane_maxima_equals_stable_sort)
+    for logits, choices in ((x, (None,)), (x[:, :5120].contiguous(), (None, 1, 2))):
+        for temperature, p, mp in ((1.0, None, None), (0.7, 0.9, None),
+                                   (torch.linspace(0.3, 1.5, 64, device="cuda"), ps, 0.05)):
+            want = ops.sample_rows(logits, temperature, k, p, mp, seeds, offsets)
+            for programs in choices:
+                got = ops.sample_top_k_lanes_rows(logits, temperature, k, p, mp, seeds, offsets,
+                                                  programs_per_row=programs)
+                assert torch.equal(got, want), (logits.shape, k, p, mp, programs)
+            assert want[5].item() == -1
 
 
 @pytest.mark.gpu

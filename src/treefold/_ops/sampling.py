@@ -685,6 +685,12 @@ TOP_K_LANES_MIN_ROWS_16BIT = 4
 #: of 151936 (measured to 64). Beyond it the finish's fallback sort of every gathered token grows with
 #: them, and ``top_k_rows`` serves.
 TOP_K_LANES_MAX_GATHER = 2048
+#: The most tokens per row (a power of two) that the finishing program may sort, whatever the
+#: launch choice: its sorts are unrolled into straight-line code, and the compile time grows
+#: with them. Offline (sm_90, Triton 3.6, 64 x 151936, k = 50): 2048 tokens (the H200's default
+#: plan) compile in about 9 s, 4096 (k = 64) in about 13 s; 65536 (one program per row) gave
+#: 20 MB of PTX that ptxas had not finished after 10 minutes and 6.6 GB of memory.
+TOP_K_LANES_MAX_SORT = 4096
 #: ``sample`` on CUDA under a scalar top_k (with or without top-p and min-p, which then act inside
 #: the top k) takes ``sample_top_k_lanes_rows`` from this many rows of 4-byte logits, and from
 #: SAMPLE_TOP_K_LANES_MIN_ROWS_16BIT rows of 2-byte ones, within the limits of ``top_k`` by group
@@ -793,6 +799,11 @@ def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[in
     if g.width < k:  # (segments of at least min(n, MAX_WIDTH) tokens: never with k <= 64)
         raise ValueError(f"top_k by group maxima: k={k} is more than the {g.width} lanes of a program")
     ppr = g.programs_per_row
+    gather = order.next_pow2(k * group * g.segments_per_program)
+    if gather > TOP_K_LANES_MAX_SORT:
+        raise ValueError(f"top_k by group maxima: {ppr} programs per row of {n} logits gather "
+                         f"{k * group * g.segments_per_program} tokens a row for k={k}, more than the "
+                         f"{TOP_K_LANES_MAX_SORT} the finishing program sorts; give more programs_per_row")
     head = min(k_pow2, max(TOP_K_LANES_HEAD, order.next_pow2(order.cdiv(k, ppr))))
     survivors = order.next_pow2(k if head >= k else k + (k // head) * (k - head))
     cand_stride = ppr * k + survivors + k_pow2 + TOP_K_LANES_KEPT
@@ -808,7 +819,7 @@ def _top_k_lanes_launches(x: torch.Tensor, k: int, programs_per_row: Optional[in
         *race_args,
         WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, GROUP=group,
         HEAD=head, HEADS=order.next_pow2(ppr) * head, CANDS=order.next_pow2(ppr * k), SURVIVORS=survivors,
-        K_POW2=k_pow2, GATHER=order.next_pow2(k * group * g.segments_per_program), KEPT=TOP_K_LANES_KEPT,
+        K_POW2=k_pow2, GATHER=gather, KEPT=TOP_K_LANES_KEPT,
         num_warps=TOP_K_LANES_FINISH_WARPS, **race_flags, **last)
 
 
