@@ -143,8 +143,11 @@ SURE_LIST_MAX_IN_COMPACTION = 0
 #: to 64 rows of peaked logits, where no row races in place
 #: (results/h200-sampling-chain.txt). Offline (sm_90, 64 rows of 151936, the pre-list on) the
 #: kernel now takes 144 registers with the race programs' path in it and 145 with the race in
-#: its loops (112 with neither): 3 per SM either way, the race programs doubling the grid; which
-#: is faster is ``benchmarks/probe_compact_race.py``'s question, not yet timed.
+#: its loops (112 with neither): 3 per SM either way, the race programs doubling the grid. They
+#: are still the faster launch (H100, CUDA graph, L2 flushed, 64 rows, the same tokens,
+#: results/h100-probe-compact-race.txt; race programs / in the loops): fp32 top-p 0.9 71.0 /
+#: 71.8 us, min-p 0.05 61.0 / 61.4, bf16 top-p 61.8 / 64.2, flat min-p 116.0 / 117.3; only flat
+#: top-p gains from the loops (238.8 / 236.6).
 COMPACT_RACE_PROGRAMS_PER_SM = 3
 #: Registers per thread the histogram pass may take (Triton's ``maxnreg``): sm_90 holds 8 of its
 #: 4-warp programs per SM at 64, and its fp32 form with masses wants 66 uncapped (7 per SM: the
@@ -201,6 +204,10 @@ DEPENDENT_LAUNCH = True
 #: fp32 logits, the same tokens (results/h200-probe-resolve-launch.txt), 16 warps against 8: one
 #: row top-p 0.9 33.4 -> 30.6 us, min-p 27.1 -> 24.5, top-k 50 + top-p 26.3 -> 24.0, top-k 50
 #: 18.5 -> 18.4; 64 rows top-p 109.5 -> 108.6, min-p 107.7 -> 105.3. 4 warps spill (57.1 us).
+#: Again on an H100 on today's kernels (results/h100-probe-resolve-launch-warps.txt; 16 -> 8
+#: warps, where the kernel holds 244 registers and no stack against 128 and 96 bytes): calls
+#: without top-p 0.4-0.8 us faster at 8 (min-p one row 15.2 -> 14.4, 64 rows 61.3 -> 60.8),
+#: top-k 50 + top-p 18.6 -> 20.5 and 64-row top-p 71.5 -> 73.2 slower: 16 stays.
 RESOLVE_WARPS = 16
 #: The same for ``top_k`` and the masks (their resolve sorts or searches): not measured at 16.
 RESOLVE_WARPS_TOP_K_AND_MASKS = 8
