@@ -454,6 +454,11 @@ def test_non_finite_logits_are_never_drawn(device):
     (dict(top_k=torch.ones(3, dtype=torch.int64)), ValueError,
      r"sample: top_k has shape \(3,\), expected one element or \(2,\) \(one per row of logits\)"),
     (dict(seed=torch.ones(2)), TypeError, "sample: seed has dtype float32, expected int64 or int32"),
+    # per-row parameters are dense tensors (a sparse one has no reshape: named, not a RuntimeError)
+    (dict(temperature=torch.ones(2).to_sparse()), TypeError, "sample: temperature is a sparse_coo tensor"),
+    (dict(top_k=torch.full((2,), 3).to_sparse()), TypeError, "sample: top_k is a sparse_coo tensor"),
+    (dict(seed=torch.arange(2).to_sparse()), TypeError, "sample: seed is a sparse_coo tensor"),
+    (dict(offset=torch.arange(2).to_sparse()), TypeError, "sample: offset is a sparse_coo tensor"),
 ])
 def test_sample_argument_errors(kwargs, exc, message):
     x = torch.randn(2, 10)
@@ -1582,7 +1587,7 @@ def test_masks_equal_reference(device, name, arg, config, dtype):
     if on_host:
         # a row without a finite logit has nothing to keep: on the host, an error naming it
         for probs in (False, True):
-            with pytest.raises(ValueError, match=rf"{name}: logits row\(s\) 3 .*hold no finite value"):
+            with pytest.raises(ValueError, match=rf"{name}: x row\(s\) 3 .*hold no finite value"):
                 fn(x, arg, probs=probs)
         x = x[:3]  # on the GPU (never read back) the row keeps nothing, checked below
     masked = fn(x.to(device), arg).cpu()

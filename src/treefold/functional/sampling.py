@@ -8,7 +8,9 @@ ascending (ties go to the lowest index; -0.0 equals +0.0), and keep a prefix of 
 
 CUDA tensors run the Triton kernels (``treefold.kernels.sampling`` explains the method); CPU
 tensors run the same kernels interpreted under ``TRITON_INTERPRET=1``, otherwise the reference
-(``treefold.reference.sampling``), which gives the same tokens.
+(``treefold.reference.sampling``), which gives the same tokens except where a filter's boundary
+lies within float32 rounding of a token (the reference decides the filters in float64; see
+``sample``).
 
 Python scalars are checked here and raise TypeError / ValueError (an eager CUDA ``sample`` call
 of a kind of arguments checked before skips the checks: ``_validated_kind``); a temperature or
@@ -82,6 +84,7 @@ def _per_row(fn: str, name: str, value: torch.Tensor, rows: int, batch: tuple, d
     if value.dtype not in dtypes:
         raise TypeError(f"{fn}: {name} has dtype {_dtype_name(value.dtype)}, expected one of "
                         f"{', '.join(_dtype_name(d) for d in dtypes)}")
+    _checks.tensor(fn, name, value, None)  # (a dense tensor: sparse ones have no reshape)
     _same_device(fn, name, value, device)
     if value.numel() == 1 and allow_single:
         flat = value.reshape(1)
@@ -152,13 +155,13 @@ def _check_rows_on_host(fn: str, n: int, temperature, top_k, top_p, min_p,
                                  f"batch): got {value[bad[0]].item()}, expected {expected}")
 
 
-def _check_finite_rows(fn: str, x: torch.Tensor, consequence: str) -> None:
-    """ValueError naming the rows of CPU logits x [rows, n] that hold no finite value (non-finite
-    logits are never drawn or kept, so such a row has nothing to give)."""
+def _check_finite_rows(fn: str, name: str, x: torch.Tensor, consequence: str) -> None:
+    """ValueError naming the rows of CPU logits x [rows, n] (the argument ``name``) that hold no
+    finite value (non-finite logits are never drawn or kept, so such a row has nothing to give)."""
     no_finite = ~torch.isfinite(x).any(dim=-1)
     if bool(no_finite.any()):
         bad = no_finite.nonzero().flatten().tolist()
-        raise ValueError(f"{fn}: logits row(s) {_named_rows(bad)} (of the flattened batch) hold no finite value "
+        raise ValueError(f"{fn}: {name} row(s) {_named_rows(bad)} (of the flattened batch) hold no finite value "
                          f"(every logit NaN or infinite; such logits are never drawn): {consequence}")
 
 
@@ -172,6 +175,7 @@ def _random(fn: str, name: str, value, rows, batch, device):
         if value.dtype not in _INT_PARAMS:
             raise TypeError(f"{fn}: {name} has dtype {_dtype_name(value.dtype)}, expected int64 "
                             f"or int32")
+        _checks.tensor(fn, name, value, None)
         _same_device(fn, name, value, device)
         if value.numel() != 1 and (value.numel() != rows or tuple(value.shape) not in (batch, (rows,))):
             raise ValueError(f"{fn}: {name} has shape {tuple(value.shape)}, expected {_row_shapes(batch, rows)}")
@@ -203,7 +207,10 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
     and its noise ``g = -log(E)`` (|g| < 17, from 23 random bits), and the row's maximum is not
     subtracted first: rounding a score moves the token's probability by a relative
     ``(|y| + 17) * 2^-24`` at most: about 2^-19 where |y| <= 16, growing with |y| (6e-4 at
-    |y| = 10^4, 6% at 10^6: shift rows of such logits by their maximum first). The
+    |y| = 10^4, 6% at 10^6: shift rows of such logits by their maximum first). Where
+    |logit / temperature| passes float32's range (3.4e38) the scaled logits clamp to it and tie,
+    and the lowest index among them wins; a temperature between 0 and 1e-30 acts as 1e-30 (1 /
+    temperature is capped at 1e30). The
     compiled kernels compute the noise with fast logs, within 2^-21 of the float32 reference,
     so a GPU token differs from ``treefold.reference.sampling.sample`` only where two scores
     lie that close. On CUDA, under an int top_k of up to about 50 and from a few rows on, the
@@ -221,7 +228,12 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
         top_k: an int in [1, n], a per-row integer tensor, or None.
         top_p: a number in (0, 1], a per-row float tensor, or None (1 keeps every token).
         min_p: a number in [0, 1], a per-row float tensor, or None (0 keeps every token).
-            p and min_p are used rounded to float32; masses are compared exactly (fixed point).
+            p and min_p are used rounded to float32. The kernels weigh each token by
+            ``exp(y - y_max)`` in float32 and sum the weights in fixed point (2^-40), so a
+            mass does not depend on the order of summation; a filter's decision follows those
+            float32 weights, and differs from the float64 reference's only where p lies within
+            their rounding of a cumulative mass, or min_p of a token's ratio to the top token
+            (about ``(|y| + 2) * 2^-23`` relative: 1e-7 to 1e-6 for logits of common size).
         seed: an int, an integer tensor with one seed per row or a single seed, or None (draw
             one seed per row from torch's default generator for ``logits.device``, advancing it,
             with no host synchronisation; a greedy call with a scalar temperature of 0 draws
@@ -231,6 +243,8 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
             one-element tensor) gives row r its own stream r.
         offset: the decode step (an int or an integer tensor, per row or one element), folded
             into the counter of the random numbers: advance it to draw fresh numbers.
+            Seeds and offsets are taken as 64-bit patterns: -1 and 2^64 - 1 are the same seed
+            (or offset), as are int32 and int64 tensors of the same values.
 
     Returns int64 token ids. On the GPU a row whose own tensor parameter is out of range
     (temperature negative or not finite, k outside [1, n], p outside (0, 1], min_p outside
@@ -275,7 +289,7 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
         return torch.empty(batch, dtype=torch.int64, device=dev)
     if dev.type == "cpu" and not torch.compiler.is_compiling():  # (a compiled graph reads nothing back)
         _check_rows_on_host(fn, n, t, k, p, mp)
-        _check_finite_rows(fn, x, "there is nothing to sample")
+        _check_finite_rows(fn, "logits", x, "there is nothing to sample")
     if kind is not None:
         if len(_VALIDATED) >= _MAX_VALIDATED:
             _VALIDATED.clear()
@@ -410,7 +424,7 @@ def _mask(fn: str, needs: str, x, probs, top_k=None, top_p=None, min_p=None) -> 
         return torch.empty(x.shape, dtype=torch.float32 if probs else x.dtype, device=dev)
     if dev.type == "cpu" and not torch.compiler.is_compiling():
         _check_rows_on_host(fn, n, None, k, p, mp, names=(None, "k", "p", "min_p"))
-        _check_finite_rows(fn, x2, "there is nothing to keep")
+        _check_finite_rows(fn, "x", x2, "there is nothing to keep")
     out = _ops.sampling_filter(x2, k, p, mp, probs)
     if x2.requires_grad and torch.is_grad_enabled():
         out = _with_filter_gradient(x2, out, probs)
