@@ -211,12 +211,12 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
     |logit / temperature| passes float32's range (3.4e38) the scaled logits clamp to it and tie,
     and the lowest index among them wins; a temperature between 0 and 1e-30 acts as 1e-30 (1 /
     temperature is capped at 1e30). The compiled kernels compute the noise with fast logs,
-    within 2^-21 of the float32 reference, so a GPU token differs from ``treefold.reference.sampling.sample`` only where two scores
-    lie that close. On CUDA, under an int top_k of up to about 50 and from a few rows on, the
-    row's top k come from one read of each row (as ``top_k`` finds them) and race there; the
-    other calls pass the row through a histogram and list only the tokens near the filters'
-    boundaries. Both give the same tokens, so a request's token does not depend on which its
-    batch takes.
+    within 2^-21 of the float32 reference, so a GPU token differs from
+    ``treefold.reference.sampling.sample`` only where two scores lie that close. On CUDA,
+    under an int top_k of up to about 50 and from a few rows on, the row's top k come from one
+    read of each row (as ``top_k`` finds them) and race there; the other calls pass the row
+    through a histogram and list only the tokens near the filters' boundaries. Both give the
+    same tokens, so a request's token does not depend on which its batch takes.
 
     Args:
         logits: float32, bfloat16 or float16, shape ``[..., n]`` (1 <= n <= 2^20). Non-finite
