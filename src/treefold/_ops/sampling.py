@@ -712,8 +712,10 @@ def top_k_lanes_rows(x: torch.Tensor, k: int, *, programs_per_row: Optional[int]
     ``top_k_rows`` gives them, in two launches (``kernels.top_k_lanes_kernel``, then
     ``top_k_lanes_finish_kernel``): one read of the row keeps each group's maximum and each
     program's k best groups, then one program per row finds the row's k best groups and sorts
-    the tokens of theirs that can be among the top k. For k <= TOP_K_LANES_MAX.
-    ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
+    the tokens of theirs that can be among the top k. For k <= TOP_K_LANES_MAX, and for
+    ``programs_per_row`` (default: ``plan``'s) that gather at most TOP_K_LANES_MAX_SORT tokens a
+    row (ValueError otherwise). ``prepare_key``: keep this call's launches as a
+    ``PreparedPipeline`` under this key."""
     _check_lanes("top_k_lanes_rows", x, k)
     rows, _ = x.shape
     values = torch.empty((rows, k), dtype=x.dtype, device=x.device)
@@ -733,7 +735,8 @@ def sample_top_k_lanes_rows(x: torch.Tensor, temperature, top_k: int, top_p=None
     offset)`` gives, in the two launches of ``top_k_lanes_rows`` (the first over finite logits
     only, the second deciding the filters over the row's top k as the pipeline's resolve does
     and racing them instead of writing them out). ``top_k`` an int up to TOP_K_LANES_MAX and
-    the row length; the rest as ``sample_rows`` takes them. ``sample`` takes it on CUDA where
+    the row length, ``programs_per_row`` as ``top_k_lanes_rows`` takes it; the rest as
+    ``sample_rows`` takes them. ``sample`` takes it on CUDA where
     SAMPLE_TOP_K_LANES_MIN_ROWS' rule says (``sample_kernel_rows``).
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     if isinstance(top_k, bool) or not isinstance(top_k, int):
