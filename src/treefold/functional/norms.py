@@ -120,8 +120,9 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
             - ``"none"``: no intermediate rounding either, and the output dtype is torch's
               promotion of the input and weight dtypes (bfloat16 activations with a float32
               weight give float32), as an unrounded ``x * rstd * weight`` would: T5's
-              ``T5LayerNorm`` and its copies (mT5, UMT5, LongT5, Pix2Struct) with a float32 weight, within
-              a few float32 ulps (their rsqrt); with a 16-bit weight they round as "llama".
+              ``T5LayerNorm`` and its copies (mT5, UMT5, LongT5, Pix2Struct) with a float32
+              weight, within a few float32 ulps (their rsqrt); with a 16-bit weight they round
+              as "llama".
         out_dtype: output dtype; by default as stated for each casting.
 
     Returns:

@@ -81,10 +81,7 @@ def _row_shapes(batch: tuple, rows: int) -> str:
 def _per_row(fn: str, name: str, value: torch.Tensor, rows: int, batch: tuple, device,
              dtypes, to: torch.dtype, allow_single: bool = True) -> torch.Tensor:
     """A tensor parameter as a contiguous [rows] tensor of dtype ``to`` (one element broadcasts)."""
-    if value.dtype not in dtypes:
-        raise TypeError(f"{fn}: {name} has dtype {_dtype_name(value.dtype)}, expected one of "
-                        f"{', '.join(_dtype_name(d) for d in dtypes)}")
-    _checks.tensor(fn, name, value, None)  # (a dense tensor: sparse ones have no reshape)
+    _checks.tensor(fn, name, value, dtypes)  # (and dense: a sparse tensor has no reshape)
     _same_device(fn, name, value, device)
     if value.numel() == 1 and allow_single:
         flat = value.reshape(1)
