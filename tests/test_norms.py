@@ -668,6 +668,23 @@ def test_fused_add_rms_norm_in_place_serving_semantics():
     assert agreement(x, engine_y, max_ulps=2) >= 0.9999  # the "llama" rounding (check_llama_agreement)
 
 
+def test_fused_add_rms_norm_takes_flashinfers_enable_pdl():
+    """FlashInfer's keyword: a programmatic dependent launch where the device takes one, an
+    ordinary launch here; the bits never change. Anything but a bool or None is refused."""
+    n = 33
+    x = randn((3, n), torch.bfloat16, seed=3)
+    r = randn((3, n), torch.bfloat16, seed=4)
+    w = weight_like(n, torch.bfloat16)
+    want_y, want_h = treefold.rms_norm(x, w, 1e-6, residual=r)
+    for enable_pdl in (None, False, True):
+        xi, ri = x.clone(), r.clone()
+        treefold.fused_add_rms_norm_(xi, ri, w, 1e-6, enable_pdl=enable_pdl)
+        assert_bits(xi, want_y)
+        assert_bits(ri, want_h)
+    with pytest.raises(TypeError, match="fused_add_rms_norm_: enable_pdl must be a bool or None, got int"):
+        treefold.fused_add_rms_norm_(x.clone(), r.clone(), w, 1e-6, enable_pdl=1)
+
+
 def test_fused_add_rms_norm_on_rows_that_need_a_copy():
     n = 33
     big_x = randn((4, 2 * n), torch.float32, seed=1)
@@ -1791,6 +1808,26 @@ def test_gpu_bf16_matches_hugging_face(n):
     engine_y, engine_h = vllm_fused_add_rms_norm(x, r, w, 1e-6)
     assert torch.equal(h, engine_h)
     assert agreement(y.cpu(), engine_y.cpu(), max_ulps=2) >= 0.9999  # the "llama" rounding, as above
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n", [(1, 4096), (64, 8192), (4096, 5120)])
+def test_gpu_fused_add_rms_norm_with_pdl_waits_for_the_kernel_before_it(m, n):
+    """With enable_pdl the norm may start before the kernel that writes its x finishes: it must
+    still read what that kernel wrote (the bits of the ordinary launch), call after call."""
+    base = randn((m, n), torch.bfloat16, seed=n, device="cuda")
+    r0 = randn((m, n), torch.bfloat16, seed=n + 1, device="cuda")
+    w = weight_like(n, torch.bfloat16).cuda()
+    want_x, want_r = torch.empty_like(base), r0.clone()
+    torch.mul(base, 3.0, out=want_x)
+    treefold.fused_add_rms_norm_(want_x, want_r, w, 1e-6)
+    x, r = torch.empty_like(base), torch.empty_like(r0)
+    for _ in range(20):
+        r.copy_(r0)
+        torch.mul(base, 3.0, out=x)  # the kernel just before writes x
+        treefold.fused_add_rms_norm_(x, r, w, 1e-6, enable_pdl=True)
+        assert_bits(x, want_x)
+        assert_bits(r, want_r)
 
 
 @pytest.mark.gpu

@@ -156,6 +156,8 @@ _SCRIPT = textwrap.dedent("""
                                  "llama", torch.bfloat16, None, True, prefetch=True)
     norms.layer_norm_backward_impl(wide(1100, 8192), wide(1100, 8192), wide(8192), torch.zeros(1100),
                                    torch.ones(1100), True, torch.bfloat16)
+    # the in-place add + norm as a programmatic dependent launch (enable_pdl)
+    norms.fused_add_rms_norm_impl(wide(8, 4096), wide(8, 4096), wide(4096), 1e-6, enable_pdl=True)
     for kernel, args, kwargs in captured:
         params = list(inspect.signature(kernel.fn).parameters)
         runtime = [p for p in params if p not in kwargs]

@@ -430,8 +430,12 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
                    hold_16bit: Optional[bool] = None, store_hint: Optional[str] = None,
                    max_registers: Optional[int] = None, runs: Optional[int] = None,
                    h_store_hint: Optional[str] = None, tree_exchange: Optional[bool] = None,
-                   prepare_key=None) -> None:
+                   enable_pdl: bool = False, prepare_key=None) -> None:
     """One launch of ``norm_forward_kernel`` over all rows of ``x2``.
+
+    ``enable_pdl``: a programmatic dependent launch where the device takes one
+    (``launch.dependent_launch``: sm_90 and later, a Triton that builds it), an ordinary launch
+    elsewhere; the same bits either way.
 
     ``rows_per_program``, ``num_warps``, ``segments_per_program``, ``read_policy``,
     ``fused_squares``, ``read_twice``, ``hold_16bit``, ``store_hint``, ``max_registers``,
@@ -463,6 +467,8 @@ def launch_forward(x2: Tensor, res2: Optional[Tensor], w: Optional[Tensor], b: O
     args = (x2, x2 if res2 is None else res2, x2 if w is None else w, x2 if b is None else b,
             y2, x2 if h2 is None else h2, y2 if mean is None else mean, y2 if rstd is None else rstd, part, arrivals,
             m, n, _n_float(n, plan), eps, offset, segments, programs_per_row, *strides)
+    if enable_pdl and dependent_launch(x2.device.type, x2.device.index):
+        plan = dict(plan, WAIT_FOR_PRIOR=True, launch_pdl=True)
     if prepare_key is None:
         _forward_kernel(grid, *args, **plan)
         return

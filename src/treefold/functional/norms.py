@@ -173,7 +173,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
 
 
 def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
-                        eps: float = 1e-6) -> None:
+                        eps: float = 1e-6, enable_pdl: Optional[bool] = None) -> None:
     """In place, the serving engines' fused add + RMSNorm: ``residual += x``, then
     ``x = rms_norm(residual) * weight``.
 
@@ -186,8 +186,17 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
     inference): for training use ``rms_norm(x, weight, residual=residual)``, which returns
     ``(y, h)`` and is differentiable.
 
+    ``enable_pdl=True`` launches the kernel as a programmatic dependent launch on GPUs that
+    take one (sm_90 and later): its programs may start while the previous kernel on the stream
+    finishes, and wait for that kernel and its writes before reading anything, so that the
+    launch's latency overlaps the previous kernel's tail. Elsewhere, and inside a
+    ``torch.compile`` graph, the launch is an ordinary one. None or False (the default, unlike
+    FlashInfer's None, which turns it on where supported): an ordinary launch. The bits are the
+    same either way.
+
     Raises:
-        TypeError: a non-tensor or non-float argument.
+        TypeError: a non-tensor or non-float argument, an ``enable_pdl`` that is not a bool or
+            None.
         ValueError: a residual or weight of the wrong shape or device, x and residual sharing
             memory (told exactly where each is rows of a contiguous last dimension one row
             stride apart; for other strides, memory ranges that intersect are refused), an x or
@@ -201,6 +210,8 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
     if weight is not None:
         _check_vector(fn, "weight", weight, n, x, "x.shape[-1]")
     eps = _eps(fn, eps)
+    if enable_pdl is not None and enable_pdl.__class__ is not bool:
+        raise TypeError(f"{fn}: enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
     _check_row_length(fn, n)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight)):
         raise ValueError(f"{fn}: an input requires grad, but this in-place op has no autograd formula; "
@@ -209,7 +220,7 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
     if torch.compiler.is_compiling():
         torch.ops.treefold.fused_add_rms_norm_(x, residual, weight, eps)
     else:
-        _ops.fused_add_rms_norm_impl(x, residual, weight, eps)
+        _ops.fused_add_rms_norm_impl(x, residual, weight, eps, enable_pdl=bool(enable_pdl))
 
 
 def _dimension(d) -> Optional[int]:

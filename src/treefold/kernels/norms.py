@@ -139,7 +139,7 @@ def norm_forward_kernel(
     SHARED_ROW: tl.constexpr = False, HELD: tl.constexpr = 1, READ_POLICY: tl.constexpr = "",
     READ_TWICE: tl.constexpr = False, HOLD_16BIT: tl.constexpr = False, STORE_POLICY: tl.constexpr = "",
     RUNS: tl.constexpr = 1, LOG2_RUNS: tl.constexpr = 0, H_STORE_POLICY: tl.constexpr = "",
-    EXCHANGES: tl.constexpr = None, N_POW2: tl.constexpr = False,
+    EXCHANGES: tl.constexpr = None, N_POW2: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
 ):
     """RMSNorm (``IS_RMS``) or LayerNorm of ROWS rows per program, the whole row on chip, or of one
     share of a row (``SHARED_ROW``): HELD of its segments, the rest held by the other programs of
@@ -214,7 +214,11 @@ def norm_forward_kernel(
             the block's layout (``_ops.launch.tree_exchanges``); never with the interpreter.
         N_POW2: N is a power of two and ``n_float`` holds 1/N: the means are products, not
             divisions (``_over_n``; the same bits).
+        WAIT_FOR_PRIOR: launched as a programmatic dependent launch (sm_90; ``enable_pdl``): the
+            programs may start while the previous kernel on the stream finishes, and wait for it
+            and its writes before anything else (``start_dependent_launch``).
     """
+    start_dependent_launch(WAIT_FOR_PRIOR, False)
     SPAN: tl.constexpr = LANES // RUNS
     if SHARED_ROW:
         pid = tl.program_id(0)
