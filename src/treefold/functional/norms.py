@@ -192,7 +192,10 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
     launch's latency overlaps the previous kernel's tail. Elsewhere, and inside a
     ``torch.compile`` graph, the launch is an ordinary one. None or False (the default, unlike
     FlashInfer's None, which turns it on where supported): an ordinary launch. The bits are the
-    same either way.
+    same either way. What it is worth is small: on an H100, in a CUDA graph after the kernel that
+    writes x, 0.05-0.08 us a call at decode sizes (1 x 4096 to 64 x 8192), and 0.5 us lost at
+    4096 x 4096, where the waiting programs hold places the previous kernel's last wave could use
+    (benchmarks/results/h100-norm-pdl.txt).
 
     Raises:
         TypeError: a non-tensor or non-float argument, an ``enable_pdl`` that is not a bool or
