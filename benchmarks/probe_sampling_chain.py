@@ -4,7 +4,7 @@ CUDA graph with only its first L launches, for every L (the later launches not m
     PYTHONPATH=src:benchmarks python benchmarks/probe_sampling_chain.py [OUT.json [CASE]]
 
 (CASE: the index of one case of ``cases()`` alone, so that a driver can run each case in its own
-process: a prefix that faults then takes only its own case down.)
+process.)
 
 The difference between the prefixes of L and L - 1 launches is what launch L costs the call's
 end-to-end time, its wait for the launch before it included: with programmatic dependent
@@ -73,11 +73,16 @@ def launches_of(fn):
 def main(out_path="", case=None):
     ops._Run = _Prefix  # every call below builds its launches through this run
     replays, launch_names = {}, {}
+    # a graph reads the tensors it was captured with: the logits and seeds made outside the
+    # capture must outlive every replay (replays of freed ones, in runs of several cases in one
+    # process, faulted with an illegal address, here once and in probe_single_pass.py)
+    keep = []
     for i, (rows, dtype, name) in enumerate(cases()):
         if case is not None and i != int(case):
             continue
         x = logits(rows, dtype)
         seeds = torch.arange(rows, device="cuda", dtype=torch.int64) * 7919 + 1
+        keep += [x, seeds]
         key = f"{rows} {str(dtype)[6:]} {name}"
         fn = call(x, seeds, name)
         launch_names[key] = launches_of(fn)
