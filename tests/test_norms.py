@@ -1278,6 +1278,25 @@ def test_fused_add_rms_norm_on_column_ranges_of_one_buffer():
                                      weight_like(n, torch.float32))
 
 
+@pytest.mark.parametrize("n", [33, 4096])
+def test_fused_add_rms_norm_refuses_a_weight_inside_x_or_the_residual(n):
+    """The weight as a row of x or of the residual would be overwritten by the programs that
+    write that row while others still read it (at 4096 a program per row: every row after the
+    first came out wrong): refused, before anything is written."""
+    x, r = randn((4, n), torch.float32, seed=n), randn((4, n), torch.float32, seed=n + 1)
+    for name, w in (("x", x[0]), ("residual", r[1]), ("x", x.view(-1)[3:n + 3])):
+        before = x.clone(), r.clone()
+        with pytest.raises(ValueError, match=rf"fused_add_rms_norm_: weight and {name} share memory"):
+            treefold.fused_add_rms_norm_(x, r, w)
+        assert torch.equal(x, before[0]) and torch.equal(r, before[1])
+    # the same values from a buffer of their own: the out-of-place bits
+    w = x[0].clone()
+    want_y, want_h = treefold.rms_norm(x.clone(), w, residual=r.clone())
+    treefold.fused_add_rms_norm_(x, r, w)
+    assert_bits(x, want_y)
+    assert_bits(r, want_h)
+
+
 @pytest.mark.parametrize("n", [33, 4096, 16384])
 def test_reading_the_row_twice_gives_the_same_bits(n):
     x, w = randn((3, n), torch.bfloat16, seed=n), weight_like(n, torch.bfloat16)

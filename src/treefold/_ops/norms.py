@@ -845,11 +845,19 @@ def _rows_meet(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bo
 def fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float,
                             **launch) -> None:
     """In place: ``residual = x + residual`` (residual's dtype), then ``x = rms_norm(residual) * w``
-    with the "llama" casting, written in x's dtype. Raises ValueError if x and residual overlap."""
+    with the "llama" casting, written in x's dtype. Raises ValueError if x and residual overlap,
+    or if the weight shares memory with either."""
     overlap = _overlap(x, residual)
     if overlap is not None:
         raise ValueError(f"fused_add_rms_norm_: x and residual {overlap}; both are written in place, so they "
                          f"must not share any")
+    # A weight inside x or the residual would be read by some programs after others have written
+    # their rows over it: rows that depend on the launch (and, on a GPU, on timing).
+    for name, t in (("x", x), ("residual", residual)):
+        overlap = None if weight is None else _overlap(weight, t)
+        if overlap is not None:
+            raise ValueError(f"fused_add_rms_norm_: weight and {name} {overlap}; {name} is written in place, "
+                             f"so the weight must not share its memory")
     if x.numel() == 0:
         return
     for name, t in (("x", x), ("residual", residual)):

@@ -202,9 +202,10 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
             None.
         ValueError: a residual or weight of the wrong shape or device, x and residual sharing
             memory (told exactly where each is rows of a contiguous last dimension one row
-            stride apart; for other strides, memory ranges that intersect are refused), an x or
-            residual whose own elements may share memory (expanded, or strides that interleave),
-            a tensor that requires grad while grad mode is on, a bad eps.
+            stride apart; for other strides, memory ranges that intersect are refused), a weight
+            that shares memory with x or the residual, an x or residual whose own elements may
+            share memory (expanded, or strides that interleave), a tensor that requires grad while
+            grad mode is on, a bad eps.
     """
     fn = "fused_add_rms_norm_"
     _check_x(fn, x)
@@ -219,7 +220,8 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight)):
         raise ValueError(f"{fn}: an input requires grad, but this in-place op has no autograd formula; "
                          f"use rms_norm(x, weight, residual=residual) to train")
-    # The implementation refuses x and residual that share memory (both are written).
+    # The implementation refuses x and residual that share memory (both are written), and a weight
+    # inside either.
     if torch.compiler.is_compiling():
         torch.ops.treefold.fused_add_rms_norm_(x, residual, weight, eps)
     else:
