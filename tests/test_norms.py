@@ -1077,6 +1077,18 @@ def test_modules_load_torch_state_dicts():
         assert_close(mod(x), copy.deepcopy(src).double()(x.double()), torch.float32)
     y, h = tnn.RMSNorm(32).to(DEVICE)(x, x)
     assert y.shape == x.shape and torch.equal(h, x + x)
+    # the modules print as torch's do, bias included
+    for kwargs in ({}, {"bias": False}, {"elementwise_affine": False}):
+        assert repr(tnn.LayerNorm(32, **kwargs)) == repr(torch.nn.LayerNorm(32, **kwargs))
+
+
+def test_rms_norm_module_refuses_an_offset_without_a_weight():
+    # as the function does: the offset is added to a weight, and there would be none to add it to
+    with pytest.raises(ValueError, match=r"RMSNorm: offset=1.0 needs elementwise_affine=True"):
+        tnn.RMSNorm(32, elementwise_affine=False, offset=1.0)
+    plain = tnn.RMSNorm(32, elementwise_affine=False).to(DEVICE)
+    x = randn((3, 32), torch.float32, seed=6)
+    assert_bits(plain(x), treefold.rms_norm(x))
 
 
 def test_modules_without_affine_gemma_checkpoints_and_compile():

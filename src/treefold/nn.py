@@ -88,6 +88,10 @@ class RMSNorm(nn.Module):
         self.elementwise_affine = elementwise_affine
         self.casting = casting
         self.offset = _checks.finite_float("RMSNorm", "offset", offset)
+        if self.offset != 0.0 and not elementwise_affine:
+            # (as ``treefold.rms_norm``: an offset is added to a weight, and there would be none)
+            raise ValueError(f"RMSNorm: offset={self.offset} needs elementwise_affine=True (the offset is added "
+                             f"to the weight)")
         if elementwise_affine:
             self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
         else:
@@ -112,8 +116,7 @@ class RMSNorm(nn.Module):
         flat = x if k == 1 else x.reshape(*x.shape[:-k], n)
         res = residual if residual is None or k == 1 else residual.reshape(*residual.shape[:-k], n)
         weight = self.weight if self.weight is None or k == 1 else self.weight.reshape(n)
-        out = rms_norm(flat, weight, eps, residual=res, offset=self.offset if weight is not None else 0.0,
-                       casting=self.casting)
+        out = rms_norm(flat, weight, eps, residual=res, offset=self.offset, casting=self.casting)
         if k == 1:
             return out
         if residual is None:
@@ -162,7 +165,9 @@ class LayerNorm(nn.Module):
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        # torch.nn.LayerNorm's, bias included (False without an affine transform too)
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"bias={self.bias is not None}")
 
 
 class CrossEntropyLoss(nn.Module):
