@@ -327,6 +327,21 @@ def test_accurate_sum_keeps_what_cancels_inside_a_group(rng):
     assert float(tf.sum(torch.from_numpy(cases[0]).to(DEVICE), accurate=True)) == float(np.float32(1.5e-7))
 
 
+def nearest_16bit(q: fractions.Fraction, dtype: torch.dtype) -> torch.Tensor:
+    """The bfloat16 or float16 value nearest the rational q (ties to even), from q itself: the
+    16-bit neighbours of q's float64 rounding compared with q exactly."""
+    largest = torch.finfo(dtype).max
+    below = torch.tensor([largest], dtype=dtype).view(torch.int16) - 1
+    # past the largest value by half its ulp or more: infinity (the tie goes to even, which it is)
+    if abs(q) >= fractions.Fraction(largest) + (fractions.Fraction(largest) - fractions.Fraction(
+            below.view(dtype).item())) / 2:
+        return torch.tensor(math.copysign(math.inf, q), dtype=dtype)
+    as_int = torch.tensor([float(q)], dtype=torch.float64).to(dtype).view(torch.int16).item()
+    candidates = [torch.tensor([as_int + d], dtype=torch.int16).view(dtype) for d in (-1, 0, 1)]
+    finite = [c for c in candidates if math.isfinite(c.item())]
+    return min(finite, key=lambda c: (abs(fractions.Fraction(c.item()) - q), c.view(torch.int16).item() & 1))[0]
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_accurate_sum_rows_and_dtypes(rng):
     for dtype in FLOATS:
@@ -334,7 +349,34 @@ def test_accurate_sum_rows_and_dtypes(rng):
         got = on_device.sum(x, dim=-1, accurate=True, dtype=torch.float32)
         want = [ref.correctly_rounded_sum(x[i].float().numpy()) for i in range(4)]
         assert_same_bits(got, torch.tensor(np.array(want)))
-        assert_same_bits(on_device.sum(x, dim=-1, accurate=True), got.to(dtype))
+        if dtype != torch.float32:
+            exact = [ref.exact_sum(x[i].float().numpy()) for i in range(4)]
+            assert_same_bits(on_device.sum(x, dim=-1, accurate=True).cpu(),
+                             torch.stack([nearest_16bit(q, dtype) for q in exact]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_accurate_16bit_sums_and_means_round_once(dtype):
+    """A 16-bit accurate result is the 16-bit value nearest the exact sum (and the float64 mean),
+    not a rounding of the nearest float32: sums that lie just past a 16-bit midpoint, whose
+    nearest float32 is the midpoint itself (rounded again, to even, it would go the other way)."""
+    bits = 8 if dtype == torch.bfloat16 else 11  # significand bits of the 16-bit format
+    for top in (1.0, 1.0 + 2.0 ** (1 - bits)):  # even and odd last bits below the midpoint
+        for tail in (2.0 ** -30, -(2.0 ** -30)):
+            values = [top, 2.0 ** -bits, tail]  # top + half a 16-bit ulp, nudged by the tail
+            x = torch.tensor(values, dtype=dtype, device=DEVICE)
+            if any(v != float(t) for v, t in zip(values, x.cpu())):
+                continue  # (the tail is below float16's range)
+            exact = sum(map(fractions.Fraction, values))
+            assert_same_bits(on_device.sum(x, accurate=True).cpu(), nearest_16bit(exact, dtype))
+            n = len(values)
+            mean = fractions.Fraction(float(exact)) / n  # the float64 dividend the mean takes
+            assert_same_bits(on_device.mean(x, accurate=True).cpu(),
+                             nearest_16bit(fractions.Fraction(float(mean)), dtype))
+    # the case a review found: 1 + 2^-8 + 2^-30 in bfloat16 is 1.0078125, not 1.0
+    if dtype == torch.bfloat16:
+        x = torch.tensor([1.0, 2.0 ** -8, 2.0 ** -30], dtype=dtype, device=DEVICE)
+        assert tf.sum(x, accurate=True).item() == 1.0078125
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -100,7 +100,7 @@ def sum(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
             accumulate in int64 and default to int64 (int32 wraps, like torch).
         accurate: return the correctly rounded sum (float inputs): the same trees in float64
             double-double arithmetic (every add an error-free TwoSum, its error kept in a
-            second word), rounded to float32 once at the end.
+            second word), rounded once at the end to the result dtype.
 
     Default: the same bits as ``treefold.order.reference_sum`` on every device, run and launch.
     The error is at most D * 2^-24 * sum|x_i| / (1 - D * 2^-24), D = the adds per element
@@ -121,7 +121,11 @@ def sum(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
     float64 instead: exact only while a group's nonzero magnitudes span less than 2^27 for
     float32 (2^42 bfloat16, 2^39 float16); at 2^28 float32 on the H200 it took 0.99x-1.02x the
     default sum's time where TwoSum groups took 1.06x; see benchmarks/NOTES.md.)
-    A bfloat16 or float16 ``dtype`` rounds that float32 again. Empty: 0.
+    A bfloat16 or float16 result is rounded once too: the float32 step is taken by round-to-odd
+    (the neighbour with an odd last bit wherever the sum is not a float32), which rounds to 16
+    bits exactly as the sum itself would, so the result is the 16-bit value nearest the sum (not
+    a rounding of the nearest float32: [1, 2^-8, 2^-30] in bfloat16 sums to 1.0078125, where
+    rounding 1.00390625 again would give 1.0). Empty: 0.
     """
     fn = "sum"
     key = ops.prepared_key(fn, x, dim, keepdim, dtype, accurate)
@@ -144,7 +148,8 @@ def mean(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None,
 
     The float32 treefold sum divided by the element count in float64 and rounded once to
     float32 (then to ``dtype``, default x's dtype). With ``accurate=True`` the dividend is the
-    float64 nearest the accurate sum's pair instead. Empty: NaN, like torch.
+    float64 nearest the accurate sum's pair instead, and the float64 quotient is rounded once to
+    the result dtype, 16-bit ones included (as ``sum``'s). Empty: NaN, like torch.
 
     Args:
         x: float32, bfloat16 or float16 tensor.

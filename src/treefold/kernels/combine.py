@@ -265,8 +265,10 @@ def tree_double_double(s, c, ROWS: tl.constexpr, WIDTH: tl.constexpr, LOG2_WIDTH
 
 
 @triton.jit
-def double_double_to_float32(s, c):
-    """The float32 nearest (ties to even) to the exact value s + c.
+def double_double_to_float32(s, c, ROUND_TO_ODD: tl.constexpr = False):
+    """The float32 nearest (ties to even) to the exact value s + c, or with ``ROUND_TO_ODD`` the
+    float32 round-to-odd of it (``float32_round_to_odd``: for a 16-bit result, which rounds it
+    once more and must get the 16-bit value nearest s + c).
 
     s + c is first renormalised to hi + lo with hi = fl(s + c) and lo exact (a zero c leaves s
     alone, keeping the sign of a zero sum). hi is then replaced by its neighbour towards lo when
@@ -285,9 +287,32 @@ def double_double_to_float32(s, c):
     # hi, so "towards lo" is +1 when lo and hi have the same sign and -1 otherwise.
     step = tl.where((lo > 0) == (hi > 0), 1, -1).to(tl.int64)
     bits = tl.where((lo != 0) & even, bits + step, bits)
-    rounded = bits.to(tl.float64, bitcast=True).to(tl.float32)
+    odd = bits.to(tl.float64, bitcast=True)
+    if ROUND_TO_ODD:
+        rounded = float32_round_to_odd(odd)
+    else:
+        rounded = odd.to(tl.float32)
     finite = tl.abs(s) < float("inf")
     return tl.where(finite, rounded, s.to(tl.float32))
+
+
+@triton.jit
+def float32_round_to_odd(v):
+    """float64 -> float32 by round-to-odd: the float32 nearest v when v is one (or overflows),
+    else the one of its two float32 neighbours whose last bit is odd. A 24-bit round-to-odd value
+    rounds to a format of at most 22 bits (bfloat16, float16) exactly as v would, so converting
+    the result to 16 bits (to nearest even) is the 16-bit value nearest v: one rounding, not two.
+    (Of a value that is itself a 53-bit round-to-odd result, it is the 24-bit round-to-odd of the
+    exact value.)"""
+    f = v.to(tl.float32)
+    bits = f.to(tl.int32, bitcast=True)
+    # towards v: +1 on the bit pattern (a larger magnitude) when v - f (exact) has f's sign (f's
+    # sign bit, since f may be a zero that v is not), -1 otherwise
+    rest = v - f.to(tl.float64)
+    step = tl.where((rest > 0) == (bits >= 0), 1, -1)
+    inexact = (rest != 0) & (tl.abs(f) < float("inf"))
+    bits = tl.where(inexact & ((bits & 1) == 0), bits + step, bits)
+    return bits.to(tl.float32, bitcast=True)
 
 
 # --------------------------------------------------------------------------------------------

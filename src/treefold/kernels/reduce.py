@@ -36,7 +36,7 @@ later levels read and write fewer than 1/4000 of N. With FINISH a level writes o
 import triton
 import triton.language as tl
 
-from .combine import (double_double_to_float32, pick_later, run_tree_sum, start_dependent_launch,
+from .combine import (double_double_to_float32, float32_round_to_odd, pick_later, run_tree_sum, start_dependent_launch,
                       tree_double_double, tree_pick, tree_sum)
 
 ACC_FP32: tl.constexpr = tl.constexpr(0)
@@ -240,13 +240,20 @@ def segment_sum_kernel(
                 tl.reshape(seg_c, [ROWS_PER_PROGRAM, SEGMENTS_PER_PROGRAM]),
                 ROWS_PER_PROGRAM, SEGMENTS_PER_PROGRAM, LOG2_SEGMENTS_PER_PROGRAM, 1, 0, True,
                 INTERPRETED)
+            # A 16-bit result takes the float32 round-to-odd value, which the store rounds once
+            # more: the 16-bit value nearest the float64 one, not a rounding of a rounding.
+            SIXTEEN_BIT_OUT: tl.constexpr = out_ptr.dtype.element_ty.primitive_bitwidth == 16
             if FINAL == FINAL_MEAN:
                 hi = tl.where(c == 0, s, s + c)
                 # float64 division compiles to div.rn.f64 (correctly rounded, like NumPy's).
-                result = (hi / tl.cast(count, tl.float64)).to(tl.float32)
+                quotient = hi / tl.cast(count, tl.float64)
+                if SIXTEEN_BIT_OUT:
+                    result = float32_round_to_odd(quotient)
+                else:
+                    result = quotient.to(tl.float32)
                 result = tl.where(tl.abs(s) < float("inf"), result, s.to(tl.float32))
             else:
-                result = double_double_to_float32(s, c)
+                result = double_double_to_float32(s, c, SIXTEEN_BIT_OUT)
         else:
             total = tree_sum(tl.reshape(seg_s, [ROWS_PER_PROGRAM, SEGMENTS_PER_PROGRAM]),
                              ROWS_PER_PROGRAM, SEGMENTS_PER_PROGRAM, LOG2_SEGMENTS_PER_PROGRAM, 1, 0)

@@ -89,8 +89,10 @@ def accurate_sum_parts(x, axis: int = -1, exact_groups: bool = True, dtype=None)
     return s[..., 0], c[..., 0]
 
 
-def double_double_to_float32(s: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """The float32 nearest to s + c (ties to even), by round-to-odd; as the kernel does."""
+def double_double_to_float32(s: np.ndarray, c: np.ndarray, round_to_odd: bool = False) -> np.ndarray:
+    """The float32 nearest to s + c (ties to even), by round-to-odd; as the kernel does. With
+    ``round_to_odd`` the float32 round-to-odd of s + c instead (``float32_round_to_odd``), which a
+    16-bit result rounds once more."""
     s = np.asarray(s, dtype=np.float64)
     c = np.asarray(c, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -101,18 +103,36 @@ def double_double_to_float32(s: np.ndarray, c: np.ndarray) -> np.ndarray:
         bits = np.asarray(hi, dtype=np.float64).view(np.int64)
         step = np.where((lo > 0) == (hi > 0), 1, -1).astype(np.int64)
         bits = np.where((lo != 0) & ((bits & 1) == 0), bits + step, bits)
-        rounded = np.asarray(bits, dtype=np.int64).view(np.float64).astype(np.float32)
+        odd = np.asarray(bits, dtype=np.int64).view(np.float64)
+        rounded = float32_round_to_odd(odd) if round_to_odd else odd.astype(np.float32)
         return np.where(np.abs(s) < np.inf, rounded, s.astype(np.float32))
 
 
-def accurate_sum(x, axis: int = -1, exact_groups: bool = True, dtype=None) -> np.ndarray:
-    """``sum(x, accurate=True)`` along ``axis``: float32, the same bits as the kernel."""
+def float32_round_to_odd(v: np.ndarray) -> np.ndarray:
+    """float64 -> float32 by round-to-odd, as the kernels' ``combine.float32_round_to_odd``: v's
+    nearest float32 when that is v (or infinite), else the neighbour of v with an odd last bit.
+    Converted to 16 bits (to nearest even), the result is the 16-bit value nearest v."""
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        f = v.astype(np.float32)
+        bits = np.asarray(f, dtype=np.float32).view(np.int32).astype(np.int64)
+        rest = v - f.astype(np.float64)  # exact
+        step = np.where((rest > 0) == (bits >= 0), 1, -1)
+        inexact = (rest != 0) & (np.abs(f) < np.inf)
+        bits = np.where(inexact & ((bits & 1) == 0), bits + step, bits)
+        return np.asarray(bits.astype(np.int32), dtype=np.int32).view(np.float32)
+
+
+def accurate_sum(x, axis: int = -1, exact_groups: bool = True, dtype=None, round_to_odd: bool = False) -> np.ndarray:
+    """``sum(x, accurate=True)`` along ``axis``: float32, the same bits as the kernel (with
+    ``round_to_odd``, the float32 that a 16-bit result is rounded from)."""
     s, c = accurate_sum_parts(x, axis, exact_groups, dtype)
-    return double_double_to_float32(s, c)
+    return double_double_to_float32(s, c, round_to_odd)
 
 
-def accurate_mean(x, axis: int = -1, dtype=None, exact_groups: bool = True) -> np.ndarray:
-    """``mean(x, accurate=True)``: fl64(s + c) / n in float64, rounded once to float32."""
+def accurate_mean(x, axis: int = -1, dtype=None, exact_groups: bool = True, round_to_odd: bool = False) -> np.ndarray:
+    """``mean(x, accurate=True)``: fl64(s + c) / n in float64, rounded once to float32 (with
+    ``round_to_odd``, to the float32 round-to-odd that a 16-bit result is rounded from)."""
     if isinstance(x, torch.Tensor):
         dtype = x.dtype if dtype is None else dtype
     a = _as_float32(x)
@@ -122,7 +142,8 @@ def accurate_mean(x, axis: int = -1, dtype=None, exact_groups: bool = True) -> n
     s, c = accurate_sum_parts(a, axis, exact_groups, dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         hi = np.where(c == 0, s, s + c)
-        mean = (hi / np.float64(n)).astype(np.float32)
+        quotient = hi / np.float64(n)
+        mean = float32_round_to_odd(quotient) if round_to_odd else quotient.astype(np.float32)
         return np.where(np.abs(s) < np.inf, mean, s.astype(np.float32))
 
 
@@ -251,15 +272,17 @@ def sum_rows(x: torch.Tensor, kind: str, out_dtype: torch.dtype, exact_groups: b
         return torch.full((rows,), fill, dtype=out_dtype, device=x.device)
     a = _as_float32(x)
     dt = x.dtype  # the dtype the kernel reads sets the group width
+    # the accurate kinds give a 16-bit result the float32 round-to-odd value to round (once)
+    odd = out_dtype.itemsize == 2
     with np.errstate(invalid="ignore", over="ignore"):
         if kind == "sum":
             r = order.reference_sum(a, dtype=dt)
         elif kind == "sum_accurate":
-            r = accurate_sum(a, exact_groups=exact_groups, dtype=dt)
+            r = accurate_sum(a, exact_groups=exact_groups, dtype=dt, round_to_odd=odd)
         elif kind == "mean":
             r = (order.reference_sum(a, dtype=dt).astype(np.float64) / np.float64(n)).astype(np.float32)
         elif kind == "mean_accurate":
-            r = accurate_mean(a, dtype=dt, exact_groups=exact_groups)
+            r = accurate_mean(a, dtype=dt, exact_groups=exact_groups, round_to_odd=odd)
         elif kind == "norm1":
             r = order.reference_sum(np.abs(a), dtype=dt)
         else:
