@@ -1241,6 +1241,14 @@ def test_bad_arguments_name_themselves():
         assert torch.equal(bad_x, before[0]) and torch.equal(bad_r, before[1])
 
 
+def test_malformed_casting_and_normalized_shape_name_their_argument():
+    x = randn((2, 8), torch.float32, seed=1)
+    with pytest.raises(TypeError, match=r"rms_norm: casting must be a str \(one of 'llama', 'gemma', 'none'\), got list"):
+        treefold.rms_norm(x, casting=["llama"])
+    with pytest.raises(TypeError, match=r"layer_norm: normalized_shape must be an int or a non-empty sequence"):
+        treefold.layer_norm(x, np.array([2, 8]))
+
+
 def test_layer_norm_takes_numpy_integers_as_torch_does():
     x, w = randn((3, 2, 8), torch.float32, seed=1), weight_like(8, torch.float32)
     want = treefold.layer_norm(x, 8, w)

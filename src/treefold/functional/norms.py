@@ -146,6 +146,9 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         _check_residual(fn, residual, x)
     eps = _eps(fn, eps)
     offset = _offset(fn, offset)
+    if casting.__class__ is not str:
+        raise TypeError(f"{fn}: casting must be a str (one of {', '.join(map(repr, CASTINGS))}), "
+                        f"got {type(casting).__name__}")
     if casting not in CASTINGS:
         raise ValueError(f"{fn}: casting must be one of {', '.join(map(repr, CASTINGS))}, got {casting!r}")
     if offset != 0.0 and weight is None:
@@ -233,7 +236,8 @@ def _dimension(d) -> Optional[int]:
     as torch takes them), else None."""
     # (no try/except around operator.index: torch.compile of torch 2.11 fails on the TypeError
     # it raises for a tuple instead of taking the except branch)
-    if isinstance(d, (bool, torch.Tensor, tuple, list)) or not hasattr(d, "__index__"):
+    if isinstance(d, (bool, torch.Tensor, tuple, list)) or not hasattr(d, "__index__") or getattr(d, "ndim", 0):
+        # (a NumPy array of more than a scalar has __index__, and raises a TypeError that names nothing)
         return None
     return operator.index(d)
 
