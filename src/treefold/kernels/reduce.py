@@ -36,8 +36,8 @@ later levels read and write fewer than 1/4000 of N. With FINISH a level writes o
 import triton
 import triton.language as tl
 
-from .combine import (double_double_to_float32, float32_round_to_odd, pick_later, run_tree_sum, start_dependent_launch,
-                      tree_double_double, tree_pick, tree_sum)
+from .combine import (double_double_to_float32, float32_round_to_odd, pick_later, run_tree_sum,
+                      start_dependent_launch, tree_double_double, tree_pick, tree_sum)
 
 ACC_FP32: tl.constexpr = tl.constexpr(0)
 ACC_DOUBLE_DOUBLE: tl.constexpr = tl.constexpr(1)
