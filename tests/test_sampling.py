@@ -6,6 +6,7 @@ Philox numbers, same float32 race), and the reference passes chi-square tests ag
 float64 filtered distribution over many draws; the kernels pass them too, with fewer draws on
 the CPU (the interpreter is slow) and many on the GPU.
 """
+import fractions
 import math
 
 import numpy as np
@@ -446,6 +447,11 @@ def test_non_finite_logits_are_never_drawn(device):
     (dict(top_p=1.5), ValueError, r"sample: top_p=1.5 is outside \(0, 1\]"),
     (dict(top_p=float("nan")), ValueError, r"sample: top_p=nan is outside \(0, 1\]"),
     (dict(min_p=-0.1), ValueError, r"sample: min_p=-0.1 is outside \[0, 1\]"),
+    # numbers past float's range (float() of them raises OverflowError, naming nothing)
+    (dict(temperature=10 ** 400), ValueError, "sample: temperature must be finite, got a number too large"),
+    (dict(temperature=fractions.Fraction(10 ** 400)), ValueError, "sample: temperature must be finite"),
+    (dict(top_p=10 ** 400), ValueError, r"sample: top_p is outside \(0, 1\] \(a number too large for a float\)"),
+    (dict(min_p=-10 ** 400), ValueError, r"sample: min_p is outside \[0, 1\] \(a number too large"),
     (dict(seed=1 << 64), ValueError, "sample: seed=18446744073709551616 does not fit in 64 bits"),
     (dict(seed=1.5), TypeError, "sample: seed must be an int or an integer tensor, got float"),
     (dict(offset=True), TypeError, "sample: offset must be an int or an integer tensor, got bool"),

@@ -69,10 +69,22 @@ def flag(fn: str, name: str, value) -> bool:
     return value
 
 
+def beyond_float(value) -> bool:
+    """Whether ``value`` is an int or fraction too large for a float: ``float()`` of it raises
+    OverflowError, a message that names no argument, so the callers refuse it first."""
+    return isinstance(value, numbers.Rational) and abs(value) >= _FLOAT_OVERFLOW
+
+
+#: 2^1024: an int or fraction of at least this magnitude has no float (float() overflows).
+_FLOAT_OVERFLOW = 2 ** 1024
+
+
 def finite_float(fn: str, name: str, value, *, low=None, high=None, low_open=False) -> float:
     """A finite Python number inside [low, high] (or (low, high] with ``low_open``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{fn}: {name} must be a number, got {type(value).__name__}")
+    if beyond_float(value):
+        raise ValueError(f"{fn}: {name} must be finite, got a number too large for a float")
     v = float(value)
     # comparisons, not math.isfinite: traced by torch.compile, a float argument that changed
     # between calls arrives symbolic, and a comparison is a guard where isfinite is a graph break

@@ -123,6 +123,9 @@ def _p(fn: str, name: str, value, rows, batch, device, *, low_open: bool, option
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         kinds = "a number, a tensor or None" if optional else "a number or a tensor"
         raise TypeError(f"{fn}: {name} must be {kinds}, got {type(value).__name__}")
+    if _checks.beyond_float(value):
+        raise ValueError(f"{fn}: {name} is outside {'(0, 1]' if low_open else '[0, 1]'} (a number too large "
+                         f"for a float)")
     v = float(value)
     if low_open and 0.0 < v <= _checks.FLOAT32_ZERO:
         raise ValueError(f"{fn}: {name}={value} rounds to 0 in float32, in which the kernels take it "
