@@ -14,9 +14,11 @@ logits already stay in L2 the policies should change nothing. Every variant must
 tokens (checked first).
 
 151936 logits (the gpu_sampling inputs): 64 rows fp32 peaked (top-p 0.9, min-p 0.05, top-k 50)
-and flat (top-p 0.9), 64 rows bf16 peaked (top-p 0.9), 16 rows fp32 peaked (top-p 0.9). Each call
-replayed from a CUDA graph (do_bench median, L2 flushed) in three interleaved rounds.
+and flat (top-p 0.9), 64 rows bf16 peaked (top-p 0.9), 16 rows fp32 peaked (top-p 0.9), one row
+fp32 peaked (top-p 0.9, min-p 0.05: the pipeline, which ``sample`` takes at one row for min-p).
+Each call replayed from a CUDA graph (do_bench median, L2 flushed) in three interleaved rounds.
 """
+import os
 import sys
 
 import torch
@@ -28,17 +30,21 @@ from probe_report import sampling_variants, variant_probe
 
 #: name -> the launcher's settings
 VARIANTS = {
-    "default": {},
-    "keep first": {"FILTER_FIRST_READ_POLICY": "evict_last"},
+    "plain": {"FILTER_FIRST_READ_POLICY": "", "FILTER_SECOND_READ_POLICY": ""},
+    "keep first": {"FILTER_FIRST_READ_POLICY": "evict_last", "FILTER_SECOND_READ_POLICY": ""},
     "keep first, drop second": {"FILTER_FIRST_READ_POLICY": "evict_last", "FILTER_SECOND_READ_POLICY": "evict_first"},
-    "drop second": {"FILTER_SECOND_READ_POLICY": "evict_first"},
+    "drop second": {"FILTER_FIRST_READ_POLICY": "", "FILTER_SECOND_READ_POLICY": "evict_first"},
 }
 CASES = (
     (64, torch.float32, False, ("top-p 0.9", "min-p 0.05", "top-k 50")),
     (64, torch.float32, True, ("top-p 0.9",)),
     (64, torch.bfloat16, False, ("top-p 0.9",)),
     (16, torch.float32, False, ("top-p 0.9",)),
+    (1, torch.float32, False, ("top-p 0.9", "min-p 0.05")),
 )
+#: ONLY_ROWS=1,16 keeps the cases of those batch sizes
+if os.environ.get("ONLY_ROWS"):
+    CASES = tuple(c for c in CASES if str(c[0]) in os.environ["ONLY_ROWS"].split(","))
 
 
 def table():
