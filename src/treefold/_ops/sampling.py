@@ -88,6 +88,15 @@ SEARCH_SLOTS = 16
 #: 7-17 us slower on flat ones; 6 (one wave of the histogram pass) and 4 slower everywhere. (The
 #: unfiltered race: RACE_PROGRAMS_PER_SM.)
 FILTER_PROGRAMS_PER_SM = 16
+#: L2 eviction policies of the filtered path's two reads of the logits: the segment maxima's (from
+#: HBM) and the histogram pass's (the same bytes again, from L2). "" (the default policy),
+#: "evict_last" or "evict_first" (launch choices: the bits do not depend on them). H100, CUDA graph,
+#: L2 flushed, 151936 logits (results/h100-probe-read-policy.txt): the histogram pass's read marked
+#: evict-first was faster in every case, 64 rows fp32 top-p 0.9 70.9 -> 67.0 us, min-p 0.05 57.4 ->
+#: 57.1, top-k 50 55.2 -> 54.6, flat top-p 239.0 -> 232.4, bf16 top-p 61.5 -> 59.6, 16 rows top-p
+#: 39.6 -> 37.3; the first read marked evict-last lost 3 us under min-p and top-k at 64 rows.
+FILTER_FIRST_READ_POLICY = ""
+FILTER_SECOND_READ_POLICY = "evict_first"
 #: The unfiltered race (greedy argmax, or plain sampling with the race noise; ``race_plan``):
 #: programs per SM, and whether it prefetches. H200, CUDA graph, 64 rows of 151936, two runs
 #: (results/h200-probe-race-launch.txt, -2.txt; 4 to 32 per SM, segments of 512 to 4096 tokens, 4
@@ -439,15 +448,16 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     run(_SEGMENT_MAX,
         grid, x, n, x.stride(0), part_max, hist, fine, counter, prelist_count, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
-        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=c["unit_t"], num_warps=g.num_warps,
-        **first)
+        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=c["unit_t"],
+        READ_POLICY=FILTER_FIRST_READ_POLICY, num_warps=g.num_warps, **first)
     run(_HISTOGRAM,
         grid, x, n, x.stride(0), part_max, part_total, hist, part_listed, part_valid, prelist, prelist_stride,
         prelist_count, g.programs_per_row, t,
         T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins, MASSES=masses,
-        PREFETCH=_prefetch(g, prefetch, middle, True), UNIT_T=c["unit_t"], num_warps=g.num_warps,
+        PREFETCH=_prefetch(g, prefetch, middle, True), UNIT_T=c["unit_t"],
+        READ_POLICY=FILTER_SECOND_READ_POLICY, num_warps=g.num_warps,
         **register_cap(HISTOGRAM_MAX_REGISTERS if g.segments_per_program < kernels.LIST_CHUNK.value else None),
         **middle)
     if prelist_bins:

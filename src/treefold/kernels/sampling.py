@@ -379,7 +379,7 @@ def _logits_at(x_ptr, row, stride_x, offsets, mask, inv_t, UNIT_T: tl.constexpr 
 @triton.jit
 def _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, next_raw,
                     SEGMENTS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr, PREFETCH: tl.constexpr,
-                    UNIT_T: tl.constexpr = False):
+                    UNIT_T: tl.constexpr, READ_POLICY: tl.constexpr):
     """Segment j of a program's consecutive segments: its columns, which of them lie in the row,
     (x, finite, y) as ``_logits_at`` gives them, and the loaded logits of segment j + 1 (in their
     own dtype).
@@ -387,7 +387,8 @@ def _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, next_raw,
     With ``PREFETCH`` the segment's logits are ``next_raw``, loaded by the previous step, and
     this step issues the next segment's loads before the caller works on this one, so that a
     program keeps bytes in flight through its arithmetic (none past its last segment).
-    Otherwise it loads segment j and returns ``next_raw`` unchanged.
+    Otherwise it loads segment j and returns ``next_raw`` unchanged. ``READ_POLICY``: the loads'
+    L2 eviction policy ("", "evict_last", "evict_first").
     """
     cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
     in_row = cols < n
@@ -395,21 +396,21 @@ def _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, next_raw,
         raw = next_raw
         following = cols + WIDTH
         next_raw = tl.load(x_ptr + row * stride_x + following, mask=(following < n) & (j + 1 < SEGMENTS_PER_PROGRAM),
-                           other=0.0)
+                           other=0.0, eviction_policy=READ_POLICY)
     else:
-        raw = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0)
+        raw = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0, eviction_policy=READ_POLICY)
     x, finite, y = _logits_from(raw, in_row, inv_t, UNIT_T)
     return cols, in_row, x, finite, y, next_raw
 
 
 @triton.jit
 def _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr,
-                   PREFETCH: tl.constexpr):
+                   PREFETCH: tl.constexpr, READ_POLICY: tl.constexpr):
     """The loaded logits of a program's first segment with ``PREFETCH`` (a placeholder of the same
     type otherwise), for ``_segment_logits``."""
     cols = prog * SEGMENTS_PER_PROGRAM * WIDTH + lanes
     if PREFETCH:
-        return tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0)
+        return tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0, eviction_policy=READ_POLICY)
     else:
         return tl.zeros([WIDTH], x_ptr.dtype.element_ty)
 
@@ -801,11 +802,11 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
         m = tl.load(plan_row + PLAN_MAX_BITS).to(tl.float32, bitcast=True)
         mp = tl.load(plan_row + PLAN_MIN_P_BITS).to(tl.float32, bitcast=True)
     if race:
-        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, "")
         for j in range(SEGMENTS_PER_PROGRAM):
             start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
             cols, in_row, x, valid, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                             SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T)
+                                                             SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T, "")
             if SURE_ONLY:
                 # the compaction's own test of a sure-kept token, on the same values
                 w, w_fixed = _fixed_mass(y, m, valid)
@@ -898,7 +899,8 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
                        prelist_count_ptr, programs_per_row, temperature,
                        T_ROW: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                        NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr, PREFETCH: tl.constexpr = False,
-                       RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
+                       RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False,
+                       READ_POLICY: tl.constexpr = ""):
     """Maximum of y = x / t over the finite tokens of each program's segments; the first program
     of a row also clears the row's histograms and list counter. Grid rows * programs_per_row.
 
@@ -922,6 +924,8 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         RELEASE_DEPENDENTS: the histogram pass, a programmatic dependent launch, may start early
             (``start_dependent_launch``).
         UNIT_T: as in ``race_kernel``.
+        READ_POLICY: the L2 eviction policy of the logits' loads (``_segment_logits``; a launch
+            choice: the histogram pass reads the logits again).
     """
     start_dependent_launch(False, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
@@ -936,10 +940,11 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         tl.store(prelist_count_ptr + row, 0)
     lanes = tl.arange(0, WIDTH)
     lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
-    raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+    raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, READ_POLICY)
     for j in range(SEGMENTS_PER_PROGRAM):
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T)
+                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T,
+                                                          READ_POLICY)
         lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
     tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
 
@@ -954,7 +959,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                          ALL_VALUES: tl.constexpr, PRELIST_BINS: tl.constexpr = 0,
                          MASSES: tl.constexpr = True, PREFETCH: tl.constexpr = False,
                          WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
-                         UNIT_T: tl.constexpr = False):
+                         UNIT_T: tl.constexpr = False, READ_POLICY: tl.constexpr = ""):
     """The fixed-point mass of each program's tokens (per-lane integer sums, one reduction per
     program) and either the bin histogram of the row (integer atomics) or the pre-list. Grid
     rows * programs_per_row.
@@ -999,6 +1004,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
             listing once it sees the row's count pass the capacity, or once a chunk of its
             segments marks more than twice its share of it (it then gives the row's list up).
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS, UNIT_T: as in ``race_kernel``.
+        READ_POLICY: the L2 eviction policy of the logits' loads, as in ``segment_max_kernel``.
     """
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
@@ -1006,7 +1012,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     lanes = tl.arange(0, WIDTH)
     # The logits are no pass's output: the first segment's loads go out before the wait for the
     # segment maxima, and their latency overlaps it and the maxima's load and reduction.
-    raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+    raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, READ_POLICY)
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     m = _row_max(part_max_ptr, row, programs_per_row, PARTS_POW2)
@@ -1027,7 +1033,8 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     bit = tl.full([], 0, tl.int32)  # segment j's place in its chunk
     for j in range(SEGMENTS_PER_PROGRAM):
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T)
+                                                          SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T,
+                                                          READ_POLICY)
         valid = in_row if ALL_VALUES else finite
         gap = _gap(y, m, finite)
         if MASSES:
@@ -1153,10 +1160,10 @@ def bin_count_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_list
                 counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES), NUM_BINS,
                                        mask=valid)
     else:
-        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, "")
         for j in range(SEGMENTS_PER_PROGRAM):
             cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
-                                                              SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T)
+                                                              SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T, "")
             valid = in_row if ALL_VALUES else finite
             counts += tl.histogram(_bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES), NUM_BINS,
                                    mask=valid)
@@ -1316,7 +1323,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
     if PRELIST_BINS == 0:
         # Without a pre-list every live row is read whole: the first segment's loads go out
         # before the wait for the plan, and their latency overlaps it and the plan's loads.
-        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+        raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, "")
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     inv_t, noise_scale, valid_row, k, p, mp, s, stream, o = _row_setup(
         row, n, temperature, top_k, top_p, min_p, filters, seed, seed_stride, offset,
@@ -1358,7 +1365,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
         if PRELIST_BINS > 0:
             # (a pre-listed row prefetches nothing of its logits: no column is below 0)
             raw = _first_segment(x_ptr, row, stride_x, prog, lanes, tl.where(from_list, 0, n),
-                                 SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH)
+                                 SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, "")
         for j in range(SEGMENTS_PER_PROGRAM):
             g = j * programs_per_row + prog  # the pre-list's segment (a pre-listed row)
             if (from_list == 0) | (g * WIDTH < pre_count):
@@ -1370,7 +1377,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                 else:
                     cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n,
                                                                       inv_t, raw, SEGMENTS_PER_PROGRAM, WIDTH,
-                                                                      PREFETCH, UNIT_T)
+                                                                      PREFETCH, UNIT_T, "")
                 valid = in_row if ALL_VALUES else finite
                 b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, ALL_VALUES)
                 above = valid & (b < lo)
