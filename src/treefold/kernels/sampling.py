@@ -388,7 +388,9 @@ def _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, next_raw,
     this step issues the next segment's loads before the caller works on this one, so that a
     program keeps bytes in flight through its arithmetic (none past its last segment).
     Otherwise it loads segment j and returns ``next_raw`` unchanged. ``READ_POLICY``: the loads'
-    L2 eviction policy ("", "evict_last", "evict_first").
+    L2 eviction policy ("", "evict_last", "evict_first"). It has no default, nor has
+    ``_first_segment``'s: Triton 3.6 fails to compile a call that leaves a string constexpr of a
+    jit helper to its default ("'str' object has no attribute 'type'"), so every caller names it.
     """
     cols = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH + lanes
     in_row = cols < n
