@@ -409,6 +409,34 @@ class _Run:
         return t
 
 
+def _maxima_and_histogram(run: _Run, x: torch.Tensor, g: Plan, c: dict, buffers: tuple, prelist_bins: int,
+                          prelist_stride: int, masses: bool, all_values: bool, prefetch: Optional[bool],
+                          first: dict, middle: dict) -> None:
+    """The filtered path's first two passes over the row: the segment maxima, then the masses
+    and the bin histogram or the pre-list (``_pipeline``'s buffers of those names, in
+    ``buffers``; ``c`` from ``_common``; ``first`` and ``middle`` from ``_chained``)."""
+    part_max, part_total, hist, fine, counter, part_listed, part_valid, prelist, prelist_count = buffers
+    rows, n = x.shape
+    grid = (rows * g.programs_per_row,)
+    t = c["args"][0]
+    t_row = c["flags"]["T_ROW"]
+    run(_SEGMENT_MAX,
+        grid, x, n, x.stride(0), part_max, hist, fine, counter, prelist_count, g.programs_per_row, t,
+        T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
+        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=c["unit_t"],
+        READ_POLICY=FILTER_FIRST_READ_POLICY, num_warps=g.num_warps, **first)
+    run(_HISTOGRAM,
+        grid, x, n, x.stride(0), part_max, part_total, hist, part_listed, part_valid, prelist, prelist_stride,
+        prelist_count, g.programs_per_row, t,
+        T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
+        PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
+        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins, MASSES=masses,
+        PREFETCH=_prefetch(g, prefetch, middle, True), UNIT_T=c["unit_t"],
+        READ_POLICY=FILTER_SECOND_READ_POLICY, num_warps=g.num_warps,
+        **register_cap(HISTOGRAM_MAX_REGISTERS if g.segments_per_program < kernels.LIST_CHUNK.value else None),
+        **middle)
+
+
 def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, offset, *,
               all_values: bool, outputs: dict, k_out: int, programs_per_row: Optional[int],
               prefetch: Optional[bool] = None, run: Optional[_Run] = None):
@@ -445,21 +473,9 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     masses = _needs_masses(mode, top_p)
     pairwise_max = (PAIRWISE_MAX_TOP_K if mode == kernels.MODE_TOPK.value
                     else PAIRWISE_MAX if x.dtype == torch.float32 else PAIRWISE_MAX_16BIT)
-    run(_SEGMENT_MAX,
-        grid, x, n, x.stride(0), part_max, hist, fine, counter, prelist_count, g.programs_per_row, t,
-        T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
-        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=c["unit_t"],
-        READ_POLICY=FILTER_FIRST_READ_POLICY, num_warps=g.num_warps, **first)
-    run(_HISTOGRAM,
-        grid, x, n, x.stride(0), part_max, part_total, hist, part_listed, part_valid, prelist, prelist_stride,
-        prelist_count, g.programs_per_row, t,
-        T_ROW=flags["T_ROW"], WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
-        PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
-        BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins, MASSES=masses,
-        PREFETCH=_prefetch(g, prefetch, middle, True), UNIT_T=c["unit_t"],
-        READ_POLICY=FILTER_SECOND_READ_POLICY, num_warps=g.num_warps,
-        **register_cap(HISTOGRAM_MAX_REGISTERS if g.segments_per_program < kernels.LIST_CHUNK.value else None),
-        **middle)
+    _maxima_and_histogram(run, x, g, c, (part_max, part_total, hist, fine, counter, part_listed, part_valid,
+                                         prelist, prelist_count), prelist_bins, prelist_stride, masses, all_values,
+                          prefetch, first, middle)
     if prelist_bins:
         # the bins counted from the pre-list where it holds the kept prefix, from the row elsewhere
         run(_COUNT,
@@ -861,6 +877,8 @@ DESCENT_SAMPLES = True
 #: race over the kept tokens costs less than the descent's rounds (float32 1 row 11.0 -> 12.4,
 #: 64 rows 49.4 -> 50.2, bfloat16 64 rows 37.3 -> 48.9 on the H200).
 DESCENT_MAX_ROWS = 16
+#: ``sample_descent_rows`` starts from the pre-list (its ``listed``) from this many rows.
+DESCENT_LISTED_MIN_ROWS = DESCENT_MAX_ROWS + 1
 #: A row takes about 1 + ln(1 / p) candidates (the mass before each winner is a uniform fraction
 #: of the mass before the last; fewer when the top token is heavy), and those after the last
 #: round cost a pass by the row's one finishing program each: below this p, and for per-row
@@ -873,13 +891,17 @@ DESCENT_FINISH_WARPS = 16
 
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
                         rounds: Optional[int] = None, programs_per_row: Optional[int] = None,
-                        prefetch: Optional[bool] = None, prepare_key=None) -> torch.Tensor:
+                        prefetch: Optional[bool] = None, listed: Optional[bool] = None,
+                        prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits x [rows, n] sampled under top-p and min-p (no top-k):
     the tokens ``sample_rows(x, temperature, None, top_p, min_p, seed, offset)`` gives, by
     descent (``kernels.descent_kernel``): a race over the row, then ``rounds`` (default
     DESCENT_ROUNDS) rounds that keep the winner or race the tokens before it, then one program per
-    row for the rows still undecided. ``programs_per_row`` and ``prefetch``: launch choices (see
-    ``race_plan``). ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
+    row for the rows still undecided. With ``listed`` (default: from DESCENT_LISTED_MIN_ROWS rows)
+    the filtered path's segment maxima and histogram pass (its pre-list and masses) come first, and
+    a row whose pre-list holds its kept prefix descends in the list instead of the row.
+    ``programs_per_row`` and ``prefetch``: launch choices (see ``race_plan``, and ``plan`` with
+    ``listed``). ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
     if not 1 <= rounds <= 8:
@@ -893,8 +915,12 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     if rows == 0:
         return out
     dev = x.device
+    listed = rows >= DESCENT_LISTED_MIN_ROWS if listed is None else listed
     run, seed, offset = _sample_run(prepare_key, x, out, temperature, None, top_p, min_p, seed, offset)
-    g = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
+    if listed:
+        g = plan(rows, n, dev, programs_per_row, None, prefetch)
+    else:
+        g = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
     c = _common(x, temperature, None, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags_without_k"]
@@ -905,16 +931,34 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     part_score = run.buffer("descent_score", (rounds + 1) * grid, torch.float32, dev)
     part_index = run.buffer("descent_index", (rounds + 1) * grid, torch.int64, dev)
     first, middle, last = _chained(dev)
+    prelist_stride = max(1, int(n * PRELIST_FRACTION)) if listed else 1
+    prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
+    prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
+    part_listed = run.buffer("part_listed", grid if listed else 1, torch.int64, dev)
+    part_valid = run.buffer("part_valid", grid if listed else 1, torch.int32, dev)
+    list_rows = run.buffer("list_rows", rows, torch.int32, dev)
+    if listed:
+        # (the histogram's bins and the compaction's counters are cleared by the maxima pass and
+        # not read here)
+        hist = run.buffer("hist", (rows, NUM_BINS), torch.int32, dev)
+        fine = run.buffer("fine", (rows, FINE_BINS), torch.int32, dev)
+        counter = run.buffer("counter", rows, torch.int64, dev)
+        _maxima_and_histogram(run, x, g, c, (part_max, part_total, hist, fine, counter, part_listed, part_valid,
+                                             prelist, prelist_count), PRELIST_BINS, prelist_stride,
+                              top_p is not None, False, prefetch, first, middle)
     for r in range(rounds + 2):
         final = r == rounds + 1
         run(_DESCENT,
             (rows if final else grid,), x, n, x.stride(0), part_max, part_total, part_before, part_score,
             part_index, out, g.programs_per_row, grid, t, p, mp, filters, s, s_stride, o, o_stride,
+            prelist, prelist_stride, prelist_count, part_listed, part_valid, list_rows,
             ROUND=rounds if final else r, FINAL=final, **flags, TOP_P=top_p is not None, MIN_P=min_p is not None,
             WIDTH=g.width,
-            SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, PREFETCH=g.prefetch and r == 0,
+            SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2,
+            LISTED=listed, PRELIST_BINS=PRELIST_BINS if listed else 0, BINS_PER_NAT=BINS_PER_NAT,
+            PREFETCH=g.prefetch and r == 0 and not listed,
             UNIT_T=c["unit_t"], num_warps=DESCENT_FINISH_WARPS if final else g.num_warps,
-            **(first if r == 0 else last if final else middle))
+            **(last if final else middle if r > 0 or listed else first))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
 

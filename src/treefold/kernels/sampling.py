@@ -754,6 +754,14 @@ def _race_lanes(lane_score, lane_index, keep, score, cols):
 
 
 @triton.jit
+def _race_lanes_any_order(lane_score, lane_index, keep, score, cols):
+    """``_race_lanes`` for tokens that come in no order of their indices (a list's): a tie goes to
+    the lower index explicitly."""
+    take = keep & ((score > lane_score) | ((score == lane_score) & (cols < lane_index)))
+    return tl.where(take, score, lane_score), tl.where(take, cols.to(tl.int32), lane_index)
+
+
+@triton.jit
 def _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid):
     """The lanes meet once: the program's winner (the lowest index among equal best scores;
     (-inf, n) when no token raced) stored at ``pid``."""
@@ -2418,14 +2426,21 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
 
 @triton.jit
 def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m, inv_t, mp, noise_scale,
-                  s, stream, o, TOTAL: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
-                  WIDTH: tl.constexpr, UNIT_T: tl.constexpr):
+                  s, stream, o, from_list, list_row, list_count, list_step,
+                  TOTAL: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
+                  LISTED: tl.constexpr, WIDTH: tl.constexpr, UNIT_T: tl.constexpr):
     """One candidate's pass over ``segments`` segments of a row from ``first_segment``: with
     TOP_P (top-p may be on) the fixed-point mass of the finite tokens before c in the composite
     order and, with TOTAL, the row's mass (else both 0: min-p alone needs neither), and the race
     among the tokens before c that min-p keeps (MIN_P: min-p may be on).
     The noise is drawn only for segments that hold such a token: after a first winner of high
-    probability, few do. Returns (mass before, row mass, winner score, winner index)."""
+    probability, few do. Returns (mass before, row mass, winner score, winner index).
+
+    With LISTED, a row whose ``from_list`` is true is passed over in its pre-list instead
+    (``list_row``, ``list_count`` tokens): the segments are the list's, first_segment,
+    first_segment + list_step, ..., and each token's noise is drawn for its own index. The list
+    holds a prefix of the composite order that holds K, so every candidate and every token
+    before it is on it."""
     lanes = tl.arange(0, WIDTH)
     lane_before = tl.zeros([WIDTH], tl.int64)
     lane_total = tl.zeros([WIDTH], tl.int64)
@@ -2435,7 +2450,13 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
     while j < segments:  # (a bound the interpreter cannot take as a range)
         start = (first_segment + j) * WIDTH
         cols = start + lanes
-        x, finite, y = _logits_at(x_ptr, row, stride_x, cols, cols < n, inv_t, UNIT_T)
+        live = cols < n
+        if LISTED:
+            if from_list:
+                places = (first_segment + j * list_step) * WIDTH + lanes
+                live = places < list_count
+                cols = tl.load(list_row + places, mask=live, other=0)
+        x, finite, y = _logits_at(x_ptr, row, stride_x, cols, live, inv_t, UNIT_T)
         if MIN_P:
             w, w_fixed = _fixed_mass(y, m, finite)
         else:
@@ -2450,8 +2471,18 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
         if MIN_P:
             racing = racing & (w >= mp)
         if tl.max(racing.to(tl.int32), axis=0) > 0:
-            score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-            lane_score, lane_index = _race_lanes(lane_score, lane_index, racing, score, cols)
+            if LISTED:
+                if from_list:
+                    noise = _noise_at(cols.to(tl.int64), s, stream, o)
+                else:
+                    noise = _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+            else:
+                noise = _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+            if LISTED:
+                lane_score, lane_index = _race_lanes_any_order(lane_score, lane_index, racing, y + noise_scale * noise,
+                                                               cols)
+            else:
+                lane_score, lane_index = _race_lanes(lane_score, lane_index, racing, y + noise_scale * noise, cols)
         j += 1
     if FUSED_REDUCTIONS:
         before_sum, total_sum, best_score, best_index = tl.reduce(
@@ -2463,15 +2494,61 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
     return before_sum, total_sum, best_score, best_index.to(tl.int64)
 
 
+@triton.jit
+def _descent_lists(row, n, temperature, top_p, min_p, filters, part_total_ptr, part_listed_ptr, part_valid_ptr,
+                   list_count, capacity, programs_per_row, T_ROW: tl.constexpr, P_ROW: tl.constexpr,
+                   MINP_ROW: tl.constexpr, PARTS_POW2: tl.constexpr, PRELIST_BINS: tl.constexpr,
+                   BINS_PER_NAT: tl.constexpr):
+    """Whether a row descends in its pre-list: the list is complete and holds K
+    (``_pre_list_holds_prefix``, the test by which the pipeline's count pass reads the list),
+    from the histogram pass's partials: the same loads and reductions in every program of the
+    row, so the same answer."""
+    k, p, mp, f_ok = _row_filters(row, n, 0, top_p, min_p, filters, False, P_ROW, MINP_ROW)
+    total = _row_sum(part_total_ptr, row, programs_per_row, PARTS_POW2).to(tl.float32) * (1.0 / FIXED_ONE)
+    listed = _row_sum(part_listed_ptr, row, programs_per_row, PARTS_POW2).to(tl.float32) * (1.0 / FIXED_ONE)
+    n_valid = _row_sum(part_valid_ptr, row, programs_per_row, PARTS_POW2)
+    return _pre_list_holds_prefix(list_count, capacity, listed, total, n_valid, k, p, mp, PRELIST_BINS,
+                                  BINS_PER_NAT)
+
+
+@triton.jit
+def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, pid, temperature, seed,
+                       seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
+                       programs_per_row, T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr,
+                       OFFSET_TENSOR: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
+                       UNIT_T: tl.constexpr):
+    """Round 0 of a row that descends in its pre-list: the race among the list's finite tokens
+    in the program's share of the list's segments (j * programs_per_row + prog in step j), each
+    token's noise drawn for its own index; the winner stored at ``pid`` ((-inf, n) for a
+    program with no share)."""
+    inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+    s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
+    lanes = tl.arange(0, WIDTH)
+    lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
+    lane_index = tl.full([WIDTH], n, tl.int32)
+    for j in range(SEGMENTS_PER_PROGRAM):
+        g = j * programs_per_row + prog
+        if g < list_segments:
+            places = g * WIDTH + lanes
+            live = places < list_count
+            cols = tl.load(list_row + places, mask=live, other=0)
+            x, finite, y = _logits_at(x_ptr, row, stride_x, cols, live, inv_t, UNIT_T)
+            score = y + noise_scale * _noise_at(cols.to(tl.int64), s, stream, o)
+            lane_score, lane_index = _race_lanes_any_order(lane_score, lane_index, finite, score, cols)
+    _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
+
+
 @triton.jit(do_not_specialize=RANDOM_ARGS)
 def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                    part_index_ptr, token_ptr, programs_per_row, slot_stride,
                    temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
+                   prelist_ptr, prelist_stride, prelist_count_ptr, part_listed_ptr, part_valid_ptr, list_rows_ptr,
                    ROUND: tl.constexpr, FINAL: tl.constexpr,
                    T_ROW: tl.constexpr, P_ROW: tl.constexpr, MINP_ROW: tl.constexpr,
                    SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, TOP_P: tl.constexpr,
                    MIN_P: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                   PARTS_POW2: tl.constexpr,
+                   PARTS_POW2: tl.constexpr, LISTED: tl.constexpr = False, PRELIST_BINS: tl.constexpr = 0,
+                   BINS_PER_NAT: tl.constexpr = 4.0,
                    PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
                    RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
@@ -2485,16 +2562,31 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     candidate, until one is kept (each has probability >= p under top-p; the descent ends, as
     every step leaves K inside a shorter prefix).
 
+    With LISTED the launches follow ``segment_max_kernel`` and ``bin_histogram_kernel`` (with its
+    pre-list and masses), on their grid: the maxima and the row masses are theirs, and round 0
+    takes no maximum and round 1 sums no mass. A row whose pre-list holds the prefix K
+    (``_pre_list_holds_prefix``, decided by round 0 and kept in list_rows_ptr) races its list,
+    not its row, in round 0, and every later pass of the row goes over the list: its
+    ``PRELIST_BINS / BINS_PER_NAT`` nats below the maximum are a prefix of the composite order
+    that holds K, so S = the list is a start as good as the row (at 151936 tokens of standard
+    deviation 4, about 5000 tokens instead of the row). The list's segments are shared among
+    the row's programs in turn (segment j * programs_per_row + prog in step j), as the
+    pipeline's passes share them. The other rows race and pass over their rows as without it.
+
     Bytes: round 0 reads the row once; a round reads the row again (from L2, right after round 0)
     for undecided rows only, and every launch reads the partials of the rounds before it (20
     bytes a program and round, 12 without TOP_P; and one logit per candidate); FINAL writes one
-    int64 per row.
+    int64 per row. With LISTED a listed row reads its list (4 bytes a token) and the logits it
+    names instead of its row, and round 0 reads 24 bytes of partials per program and writes 4
+    bytes per row.
 
     Args:
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
-        part_max_ptr: float32 [rows * programs_per_row]: round 0's maxima of y.
+        part_max_ptr: float32 [rows * programs_per_row]: round 0's maxima of y (with LISTED,
+            ``segment_max_kernel``'s).
         part_total_ptr: int64 [rows * programs_per_row]: round 1's row masses (fixed point;
-            written and read only with TOP_P, as part_before_ptr).
+            written and read only with TOP_P, as part_before_ptr; with LISTED
+            ``bin_histogram_kernel``'s, only read).
         part_before_ptr: int64 [R, rows * programs_per_row]: round r's masses before its
             candidate (slot r - 1).
         part_score_ptr, part_index_ptr: float32 / int64 [R + 1, rows * programs_per_row]: round
@@ -2506,6 +2598,11 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride, T_ROW, P_ROW,
             MINP_ROW, SEED_TENSOR, OFFSET_TENSOR: as in ``compact_kernel`` (no top-k: filters
             has no bit 1).
+        prelist_ptr, prelist_stride, prelist_count_ptr, part_listed_ptr, part_valid_ptr,
+            PRELIST_BINS, BINS_PER_NAT: with LISTED, the pre-list and its partials as
+            ``bin_histogram_kernel`` wrote them; otherwise unused.
+        list_rows_ptr: int32 [rows]: with LISTED, written by round 0 (1 where the row descends in
+            its list) and read by the later launches; otherwise unused.
         ROUND: this launch's round (0 .. R), or with FINAL the rounds before it (R).
         FINAL: the row's token (grid rows).
         TOP_P: top-p may be on in some row (else the masses are left out: min-p alone keeps a
@@ -2513,6 +2610,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         MIN_P: min-p may be on in some row (else its tests and float weights are left out).
         WIDTH, SEGMENTS_PER_PROGRAM: the segments of each program (a launch choice).
         PARTS_POW2: next power of two of programs_per_row.
+        LISTED: start from the pre-list where it holds K (above).
         PREFETCH: round 0 loads each segment before working on the previous one.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: programmatic dependent launches (``race_kernel``).
         UNIT_T: temperature is the scalar 1 or 0 (``_logits_from``).
@@ -2525,11 +2623,32 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     else:
         row = pid // programs_per_row
         prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
+    list_row = prelist_ptr + row * prelist_stride
+    list_count = tl.zeros([], tl.int32)
+    from_list = tl.zeros([], tl.int1)
+    if LISTED:
+        list_count = tl.load(prelist_count_ptr + row)
+        if ROUND > 0:
+            from_list = tl.load(list_rows_ptr + row) != 0
+    list_segments = tl.cdiv(list_count, WIDTH)
     if ROUND == 0:
-        # (no plan: part_score_ptr stands in for the race program's unused plan_ptr)
-        _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
-                      seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR, OFFSET_TENSOR,
-                      True, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T, part_max_ptr, True)
+        if LISTED:
+            from_list = _descent_lists(row, n, temperature, top_p, min_p, filters, part_total_ptr, part_listed_ptr,
+                                       part_valid_ptr, list_count, prelist_stride, programs_per_row, T_ROW, P_ROW,
+                                       MINP_ROW, PARTS_POW2, PRELIST_BINS, BINS_PER_NAT)
+            if prog == 0:
+                tl.store(list_rows_ptr + row, from_list.to(tl.int32))
+        if from_list:
+            _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, pid, temperature, seed,
+                               seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
+                               programs_per_row, T_ROW, SEED_TENSOR, OFFSET_TENSOR, WIDTH, SEGMENTS_PER_PROGRAM,
+                               UNIT_T)
+        else:
+            # (no plan: part_score_ptr stands in for the race program's unused plan_ptr)
+            _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
+                          seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR,
+                          OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T,
+                          part_max_ptr, not LISTED)
     else:
         inv_t, noise_scale, valid, k, p, mp, s, stream, o = _row_setup(
             row, n, temperature, 0, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
@@ -2539,11 +2658,11 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                 part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, ROUND, TOP_P, PARTS_POW2,
                 UNIT_T)
-            segments = tl.cdiv(n, WIDTH)
+            segments = tl.where(from_list, list_segments, tl.cdiv(n, WIDTH))
             while decided == 0:
                 before, unused, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, 0, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
-                    False, TOP_P, MIN_P, WIDTH, UNIT_T)
+                    from_list, list_row, list_count, 1, False, TOP_P, MIN_P, LISTED, WIDTH, UNIT_T)
                 kept = _descent_accepts(before, total, w_c, p, mp)
                 token = tl.where(kept, c, token)
                 decided = kept
@@ -2562,14 +2681,19 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, ROUND - 1, TOP_P,
                 PARTS_POW2, UNIT_T)
             if decided == 0:
+                first = prog * SEGMENTS_PER_PROGRAM
+                segments = tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - first)
+                if from_list:
+                    first = prog
+                    segments = tl.maximum(tl.cdiv(list_segments - prog, programs_per_row), 0)
                 before, row_mass, best_score, best_index = _descent_pass(
-                    x_ptr, row, stride_x, n, prog * SEGMENTS_PER_PROGRAM,
-                    tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - prog * SEGMENTS_PER_PROGRAM), c, key_c, m,
-                    inv_t, mp, noise_scale, s, stream, o, ROUND == 1, TOP_P, MIN_P, WIDTH, UNIT_T)
+                    x_ptr, row, stride_x, n, first, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
+                    from_list, list_row, list_count, programs_per_row, (ROUND == 1) and not LISTED, TOP_P, MIN_P,
+                    LISTED, WIDTH, UNIT_T)
                 slot = ROUND * slot_stride + pid
                 if TOP_P:
                     tl.store(part_before_ptr + slot - slot_stride, before)
-                    if ROUND == 1:
+                    if (ROUND == 1) and not LISTED:
                         tl.store(part_total_ptr + pid, row_mass)
                 tl.store(part_score_ptr + slot, best_score)
                 tl.store(part_index_ptr + slot, best_index)
