@@ -12,7 +12,8 @@ TIMED_OFFSETS (different draws), reported as means over them. 151936 logits, gpu
 inputs (peaked; flat), one row and 64, float32 and bfloat16. Writes OUT_DIR/sampling-descent.json.
 QUICK=1: 8 offsets in the check, two timed, and only the pipeline and the default descent (in
 the check too). ONLY_CASES="0,1" (indices into CASES) and ONLY_FILTERS="top-p 0.9,min-p 0.05"
-narrow the run; ROWS="2,8,32" replaces the cases with those batch sizes (float32 and bfloat16
+narrow the run; LISTED=1 checks and times the descent from the pre-list instead
+(``listed=True``, 1 to 3 rounds); ROWS="2,8,32" replaces the cases with those batch sizes (float32 and bfloat16
 peaked, float32 flat), TIMED="0,3,4" the timed offsets. Before anything is timed, the calls are compiled into Triton's cache by one
 process per plan (rows, dtype) and filter, several at once (a process with WARM=1 makes each of
 its calls once and exits): on a fresh machine, one process compiling a case's kernels took more
@@ -62,6 +63,12 @@ if os.environ.get("ONLY_FILTERS"):
 WARM = os.environ.get("WARM") == "1"
 #: The descent's launch choices the check compares with the pipeline.
 CHECKED = ({},) if QUICK else (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1))
+#: LISTED=1: the descent from the pre-list (``listed=True``) at 1, 2 and 3 rounds, checked and timed
+#: against the pipeline (no descent over the row).
+LISTED = {"listed r1": dict(listed=True, rounds=1), "listed": dict(listed=True, rounds=2),
+          "listed r3": dict(listed=True, rounds=3)} if os.environ.get("LISTED") == "1" else None
+if LISTED:
+    CHECKED = tuple(LISTED.values())
 #: Offsets checked.
 CHECK_OFFSETS = range(2, 10) if QUICK else range(32)
 #: What a WARM process calls with: one offset (the kernels do not specialise on it, so one
@@ -103,7 +110,9 @@ def table(batch: int, dtype: torch.dtype, kind: str) -> dict:
     x, seeds = inputs(batch, dtype, kind)
     out = {}
     variants = {"pipeline": None, "descent": {}}
-    if not QUICK:
+    if LISTED:
+        variants = {"pipeline": None, **LISTED}
+    elif not QUICK:
         variants.update({"descent r1": dict(rounds=1), "descent r3": dict(rounds=3)})
     for name, (t, p, mp) in FILTERS.items():
         if kind == "flat" and name not in ("top-p 0.9", "min-p 0.05", "top-p per row"):

@@ -835,6 +835,62 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
         ops.plan.cache_clear()
 
 
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device, poison_allocations, monkeypatch):
+    """``sample_descent_rows(listed=True)`` (the segment maxima and the histogram pass with its
+    pre-list first; rows whose pre-list holds the kept prefix descend in the list) picks the
+    token the pipeline picks: top-p 0.9, 0.5 and 0.02 (many steps, most in the finishing loop
+    over the list), min-p alone and with top-p, per-row p with an invalid one (-1), scalar and
+    per-row temperatures (one greedy, one invalid); NaN and +-inf, a row without a finite logit
+    (-1), ties (rows of whole numbers), a flat row whose list gives up (it descends in its row);
+    bfloat16; 1 and 3 rounds, one and three programs per row. Both kinds of row are checked to
+    occur. Segments of 64 tokens."""
+    monkeypatch.setattr(ops, "MAX_WIDTH", 64)
+    ops.plan.cache_clear()
+    g = torch.Generator().manual_seed(41)
+    x = torch.randn(6, 2000, generator=g) * 5  # about 8% of a row within 10 nats of its maximum
+    x[0, 7] = float("nan")
+    x[0, 8] = float("inf")
+    x[0, 9] = float("-inf")
+    x[1] = torch.round(x[1])
+    x[2, :] = float("-inf")
+    x[3] = x[3] * 0.02  # flat: the list gives up
+    x[4, 30:] = float("nan")
+    xs = x.to(device)
+    seeds = torch.tensor([5, 11, 2, 9, 31, 7], device=device)
+    offsets = torch.tensor([0, 3, 1, 4, 1, 5], device=device)
+    temps = torch.tensor([0.7, 0.0, 1.3, 0.5, -1.0, 2.0], device=device)  # row 1 greedy, row 4 invalid: -1
+    ps = torch.tensor([0.9, 0.5, 0.9, 0.3, 0.8, 1.5], device=device)  # row 5 invalid: -1
+    configs = ((1.0, 0.9, None, 3, 0), (temps, 0.5, None, seeds, offsets), (1.0, 0.02, None, 3, 2),
+               (0.8, ps, 0.05, seeds, offsets), (1.0, None, 0.1, seeds, 2))
+    wants = [ops.sample_rows(xs, t, None, p, mp, seed, offset) for t, p, mp, seed, offset in configs]
+    xs_16 = xs.to(torch.bfloat16)
+    want_16 = ops.sample_rows(xs_16, 1.0, None, 0.9, None, seeds, offsets)
+    listed_rows = []
+    buffer = ops._Run.buffer
+
+    def keep_list_rows(self, name, shape, dtype, dev):
+        t = buffer(self, name, shape, dtype, dev)
+        if name == "list_rows":
+            listed_rows.append(t)
+        return t
+
+    monkeypatch.setattr(ops._Run, "buffer", keep_list_rows)
+    poison_allocations()
+    try:
+        assert torch.equal(ops.sample_descent_rows(xs_16, 1.0, 0.9, None, seeds, offsets, listed=True), want_16)
+        for (t, p, mp, seed, offset), want, launch in zip(configs, wants, (
+                dict(), dict(rounds=1), dict(rounds=3, programs_per_row=3), dict(programs_per_row=1), dict(rounds=1))):
+            got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **launch)
+            assert torch.equal(got, want), (t, p, mp, launch, got, want)
+            assert want[2].item() == -1
+        assert wants[1][4].item() == -1 and wants[3][5].item() == -1
+        # (row 3 is flat; row 0 descends in its list under every filter)
+        assert all(rows[3].item() == 0 and rows[0].item() == 1 for rows in listed_rows), listed_rows
+    finally:
+        ops.plan.cache_clear()
+
+
 def test_descent_serves_top_p_alone_up_to_its_rows():
     # which calls ``sample`` sends to the descent on CUDA (the rule; the tokens are the same)
     x = torch.empty(2, 100)
