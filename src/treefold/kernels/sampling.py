@@ -2349,6 +2349,14 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
 # program replays the decisions from the partials of the rounds before it, and a row still
 # undecided sums the mass before its candidate and races the tokens before it), then one program
 # per row that replays every round and, for the rare row still undecided, goes on alone.
+#
+# S need not be the row: any prefix of the composite order that holds K will do. The filtered
+# path's histogram pass lists the tokens within PRELIST_BINS / BINS_PER_NAT nats of the maximum,
+# such a prefix wherever its mass reaches top-p's target (the test the count pass makes), so after
+# the segment maxima and that pass (which also sums the row's mass) a row can descend in its list:
+# each round then reads a few thousand listed tokens where the row has 151936 (``descent_kernel``'s
+# LISTED). Tokens of a list come in no order of their indices, so its races break ties by index
+# explicitly (``_race_lanes_any_order``).
 
 
 @triton.jit
