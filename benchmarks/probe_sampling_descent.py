@@ -13,7 +13,7 @@ inputs (peaked; flat), one row and 64, float32 and bfloat16. Writes OUT_DIR/samp
 QUICK=1: 8 offsets in the check, two timed, and only the pipeline and the default descent (in
 the check too). ONLY_CASES="0,1" (indices into CASES) and ONLY_FILTERS="top-p 0.9,min-p 0.05"
 narrow the run; LISTED=1 checks and times the descent from the pre-list instead
-(``listed=True``, 1 to 3 rounds); ROWS="2,8,32" replaces the cases with those batch sizes (float32 and bfloat16
+(``listed=True``, launch choices in LISTED); ROWS="2,8,32" replaces the cases with those batch sizes (float32 and bfloat16
 peaked, float32 flat), TIMED="0,3,4" the timed offsets. Before anything is timed, the calls are compiled into Triton's cache by one
 process per plan (rows, dtype) and filter, several at once (a process with WARM=1 makes each of
 its calls once and exits): on a fresh machine, one process compiling a case's kernels took more
@@ -63,10 +63,10 @@ if os.environ.get("ONLY_FILTERS"):
 WARM = os.environ.get("WARM") == "1"
 #: The descent's launch choices the check compares with the pipeline.
 CHECKED = ({},) if QUICK else (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1))
-#: LISTED=1: the descent from the pre-list (``listed=True``) at 1, 2 and 3 rounds, checked and timed
-#: against the pipeline (no descent over the row).
-LISTED = {"listed r1": dict(listed=True, rounds=1), "listed": dict(listed=True, rounds=2),
-          "listed r3": dict(listed=True, rounds=3)} if os.environ.get("LISTED") == "1" else None
+#: LISTED=1: the descent from the pre-list (``listed=True``): its rounds on the histogram's grid, on
+#: 8 programs per row, and those at one round, checked and timed against the pipeline.
+LISTED = {"listed": dict(listed=True, rounds=2), "listed p8": dict(listed=True, descent_programs_per_row=8),
+          "listed p8 r1": dict(listed=True, descent_programs_per_row=8, rounds=1)} if os.environ.get("LISTED") == "1" else None
 if LISTED:
     CHECKED = tuple(LISTED.values())
 #: Offsets checked.

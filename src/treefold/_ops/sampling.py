@@ -879,6 +879,10 @@ DESCENT_SAMPLES = True
 DESCENT_MAX_ROWS = 16
 #: ``sample_descent_rows`` starts from the pre-list (its ``listed``) from this many rows.
 DESCENT_LISTED_MIN_ROWS = DESCENT_MAX_ROWS + 1
+#: The listed descent's rounds run this many programs per row (0: the histogram pass's). A peaked
+#: row's list of a few thousand tokens is a few segments, one per program; its other programs
+#: would only read their row's flag and return.
+DESCENT_LISTED_PROGRAMS_PER_ROW = 0
 #: A row takes about 1 + ln(1 / p) candidates (the mass before each winner is a uniform fraction
 #: of the mass before the last; fewer when the top token is heavy), and those after the last
 #: round cost a pass by the row's one finishing program each: below this p, and for per-row
@@ -892,7 +896,7 @@ DESCENT_FINISH_WARPS = 16
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
                         rounds: Optional[int] = None, programs_per_row: Optional[int] = None,
                         prefetch: Optional[bool] = None, listed: Optional[bool] = None,
-                        prepare_key=None) -> torch.Tensor:
+                        descent_programs_per_row: Optional[int] = None, prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits x [rows, n] sampled under top-p and min-p (no top-k):
     the tokens ``sample_rows(x, temperature, None, top_p, min_p, seed, offset)`` gives, by
     descent (``kernels.descent_kernel``): a race over the row, then ``rounds`` (default
@@ -901,7 +905,9 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     the filtered path's segment maxima and histogram pass (its pre-list and masses) come first, and
     a row whose pre-list holds its kept prefix descends in the list instead of the row.
     ``programs_per_row`` and ``prefetch``: launch choices (see ``race_plan``, and ``plan`` with
-    ``listed``). ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
+    ``listed``); with ``listed``, ``descent_programs_per_row`` (default DESCENT_LISTED_PROGRAMS_PER_ROW;
+    0: the histogram pass's) are the rounds' programs per row, a launch choice of their own.
+    ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
     if not 1 <= rounds <= 8:
@@ -918,15 +924,18 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     listed = rows >= DESCENT_LISTED_MIN_ROWS if listed is None else listed
     run, seed, offset = _sample_run(prepare_key, x, out, temperature, None, top_p, min_p, seed, offset)
     if listed:
-        g = plan(rows, n, dev, programs_per_row, None, prefetch)
+        g_rows = plan(rows, n, dev, programs_per_row, None, prefetch)
+        per_row = DESCENT_LISTED_PROGRAMS_PER_ROW if descent_programs_per_row is None else descent_programs_per_row
+        g = plan(rows, n, dev, per_row, None, False) if per_row else g_rows
     else:
-        g = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
+        g = g_rows = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
     c = _common(x, temperature, None, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags_without_k"]
     grid = rows * g.programs_per_row
-    part_max = run.buffer("descent_max", grid, torch.float32, dev)
-    part_total = run.buffer("descent_total", grid, torch.int64, dev)
+    parts = rows * g_rows.programs_per_row  # (the maxima's and masses' partials)
+    part_max = run.buffer("descent_max", parts, torch.float32, dev)
+    part_total = run.buffer("descent_total", parts, torch.int64, dev)
     part_before = run.buffer("descent_before", rounds * grid, torch.int64, dev)
     part_score = run.buffer("descent_score", (rounds + 1) * grid, torch.float32, dev)
     part_index = run.buffer("descent_index", (rounds + 1) * grid, torch.int64, dev)
@@ -934,8 +943,8 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     prelist_stride = max(1, int(n * PRELIST_FRACTION)) if listed else 1
     prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
     prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
-    part_listed = run.buffer("part_listed", grid if listed else 1, torch.int64, dev)
-    part_valid = run.buffer("part_valid", grid if listed else 1, torch.int32, dev)
+    part_listed = run.buffer("part_listed", parts if listed else 1, torch.int64, dev)
+    part_valid = run.buffer("part_valid", parts if listed else 1, torch.int32, dev)
     list_rows = run.buffer("list_rows", rows, torch.int32, dev)
     if listed:
         # (the histogram's bins and the compaction's counters are cleared by the maxima pass and
@@ -943,18 +952,19 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         hist = run.buffer("hist", (rows, NUM_BINS), torch.int32, dev)
         fine = run.buffer("fine", (rows, FINE_BINS), torch.int32, dev)
         counter = run.buffer("counter", rows, torch.int64, dev)
-        _maxima_and_histogram(run, x, g, c, (part_max, part_total, hist, fine, counter, part_listed, part_valid,
+        _maxima_and_histogram(run, x, g_rows, c, (part_max, part_total, hist, fine, counter, part_listed, part_valid,
                                              prelist, prelist_count), PRELIST_BINS, prelist_stride,
                               top_p is not None, False, prefetch, first, middle)
     for r in range(rounds + 2):
         final = r == rounds + 1
         run(_DESCENT,
             (rows if final else grid,), x, n, x.stride(0), part_max, part_total, part_before, part_score,
-            part_index, out, g.programs_per_row, grid, t, p, mp, filters, s, s_stride, o, o_stride,
+            part_index, out, g.programs_per_row, grid, g_rows.programs_per_row, t, p, mp, filters, s, s_stride, o,
+            o_stride,
             prelist, prelist_stride, prelist_count, part_listed, part_valid, list_rows,
             ROUND=rounds if final else r, FINAL=final, **flags, TOP_P=top_p is not None, MIN_P=min_p is not None,
             WIDTH=g.width,
-            SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2,
+            SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, MAXIMA_POW2=g_rows.parts_pow2,
             LISTED=listed, PRELIST_BINS=PRELIST_BINS if listed else 0, BINS_PER_NAT=BINS_PER_NAT,
             PREFETCH=g.prefetch and r == 0 and not listed,
             UNIT_T=c["unit_t"], num_warps=DESCENT_FINISH_WARPS if final else g.num_warps,

@@ -2387,19 +2387,25 @@ def _descent_accepts(before, total, w, p, mp):
 
 @triton.jit
 def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
-                    part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp,
-                    ROUNDS_DONE: tl.constexpr, TOP_P: tl.constexpr, PARTS_POW2: tl.constexpr,
-                    UNIT_T: tl.constexpr):
+                    part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs,
+                    parts_per_row, ROUNDS_DONE: tl.constexpr, TOP_P: tl.constexpr, PARTS_POW2: tl.constexpr,
+                    MAXIMA_POW2: tl.constexpr, UNIT_T: tl.constexpr):
     """A row's descent from the partials of round 0 and of rounds 1 .. ROUNDS_DONE, as every
     program of every later launch sees it (the same loads and reductions: the same decisions):
     (maximum, row mass, decided, token, candidate, its key, its weight). A row is decided when
     it is invalid or has no finite logit (token -1) or when a candidate was kept; a round writes
     partials only for rows it found undecided, and only those are read. Without TOP_P no round
-    wrote masses, and none are read (the row mass and the masses before are 0; p is 1)."""
+    wrote masses, and none are read (the row mass and the masses before are 0; p is 1). The
+    races and masses before are read from the row's first ``racing_programs`` programs (a row
+    that descends in its list: those with a share of it), the maxima and row masses from all
+    ``parts_per_row`` partials of theirs (MAXIMA_POW2 >= parts_per_row)."""
     q = tl.arange(0, PARTS_POW2)
-    live = q < programs_per_row
+    live = q < racing_programs
     parts = row * programs_per_row + q
-    m = tl.max(tl.load(part_max_ptr + parts, mask=live, other=float("-inf")), axis=0)
+    q_all = tl.arange(0, MAXIMA_POW2)
+    every = q_all < parts_per_row
+    every_part = row * parts_per_row + q_all
+    m = tl.max(tl.load(part_max_ptr + every_part, mask=every, other=float("-inf")), axis=0)
     score, c = _winner(tl.load(part_score_ptr + parts, mask=live, other=float("-inf")),
                        tl.load(part_index_ptr + parts, mask=live, other=INT64_MAX), INT64_MAX)
     decided = (valid == 0) | (score == float("-inf"))
@@ -2410,7 +2416,7 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
     decided = decided | now
     total = tl.zeros([], tl.int64)
     if TOP_P and ROUNDS_DONE >= 1:
-        total = tl.sum(tl.load(part_total_ptr + parts, mask=live & (decided == 0), other=0), axis=0)
+        total = tl.sum(tl.load(part_total_ptr + every_part, mask=every & (decided == 0), other=0), axis=0)
     for j in tl.static_range(1, ROUNDS_DONE + 1):
         open_parts = live & (decided == 0)
         before = tl.zeros([], tl.int64)
@@ -2548,14 +2554,15 @@ def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, 
 
 @triton.jit(do_not_specialize=RANDOM_ARGS)
 def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
-                   part_index_ptr, token_ptr, programs_per_row, slot_stride,
+                   part_index_ptr, token_ptr, programs_per_row, slot_stride, parts_per_row,
                    temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
                    prelist_ptr, prelist_stride, prelist_count_ptr, part_listed_ptr, part_valid_ptr, list_rows_ptr,
                    ROUND: tl.constexpr, FINAL: tl.constexpr,
                    T_ROW: tl.constexpr, P_ROW: tl.constexpr, MINP_ROW: tl.constexpr,
                    SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, TOP_P: tl.constexpr,
                    MIN_P: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                   PARTS_POW2: tl.constexpr, LISTED: tl.constexpr = False, PRELIST_BINS: tl.constexpr = 0,
+                   PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr, LISTED: tl.constexpr = False,
+                   PRELIST_BINS: tl.constexpr = 0,
                    BINS_PER_NAT: tl.constexpr = 4.0,
                    PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
                    RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
@@ -2603,6 +2610,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             parameter or no finite logit.
         programs_per_row: programs sharing a row in rounds 0 .. R.
         slot_stride: rows * programs_per_row (one round's partials).
+        parts_per_row: the maxima's and row masses' partials per row: programs_per_row, or with
+            LISTED those of the histogram pass's grid (a launch choice of their own).
         temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride, T_ROW, P_ROW,
             MINP_ROW, SEED_TENSOR, OFFSET_TENSOR: as in ``compact_kernel`` (no top-k: filters
             has no bit 1).
@@ -2617,7 +2626,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             candidate on its weight).
         MIN_P: min-p may be on in some row (else its tests and float weights are left out).
         WIDTH, SEGMENTS_PER_PROGRAM: the segments of each program (a launch choice).
-        PARTS_POW2: next power of two of programs_per_row.
+        PARTS_POW2: next power of two of programs_per_row; MAXIMA_POW2 of parts_per_row.
         LISTED: start from the pre-list where it holds K (above).
         PREFETCH: round 0 loads each segment before working on the previous one.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: programmatic dependent launches (``race_kernel``).
@@ -2639,18 +2648,26 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         if ROUND > 0:
             from_list = tl.load(list_rows_ptr + row) != 0
     list_segments = tl.cdiv(list_count, WIDTH)
+    # a listed row's partials come from its programs with a share of the list (the others, most
+    # of a peaked row's, write none and return at once in the rounds after the first)
+    racing_programs = tl.where(from_list, tl.minimum(list_segments, programs_per_row), programs_per_row)
+    if ROUND > 0:
+        if not FINAL:
+            if from_list & (prog >= list_segments):
+                return
     if ROUND == 0:
         if LISTED:
             from_list = _descent_lists(row, n, temperature, top_p, min_p, filters, part_total_ptr, part_listed_ptr,
-                                       part_valid_ptr, list_count, prelist_stride, programs_per_row, T_ROW, P_ROW,
-                                       MINP_ROW, PARTS_POW2, PRELIST_BINS, BINS_PER_NAT)
+                                       part_valid_ptr, list_count, prelist_stride, parts_per_row, T_ROW, P_ROW,
+                                       MINP_ROW, MAXIMA_POW2, PRELIST_BINS, BINS_PER_NAT)
             if prog == 0:
                 tl.store(list_rows_ptr + row, from_list.to(tl.int32))
         if from_list:
-            _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, pid, temperature, seed,
-                               seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
-                               programs_per_row, T_ROW, SEED_TENSOR, OFFSET_TENSOR, WIDTH, SEGMENTS_PER_PROGRAM,
-                               UNIT_T)
+            if prog < list_segments:
+                _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, pid, temperature, seed,
+                                   seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
+                                   programs_per_row, T_ROW, SEED_TENSOR, OFFSET_TENSOR, WIDTH,
+                                   SEGMENTS_PER_PROGRAM, UNIT_T)
         else:
             # (no plan: part_score_ptr stands in for the race program's unused plan_ptr)
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
@@ -2664,8 +2681,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         if FINAL:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
-                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, ROUND, TOP_P, PARTS_POW2,
-                UNIT_T)
+                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row, ROUND,
+                TOP_P, PARTS_POW2, MAXIMA_POW2, UNIT_T)
             segments = tl.where(from_list, list_segments, tl.cdiv(n, WIDTH))
             while decided == 0:
                 before, unused, best_score, best_index = _descent_pass(
@@ -2686,8 +2703,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         else:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
-                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, ROUND - 1, TOP_P,
-                PARTS_POW2, UNIT_T)
+                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row,
+                ROUND - 1, TOP_P, PARTS_POW2, MAXIMA_POW2, UNIT_T)
             if decided == 0:
                 first = prog * SEGMENTS_PER_PROGRAM
                 segments = tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - first)
