@@ -63,10 +63,10 @@ if os.environ.get("ONLY_FILTERS"):
 WARM = os.environ.get("WARM") == "1"
 #: The descent's launch choices the check compares with the pipeline.
 CHECKED = ({},) if QUICK else (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1))
-#: LISTED=1: the descent from the pre-list (``listed=True``): its rounds on the histogram's grid, on
-#: 8 programs per row, and those at one round, checked and timed against the pipeline.
-LISTED = {"listed": dict(listed=True, rounds=2), "listed p8": dict(listed=True, descent_programs_per_row=8),
-          "listed p8 r1": dict(listed=True, descent_programs_per_row=8, rounds=1)} if os.environ.get("LISTED") == "1" else None
+#: LISTED=1: the descent from the pre-list (``listed=True``), its rounds on DESCENT_LISTED_PROGRAMS_PER_ROW
+#: programs per row and on the histogram's grid, checked and timed against the pipeline.
+LISTED = {"listed": dict(listed=True), "listed grid": dict(listed=True, descent_programs_per_row=0)
+          } if os.environ.get("LISTED") == "1" else None
 if LISTED:
     CHECKED = tuple(LISTED.values())
 #: Offsets checked.

@@ -891,8 +891,9 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
         ops.plan.cache_clear()
 
 
-def test_descent_serves_top_p_alone_up_to_its_rows():
-    # which calls ``sample`` sends to the descent on CUDA (the rule; the tokens are the same)
+def test_descent_serves_top_p_alone_up_to_its_rows(monkeypatch):
+    # which calls ``sample`` sends to the descent on CUDA (the rule; the tokens are the same): over
+    # the row up to DESCENT_MAX_ROWS, from the pre-list from DESCENT_LISTED_MIN_ROWS
     x = torch.empty(2, 100)
 
     class OnCuda:  # (the rule reads only whether the logits are on CUDA, and their rows)
@@ -900,12 +901,13 @@ def test_descent_serves_top_p_alone_up_to_its_rows():
         shape = (ops.DESCENT_MAX_ROWS, 100)
 
     class ManyRowsOnCuda(OnCuda):
-        shape = (ops.DESCENT_MAX_ROWS + 1, 100)
+        shape = (ops.DESCENT_LISTED_MIN_ROWS, 100)
 
     serves = ops._descent_serves
     assert serves(OnCuda, 1.0, None, 0.9, None) and serves(OnCuda, 0.7, None, ops.DESCENT_MIN_TOP_P, None)
     assert serves(OnCuda, torch.ones(2), None, 0.9, None)
-    assert not serves(ManyRowsOnCuda, 1.0, None, 0.9, None)  # past a wave: the pipeline
+    assert serves(ManyRowsOnCuda, 1.0, None, 0.9, None)  # from the pre-list
+    assert not serves(ManyRowsOnCuda, 1.0, None, 0.9, 0.05)  # min-p: the pipeline
     assert not serves(x, 1.0, None, 0.9, None)  # not CUDA
     assert not serves(OnCuda, 1.0, 50, 0.9, None)  # top-k: the lanes or the pipeline
     assert not serves(OnCuda, 0.7, None, None, 0.05)  # min-p alone: the pipeline's one race
@@ -914,6 +916,8 @@ def test_descent_serves_top_p_alone_up_to_its_rows():
     assert not serves(OnCuda, 1.0, None, torch.full((2,), 0.9), None)  # p the host cannot see
     assert not serves(OnCuda, 1.0, None, None, None)  # no filter: one race
     assert not serves(OnCuda, 0.0, None, 0.9, None)  # greedy under scalar filters: one race
+    monkeypatch.setattr(ops, "DESCENT_LISTED_SAMPLES", False)
+    assert not serves(ManyRowsOnCuda, 1.0, None, 0.9, None)  # past a wave, the listing off: the pipeline
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
@@ -1900,7 +1904,7 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
     # later rounds and the finishing loop are taken: top-p 0.02 needs many steps), peaked and
     # flat rows, NaN, a row without a finite logit; then, with DESCENT_SAMPLES, treefold.sample
     # sends a scalar top-p to it, eager, prepared (the second call of a kind) and compiled, with
-    # the same tokens (where DESCENT_MAX_ROWS takes it)
+    # the same tokens (over the row at one row, from the pre-list at 64)
     x = qwen_like_logits(rows, 5).to(dtype)
     x[-1, ::5] = float("nan")
     flat = qwen_like_logits(rows, 6, scale=1.0).to(dtype)
@@ -1922,7 +1926,7 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
     monkeypatch.setattr(ops, "DESCENT_SAMPLES", True)
     monkeypatch.setattr(ops, "sample_descent_rows", lambda *a, **kw: taken.append(1) or descent(*a, **kw))
     monkeypatch.setattr(ops, "_PREPARED", {})
-    for config, routed in ((dict(top_p=0.9), rows <= ops.DESCENT_MAX_ROWS), (dict(temperature=0.8, min_p=0.05), False),
+    for config, routed in ((dict(top_p=0.9), True), (dict(temperature=0.8, min_p=0.05), False),
                            (dict(top_p=torch.full((rows,), 0.9, device="cuda")), False), (dict(top_p=0.3), False)):
         want = ops.sample_rows(x, config.get("temperature", 1.0), None, config.get("top_p"), config.get("min_p"),
                                seeds, 9)

@@ -877,12 +877,24 @@ DESCENT_SAMPLES = True
 #: race over the kept tokens costs less than the descent's rounds (float32 1 row 11.0 -> 12.4,
 #: 64 rows 49.4 -> 50.2, bfloat16 64 rows 37.3 -> 48.9 on the H200).
 DESCENT_MAX_ROWS = 16
-#: ``sample_descent_rows`` starts from the pre-list (its ``listed``) from this many rows.
+#: ``sample_descent_rows`` starts from the pre-list (its ``listed``) from this many rows, and
+#: ``sample`` sends such calls to it (with DESCENT_LISTED_SAMPLES; the filters as for the descent
+#: over the row). After the segment maxima and the histogram pass, a peaked row descends in its
+#: list of a few thousand tokens instead of the row; a row too flat for the list descends in its
+#: row, where the pipeline would count, compact and resolve hundreds of boundary tokens. H100,
+#: 64 rows of 151936, top-p 0.9, kernel us, pipeline -> descent from the list with the rounds on
+#: 8 programs per row (DESCENT_LISTED_PROGRAMS_PER_ROW) (results/h100-probe-listed-descent-2.txt):
+#: float32 peaked 67.2 -> 66.6, bfloat16 peaked 59.2 -> 53.0, float32 flat 234.7 -> 186.8; with
+#: min-p it loses (peaked, top-p 0.9 + min-p 0.05: 61.4 -> 69.1), so min-p stays on the pipeline.
 DESCENT_LISTED_MIN_ROWS = DESCENT_MAX_ROWS + 1
+DESCENT_LISTED_SAMPLES = True
 #: The listed descent's rounds run this many programs per row (0: the histogram pass's). A peaked
-#: row's list of a few thousand tokens is a few segments, one per program; its other programs
-#: would only read their row's flag and return.
-DESCENT_LISTED_PROGRAMS_PER_ROW = 0
+#: row's list of a few thousand tokens is a few segments, one per program, and the rest of the
+#: row's programs only read its flag and return; on the histogram's grid (30 programs per row at
+#: 64 rows) those idle programs cost the peaked rows 1.4 us (float32 68.0 against 66.6 at 8;
+#: bfloat16 56.3 against 53.0), but a flat row's rounds pass over the row, which 8 programs do
+#: slower than 30 (float32 flat 148.1 against 186.8, still ahead of the pipeline's 234.7).
+DESCENT_LISTED_PROGRAMS_PER_ROW = 8
 #: A row takes about 1 + ln(1 / p) candidates (the mass before each winner is a uniform fraction
 #: of the mass before the last; fewer when the top token is heavy), and those after the last
 #: round cost a pass by the row's one finishing program each: below this p, and for per-row
@@ -974,11 +986,14 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
 
 
 def _descent_serves(x: torch.Tensor, temperature, top_k, top_p, min_p) -> bool:
-    """Whether ``sample_descent_rows`` serves a call for ``sample`` (see DESCENT_MAX_ROWS and
-    DESCENT_MIN_TOP_P): on CUDA, at most DESCENT_MAX_ROWS rows, no top-k, no min-p, top-p a
-    scalar of at least DESCENT_MIN_TOP_P, and a call ``sample_rows`` would not serve with one
-    race."""
-    return (x.is_cuda and x.shape[0] <= DESCENT_MAX_ROWS and top_k is None and min_p is None
+    """Whether ``sample_descent_rows`` serves a call for ``sample`` (see DESCENT_MAX_ROWS,
+    DESCENT_LISTED_MIN_ROWS and DESCENT_MIN_TOP_P): on CUDA, at most DESCENT_MAX_ROWS rows (over
+    the row) or, with DESCENT_LISTED_SAMPLES, at least DESCENT_LISTED_MIN_ROWS (from the pre-list),
+    no top-k, no min-p, top-p a scalar of at least DESCENT_MIN_TOP_P, and a call ``sample_rows``
+    would not serve with one race."""
+    rows = x.shape[0]
+    return (x.is_cuda and (rows <= DESCENT_MAX_ROWS or (DESCENT_LISTED_SAMPLES and rows >= DESCENT_LISTED_MIN_ROWS))
+            and top_k is None and min_p is None
             and top_p is not None and not isinstance(top_p, torch.Tensor) and top_p >= DESCENT_MIN_TOP_P
             and not _one_race(temperature, top_k, top_p, min_p))
 
