@@ -903,10 +903,14 @@ def test_descent_serves_top_p_alone_up_to_its_rows(monkeypatch):
     class ManyRowsOnCuda(OnCuda):
         shape = (ops.DESCENT_LISTED_MIN_ROWS, 100)
 
+    class BetweenOnCuda(OnCuda):  # (past DESCENT_MAX_ROWS, short of DESCENT_LISTED_MIN_ROWS: the pipeline)
+        shape = (ops.DESCENT_MAX_ROWS + 1, 100)
+
     serves = ops._descent_serves
     assert serves(OnCuda, 1.0, None, 0.9, None) and serves(OnCuda, 0.7, None, ops.DESCENT_MIN_TOP_P, None)
     assert serves(OnCuda, torch.ones(2), None, 0.9, None)
     assert serves(ManyRowsOnCuda, 1.0, None, 0.9, None)  # from the pre-list
+    assert serves(BetweenOnCuda, 1.0, None, 0.9, None) == (ops.DESCENT_LISTED_MIN_ROWS == ops.DESCENT_MAX_ROWS + 1)
     assert not serves(ManyRowsOnCuda, 1.0, None, 0.9, 0.05)  # min-p: the pipeline
     assert not serves(x, 1.0, None, 0.9, None)  # not CUDA
     assert not serves(OnCuda, 1.0, 50, 0.9, None)  # top-k: the lanes or the pipeline

@@ -882,11 +882,15 @@ DESCENT_MAX_ROWS = 16
 #: over the row). After the segment maxima and the histogram pass, a peaked row descends in its
 #: list of a few thousand tokens instead of the row; a row too flat for the list descends in its
 #: row, where the pipeline would count, compact and resolve hundreds of boundary tokens. H100,
-#: 64 rows of 151936, top-p 0.9, kernel us, pipeline -> descent from the list with the rounds on
-#: 8 programs per row (DESCENT_LISTED_PROGRAMS_PER_ROW) (results/h100-probe-listed-descent-2.txt):
-#: float32 peaked 67.2 -> 66.6, bfloat16 peaked 59.2 -> 53.0, float32 flat 234.7 -> 186.8; with
-#: min-p it loses (peaked, top-p 0.9 + min-p 0.05: 61.4 -> 69.1), so min-p stays on the pipeline.
-DESCENT_LISTED_MIN_ROWS = DESCENT_MAX_ROWS + 1
+#: 64 rows of 151936, top-p 0.9, CUDA graph, L2 flushed, tokens equal, kernel us, pipeline ->
+#: descent from the list with the rounds on 8 programs per row (DESCENT_LISTED_PROGRAMS_PER_ROW)
+#: (results/h100-probe-listed-descent-2.txt): float32 peaked 67.2 -> 66.6, bfloat16 peaked 59.2
+#: -> 53.0, float32 flat 234.7 -> 186.8; with min-p it loses (peaked, top-p 0.9 + min-p 0.05:
+#: 61.4 -> 69.1), so min-p stays on the pipeline. Only 64 rows have been measured in this form;
+#: between DESCENT_MAX_ROWS and 64 rows the pipeline serves (at 32 rows, before a listed row's
+#: idle programs returned at once, float32 peaked top-p 0.9 took 63.2 us listed against the
+#: pipeline's 56.0, flat 91.7 against 160.3; results/h100-probe-listed-descent-1.txt).
+DESCENT_LISTED_MIN_ROWS = 64
 DESCENT_LISTED_SAMPLES = True
 #: The listed descent's rounds run this many programs per row (0: the histogram pass's). A peaked
 #: row's list of a few thousand tokens is a few segments, one per program, and the rest of the
