@@ -2490,13 +2490,11 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
                     noise = _noise_at(cols.to(tl.int64), s, stream, o)
                 else:
                     noise = _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-            else:
-                noise = _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-            if LISTED:
                 lane_score, lane_index = _race_lanes_any_order(lane_score, lane_index, racing, y + noise_scale * noise,
                                                                cols)
             else:
-                lane_score, lane_index = _race_lanes(lane_score, lane_index, racing, y + noise_scale * noise, cols)
+                score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+                lane_score, lane_index = _race_lanes(lane_score, lane_index, racing, score, cols)
         j += 1
     if FUSED_REDUCTIONS:
         before_sum, total_sum, best_score, best_index = tl.reduce(
@@ -2509,10 +2507,9 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
 
 
 @triton.jit
-def _descent_lists(row, n, temperature, top_p, min_p, filters, part_total_ptr, part_listed_ptr, part_valid_ptr,
-                   list_count, capacity, programs_per_row, T_ROW: tl.constexpr, P_ROW: tl.constexpr,
-                   MINP_ROW: tl.constexpr, PARTS_POW2: tl.constexpr, PRELIST_BINS: tl.constexpr,
-                   BINS_PER_NAT: tl.constexpr):
+def _descent_lists(row, n, top_p, min_p, filters, part_total_ptr, part_listed_ptr, part_valid_ptr, list_count,
+                   capacity, programs_per_row, P_ROW: tl.constexpr, MINP_ROW: tl.constexpr, PARTS_POW2: tl.constexpr,
+                   PRELIST_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr):
     """Whether a row descends in its pre-list: the list is complete and holds K
     (``_pre_list_holds_prefix``, the test by which the pipeline's count pass reads the list),
     from the histogram pass's partials: the same loads and reductions in every program of the
@@ -2578,15 +2575,19 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     every step leaves K inside a shorter prefix).
 
     With LISTED the launches follow ``segment_max_kernel`` and ``bin_histogram_kernel`` (with its
-    pre-list and masses), on their grid: the maxima and the row masses are theirs, and round 0
-    takes no maximum and round 1 sums no mass. A row whose pre-list holds the prefix K
+    pre-list and masses): the maxima and the row masses are theirs (``parts_per_row`` partials
+    per row, from their grid), and round 0 takes no maximum and round 1 sums no mass. The rounds
+    may run fewer programs per row than those passes (a launch choice). A row whose pre-list
+    holds the prefix K
     (``_pre_list_holds_prefix``, decided by round 0 and kept in list_rows_ptr) races its list,
     not its row, in round 0, and every later pass of the row goes over the list: its
     ``PRELIST_BINS / BINS_PER_NAT`` nats below the maximum are a prefix of the composite order
     that holds K, so S = the list is a start as good as the row (at 151936 tokens of standard
     deviation 4, about 5000 tokens instead of the row). The list's segments are shared among
     the row's programs in turn (segment j * programs_per_row + prog in step j), as the
-    pipeline's passes share them. The other rows race and pass over their rows as without it.
+    pipeline's passes share them; the programs with no share write no partials, are not read,
+    and after round 0 return at once. The other rows race and pass over their rows as without
+    it.
 
     Bytes: round 0 reads the row once; a round reads the row again (from L2, right after round 0)
     for undecided rows only, and every launch reads the partials of the rounds before it (20
@@ -2657,9 +2658,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 return
     if ROUND == 0:
         if LISTED:
-            from_list = _descent_lists(row, n, temperature, top_p, min_p, filters, part_total_ptr, part_listed_ptr,
-                                       part_valid_ptr, list_count, prelist_stride, parts_per_row, T_ROW, P_ROW,
-                                       MINP_ROW, MAXIMA_POW2, PRELIST_BINS, BINS_PER_NAT)
+            from_list = _descent_lists(row, n, top_p, min_p, filters, part_total_ptr, part_listed_ptr, part_valid_ptr,
+                                       list_count, prelist_stride, parts_per_row, P_ROW, MINP_ROW, MAXIMA_POW2,
+                                       PRELIST_BINS, BINS_PER_NAT)
             if prog == 0:
                 tl.store(list_rows_ptr + row, from_list.to(tl.int32))
         if from_list:
@@ -2681,8 +2682,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         if FINAL:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
-                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row, ROUND,
-                TOP_P, PARTS_POW2, MAXIMA_POW2, UNIT_T)
+                part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row,
+                ROUND, TOP_P, PARTS_POW2, MAXIMA_POW2, UNIT_T)
             segments = tl.where(from_list, list_segments, tl.cdiv(n, WIDTH))
             while decided == 0:
                 before, unused, best_score, best_index = _descent_pass(
