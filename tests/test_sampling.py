@@ -2357,19 +2357,23 @@ def test_prepared_descent_calls_through_the_interpreter(monkeypatch, request):
     ops.plan.cache_clear()
     request.addfinalizer(ops.plan.cache_clear)
     g = torch.Generator().manual_seed(15)
-    x = torch.randn(3, 300, generator=g) * 3
     seeds = torch.tensor([4, 5, 6])
-    for t, p, mp in ((1.0, 0.9, None), (0.7, 0.6, torch.tensor([0.01, 0.2, 0.5]))):
-        key = ops._sample_key(x, t, None, p, mp, seeds, 1)
-        first = ops.sample_descent_rows(x, t, p, mp, seeds, 1, prepare_key=key)
-        assert torch.equal(first, ops.sample_rows(x, t, None, p, mp, seeds, 1))
-        launched = InterpretedPrepared.launched
-        for step in range(2):
-            xs = torch.randn(3, 300, generator=g) * (step + 2)
-            xs[1, 3] = float("nan")
-            got = ops._PREPARED[key](xs, ops._tensor_params(t, None, p, mp, seeds, 1), {"seed": seeds, "offset": 1})
-            assert torch.equal(got, ops.sample_rows(xs, t, None, p, mp, seeds, 1)), (p, mp, step)
-        assert InterpretedPrepared.launched >= launched + 2 * 4  # (round 0, two rounds, the finish)
+    # over the row, then from the pre-list (peaked rows: their lists hold the kept prefix; the
+    # list, its partials and the rows' flags in the workspace too)
+    for listed, scale in ((False, 3), (True, 6)):
+        x = torch.randn(3, 300, generator=g) * scale
+        for t, p, mp in ((1.0, 0.9, None), (0.7, 0.6, torch.tensor([0.01, 0.2, 0.5]))):
+            key = ops._sample_key(x, t, None, p, mp, seeds, 1)
+            first = ops.sample_descent_rows(x, t, p, mp, seeds, 1, listed=listed, prepare_key=key)
+            assert torch.equal(first, ops.sample_rows(x, t, None, p, mp, seeds, 1))
+            launched = InterpretedPrepared.launched
+            for step in range(2):
+                xs = torch.randn(3, 300, generator=g) * (step + scale - 1)
+                xs[1, 3] = float("nan")
+                got = ops._PREPARED[key](xs, ops._tensor_params(t, None, p, mp, seeds, 1), {"seed": seeds, "offset": 1})
+                assert torch.equal(got, ops.sample_rows(xs, t, None, p, mp, seeds, 1)), (listed, p, mp, step)
+            # (round 0, two rounds, the finish; with the list, the maxima and the histogram first)
+            assert InterpretedPrepared.launched >= launched + 2 * (6 if listed else 4)
 
 
 @pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
