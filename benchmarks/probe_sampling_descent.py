@@ -14,10 +14,11 @@ QUICK=1: 8 offsets in the check, two timed, and only the pipeline and the defaul
 the check too). ONLY_CASES="0,1" (indices into CASES) and ONLY_FILTERS="top-p 0.9,min-p 0.05"
 narrow the run; LISTED=1 checks and times the descent from the pre-list instead
 (``listed=True``, launch choices in LISTED); ROWS="2,8,32" replaces the cases with those batch
-sizes (float32 and bfloat16 peaked, float32 flat), TIMED="0,3,4" the timed offsets. Before anything is timed, the calls are compiled into Triton's cache by one
-process per plan (rows, dtype) and filter, several at once (a process with WARM=1 makes each of
-its calls once and exits): on a fresh machine, one process compiling a case's kernels took more
-than five minutes. PARALLEL=0 compiles in the timed process instead.
+sizes (float32 and bfloat16 peaked, float32 flat), TIMED="0,3,4" the timed offsets. Before
+anything is timed, the calls are compiled into Triton's cache by one process per plan (rows,
+dtype) and filter, several at once (a process with WARM=1 makes each of its calls once and
+exits): on a fresh machine, one process compiling a case's kernels took more than five minutes.
+PARALLEL=0 compiles in the timed process instead.
 """
 import json
 import os
