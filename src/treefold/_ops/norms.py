@@ -853,8 +853,8 @@ def fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor
                          f"must not share any")
     # A weight inside x or the residual would be read by some programs after others have written
     # their rows over it: rows that depend on the launch (and, on a GPU, on timing).
-    for name, t in (("x", x), ("residual", residual)):
-        overlap = None if weight is None else _overlap(weight, t)
+    for name, t in (("x", x), ("residual", residual)) if weight is not None else ():
+        overlap = _overlap(weight, t)
         if overlap is not None:
             raise ValueError(f"fused_add_rms_norm_: weight and {name} {overlap}; {name} is written in place, "
                              f"so the weight must not share its memory")

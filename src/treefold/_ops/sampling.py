@@ -956,13 +956,15 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     part_score = run.buffer("descent_score", (rounds + 1) * grid, torch.float32, dev)
     part_index = run.buffer("descent_index", (rounds + 1) * grid, torch.int64, dev)
     first, middle, last = _chained(dev)
+    # the pre-list's buffers (without ``listed``, pointers the kernel does not read: no allocations)
     prelist_stride = max(1, int(n * PRELIST_FRACTION)) if listed else 1
-    prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
-    prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
-    part_listed = run.buffer("part_listed", parts if listed else 1, torch.int64, dev)
-    part_valid = run.buffer("part_valid", parts if listed else 1, torch.int32, dev)
-    list_rows = run.buffer("list_rows", rows, torch.int32, dev)
+    prelist = prelist_count = part_listed = part_valid = list_rows = part_total
     if listed:
+        prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
+        prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
+        part_listed = run.buffer("part_listed", parts, torch.int64, dev)
+        part_valid = run.buffer("part_valid", parts, torch.int32, dev)
+        list_rows = run.buffer("list_rows", rows, torch.int32, dev)
         # (the histogram's bins and the compaction's counters are cleared by the maxima pass and
         # not read here)
         hist = run.buffer("hist", (rows, NUM_BINS), torch.int32, dev)
