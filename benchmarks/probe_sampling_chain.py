@@ -4,7 +4,8 @@ CUDA graph with only its first L launches, for every L (the later launches not m
     PYTHONPATH=src:benchmarks python benchmarks/probe_sampling_chain.py [OUT.json [CASE]]
 
 (CASE: the index of one case of ``cases()`` alone, so that a driver can run each case in its own
-process.)
+process.) DESCENT=1: the descent from the pre-list instead (``sample_descent_rows(listed=True)``,
+top-p 0.9 at 64 float32 rows, peaked and flat), at its default rounds and at one.
 
 The difference between the prefixes of L and L - 1 launches is what launch L costs the call's
 end-to-end time, its wait for the launch before it included: with programmatic dependent
@@ -13,11 +14,12 @@ call's (its tokens are not compared). 151936 logits (the gpu_sampling inputs), f
 64 rows and one; do_bench median of each graph replay, L2 flushed, three interleaved rounds.
 """
 import json
+import os
 import sys
 
 import torch
 
-from gpu_sampling import graphed, logits
+from gpu_sampling import FLAT, graphed, logits
 
 from treefold._ops import sampling as ops
 from treefold.bench.timing import CudaTimer, interleaved_us
@@ -30,6 +32,11 @@ CALLS = {  # name -> (top_k, top_p, min_p); None: top_k_rows(x, 50)
 }
 SHAPES = ((64, torch.float32, tuple(CALLS)), (64, torch.bfloat16, ("top-p 0.9",)),
           (1, torch.float32, ("top-p 0.9", "min-p 0.05")))
+#: DESCENT=1: name -> launch choices of sample_descent_rows(x, 1.0, 0.9, listed=True)
+DESCENT = {"listed": {}, "listed, one round": dict(rounds=1)}
+if os.environ.get("DESCENT") == "1":
+    CALLS = DESCENT
+    SHAPES = ((64, torch.float32, tuple(DESCENT)), (-64, torch.float32, tuple(DESCENT)))  # (-rows: flat)
 
 
 class _Prefix(ops._Run):
@@ -48,6 +55,8 @@ class _Prefix(ops._Run):
 
 def call(x, seeds, name):
     config = CALLS[name]
+    if CALLS is DESCENT:
+        return lambda: (ops.sample_descent_rows(x, 1.0, 0.9, None, seeds, 0, listed=True, **config),)
     if config is None:
         return lambda: ops.top_k_rows(x, 50)
     return lambda: (ops.sample_rows(x, 1.0, *config, seeds, 0),)
@@ -80,10 +89,10 @@ def main(out_path="", case=None):
     for i, (rows, dtype, name) in enumerate(cases()):
         if case is not None and i != int(case):
             continue
-        x = logits(rows, dtype)
-        seeds = torch.arange(rows, device="cuda", dtype=torch.int64) * 7919 + 1
+        x = logits(abs(rows), dtype, **({"scale": FLAT} if rows < 0 else {}))
+        seeds = torch.arange(abs(rows), device="cuda", dtype=torch.int64) * 7919 + 1
         keep += [x, seeds]
-        key = f"{rows} {str(dtype)[6:]} {name}"
+        key = f"{abs(rows)} {str(dtype)[6:]}{' flat' if rows < 0 else ''} {name}"
         fn = call(x, seeds, name)
         launch_names[key] = launches_of(fn)
         for limit in range(1, len(launch_names[key]) + 1):
