@@ -70,6 +70,13 @@ LISTED = {"listed": dict(listed=True), "listed grid": dict(listed=True, descent_
           } if os.environ.get("LISTED") == "1" else None
 if LISTED:
     CHECKED = tuple(LISTED.values())
+#: FINISH=1: the descent as ``sample`` takes it (over the row up to 16 rows, from the pre-list from
+#: 64) with its finishing program's segments of 1024 (the rounds'), 2048 and 4096 tokens.
+FINISH = {"finish 1024": dict(finish_width=0), "finish 2048": dict(finish_width=2048),
+          "finish 4096": dict(finish_width=4096)} if os.environ.get("FINISH") == "1" else None
+if FINISH:
+    LISTED = FINISH
+    CHECKED = tuple(FINISH.values())
 #: Offsets checked.
 CHECK_OFFSETS = range(2, 10) if QUICK else range(32)
 #: What a WARM process calls with: one offset (the kernels do not specialise on it, so one

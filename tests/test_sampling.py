@@ -796,7 +796,9 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
     one (-1), p = 1 with min_p = 0 (keep everything), greedy with top-p (also an invalid one: the
     argmax, as the pipeline's one race gives); scalar and per-row temperatures (one greedy, one invalid),
     seeds and offsets; NaN and +-inf (never drawn), a row without a finite logit (-1), ties;
-    bfloat16 logits; 1 to 3 rounds and several splits among programs. Segments of 64 tokens."""
+    bfloat16 logits; 1 to 3 rounds and several splits among programs; the finishing program's
+    passes in segments of 32, 64 (the rounds'), 128 and 4096 (the default: the row in one).
+    Segments of 64 tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     x = mixed_rows(22)
@@ -818,9 +820,10 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
     try:
         assert torch.equal(ops.sample_descent_rows(xs_16, temps, 0.5, mps, seeds, offsets, rounds=1), want_16)
         for (t, p, mp, seed, offset), want in zip(configs, wants):
-            for programs, rounds in ((None, None), (1, 1), (3, 3), (None, 1)):
-                got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, programs_per_row=programs, rounds=rounds)
-                assert torch.equal(got, want), (t, p, mp, programs, rounds, got, want)
+            for programs, rounds, finish in ((None, None, None), (1, 1, 0), (3, 3, 128), (None, 1, 32)):
+                got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, programs_per_row=programs, rounds=rounds,
+                                              finish_width=finish)
+                assert torch.equal(got, want), (t, p, mp, programs, rounds, finish, got, want)
             assert want[2].item() == -1
             if isinstance(t, torch.Tensor):
                 assert want[4].item() == -1
@@ -828,6 +831,8 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
                 assert want[5].item() == -1
         with pytest.raises(ValueError, match="rounds must be from 1 to 8"):
             ops.sample_descent_rows(xs, 1.0, 0.9, rounds=0)
+        with pytest.raises(ValueError, match="finish_width must be 0 or a power of two, got 48"):
+            ops.sample_descent_rows(xs, 1.0, 0.9, finish_width=48)
         with pytest.raises(ValueError, match="sample_descent_rows: x must be"):
             ops.sample_descent_rows(xs[:, ::2], 1.0, 0.9)
         assert ops.sample_descent_rows(xs[:0], 1.0, 0.9).shape == (0,)
@@ -843,8 +848,9 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     over the list), min-p alone and with top-p, per-row p with an invalid one (-1), scalar and
     per-row temperatures (one greedy, one invalid); NaN and +-inf, a row without a finite logit
     (-1), ties (rows of whole numbers), a flat row whose list gives up (it descends in its row);
-    bfloat16; 1 and 3 rounds, one and three programs per row. Both kinds of row are checked to
-    occur. Segments of 64 tokens."""
+    bfloat16; 1 and 3 rounds, one and three programs per row; the finishing program's passes
+    in segments of 64 (the rounds') and 128 as well as the default. Both kinds of row are
+    checked to occur. Segments of 64 tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     g = torch.Generator().manual_seed(41)
@@ -880,7 +886,8 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     try:
         assert torch.equal(ops.sample_descent_rows(xs_16, 1.0, 0.9, None, seeds, offsets, listed=True), want_16)
         for (t, p, mp, seed, offset), want, launch in zip(configs, wants, (
-                dict(), dict(rounds=1), dict(rounds=3, programs_per_row=3), dict(programs_per_row=1), dict(rounds=1))):
+                dict(), dict(rounds=1, finish_width=0), dict(rounds=3, programs_per_row=3), dict(programs_per_row=1),
+                dict(rounds=1, finish_width=128))):
             got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **launch)
             assert torch.equal(got, want), (t, p, mp, launch, got, want)
             assert want[2].item() == -1

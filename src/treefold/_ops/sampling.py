@@ -907,12 +907,17 @@ DESCENT_MIN_TOP_P = 0.5
 #: Warps of the descent's finishing program per row: a row still undecided after the rounds is
 #: passed over whole by that one program, once per candidate.
 DESCENT_FINISH_WARPS = 16
+#: Tokens of each of that program's steps over the row (or the list): a pass of one program is a
+#: chain of dependent loads, one segment after another, and at the rounds' 1024 a flat row of
+#: 151936 takes 149 of them per candidate.
+DESCENT_FINISH_WIDTH = 4096
 
 
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
                         rounds: Optional[int] = None, programs_per_row: Optional[int] = None,
                         prefetch: Optional[bool] = None, listed: Optional[bool] = None,
-                        descent_programs_per_row: Optional[int] = None, prepare_key=None) -> torch.Tensor:
+                        descent_programs_per_row: Optional[int] = None, finish_width: Optional[int] = None,
+                        prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits x [rows, n] sampled under top-p and min-p (no top-k):
     the tokens ``sample_rows(x, temperature, None, top_p, min_p, seed, offset)`` gives, by
     descent (``kernels.descent_kernel``): a race over the row, then ``rounds`` (default
@@ -923,11 +928,15 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     ``programs_per_row`` and ``prefetch``: launch choices (see ``race_plan``, and ``plan`` with
     ``listed``); with ``listed``, ``descent_programs_per_row`` (default DESCENT_LISTED_PROGRAMS_PER_ROW;
     0: the histogram pass's) are the rounds' programs per row, a launch choice of their own.
-    ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
+    ``finish_width``: the finishing program's segment (default DESCENT_FINISH_WIDTH; 0: the
+    rounds'). ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
     if not 1 <= rounds <= 8:
         raise ValueError(f"sample_descent_rows: rounds must be from 1 to 8, got {rounds}")
+    finish_width = DESCENT_FINISH_WIDTH if finish_width is None else finish_width
+    if finish_width < 0 or finish_width & (finish_width - 1):
+        raise ValueError(f"sample_descent_rows: finish_width must be 0 or a power of two, got {finish_width}")
     if _one_race(temperature, None, top_p, min_p):
         # (no filter, or greedy under scalar filters: the pipeline's one race, whose token under an
         # invalid scalar filter is the argmax, where the descent's rows would end with -1)
@@ -984,7 +993,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
             WIDTH=g.width,
             SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, MAXIMA_POW2=g_rows.parts_pow2,
             LISTED=listed, PRELIST_BINS=PRELIST_BINS if listed else 0, BINS_PER_NAT=BINS_PER_NAT,
-            PREFETCH=g.prefetch and r == 0 and not listed,
+            FINISH_WIDTH=finish_width if final else 0, PREFETCH=g.prefetch and r == 0 and not listed,
             UNIT_T=c["unit_t"], num_warps=DESCENT_FINISH_WARPS if final else g.num_warps,
             **(last if final else middle if r > 0 or listed else first))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))

@@ -2560,7 +2560,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                    MIN_P: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                    PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr, LISTED: tl.constexpr = False,
                    PRELIST_BINS: tl.constexpr = 0,
-                   BINS_PER_NAT: tl.constexpr = 4.0,
+                   BINS_PER_NAT: tl.constexpr = 4.0, FINISH_WIDTH: tl.constexpr = 0,
                    PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
                    RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
@@ -2684,11 +2684,14 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                 part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row,
                 ROUND, TOP_P, PARTS_POW2, MAXIMA_POW2, UNIT_T)
-            segments = tl.where(from_list, list_segments, tl.cdiv(n, WIDTH))
+            # (the finishing program's passes go over the row, or the list, in segments of their own
+            # width: the sums are exact and the race's noise is each token's, in any segments)
+            FINISH: tl.constexpr = FINISH_WIDTH if FINISH_WIDTH > 0 else WIDTH
+            segments = tl.where(from_list, tl.cdiv(list_count, FINISH), tl.cdiv(n, FINISH))
             while decided == 0:
                 before, unused, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, 0, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
-                    from_list, list_row, list_count, 1, False, TOP_P, MIN_P, LISTED, WIDTH, UNIT_T)
+                    from_list, list_row, list_count, 1, False, TOP_P, MIN_P, LISTED, FINISH, UNIT_T)
                 kept = _descent_accepts(before, total, w_c, p, mp)
                 token = tl.where(kept, c, token)
                 decided = kept
