@@ -907,10 +907,15 @@ DESCENT_MIN_TOP_P = 0.5
 #: Warps of the descent's finishing program per row: a row still undecided after the rounds is
 #: passed over whole by that one program, once per candidate.
 DESCENT_FINISH_WARPS = 16
-#: Tokens of each of that program's steps over the row (or the list): a pass of one program is a
-#: chain of dependent loads, one segment after another, and at the rounds' 1024 a flat row of
-#: 151936 takes 149 of them per candidate.
-DESCENT_FINISH_WIDTH = 4096
+#: Tokens of each of that program's steps over the row (or the list): one program's pass is a
+#: chain of segments, one after another, and at the rounds' 1024 a flat row of 151936 takes 149
+#: per candidate. H100, 64 flat rows (2 N(0, 1)) of 151936 fp32, top-p 0.9, CUDA graph, L2
+#: flushed, the same tokens (results/h100-probe-descent-finish-width.txt): the draw of offset 0,
+#: whose undecided rows reach this program, 475.1 us at 1024, 398.4 at 2048, 402.1 at 4096 (the
+#: pipeline 236.9: a pass of one program over a flat row races every token, its noise included,
+#: on one SM); the draws that end in the rounds (offsets 3, 4: 189-192), peaked rows and 16 rows
+#: the same at every width. 4096 spills (128 registers and 16 bytes of stack, offline), 2048 not.
+DESCENT_FINISH_WIDTH = 2048
 
 
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
