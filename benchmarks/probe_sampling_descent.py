@@ -77,6 +77,11 @@ FINISH = {"finish 1024": dict(finish_width=0), "finish 2048": dict(finish_width=
 if FINISH:
     LISTED = FINISH
     CHECKED = tuple(FINISH.values())
+#: LOOP=1: the descent as ``sample`` takes it, its rounds after round 0 as launches (the default)
+#: and in one launch (``loop=True``).
+if os.environ.get("LOOP") == "1":
+    LISTED = {"launches": dict(loop=False), "loop": dict(loop=True)}
+    CHECKED = tuple(LISTED.values())
 #: Offsets checked.
 CHECK_OFFSETS = range(2, 10) if QUICK else range(32)
 #: What a WARM process calls with: one offset (the kernels do not specialise on it, so one

@@ -916,13 +916,17 @@ DESCENT_FINISH_WARPS = 16
 #: on one SM); the draws that end in the rounds (offsets 3, 4: 189-192), peaked rows and 16 rows
 #: the same at every width. 4096 spills (128 registers and 16 bytes of stack, offline), 2048 not.
 DESCENT_FINISH_WIDTH = 2048
+#: ``sample_descent_rows``' launch choice ``loop``: every round after round 0 in one launch, the
+#: programs of a row meeting on an arrival counter between rounds (``kernels._descent_loop``),
+#: instead of DESCENT_ROUNDS launches and the one finishing program per row.
+DESCENT_LOOP = False
 
 
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
                         rounds: Optional[int] = None, programs_per_row: Optional[int] = None,
                         prefetch: Optional[bool] = None, listed: Optional[bool] = None,
                         descent_programs_per_row: Optional[int] = None, finish_width: Optional[int] = None,
-                        prepare_key=None) -> torch.Tensor:
+                        loop: Optional[bool] = None, prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits x [rows, n] sampled under top-p and min-p (no top-k):
     the tokens ``sample_rows(x, temperature, None, top_p, min_p, seed, offset)`` gives, by
     descent (``kernels.descent_kernel``): a race over the row, then ``rounds`` (default
@@ -934,7 +938,10 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     ``listed``); with ``listed``, ``descent_programs_per_row`` (default DESCENT_LISTED_PROGRAMS_PER_ROW;
     0: the histogram pass's) are the rounds' programs per row, a launch choice of their own.
     ``finish_width``: the finishing program's segment (default DESCENT_FINISH_WIDTH; 0: the
-    rounds'). ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
+    rounds'). ``loop`` (default DESCENT_LOOP): the rounds after round 0 in one launch instead
+    (``rounds`` and ``finish_width`` then unused; the programs of a row wait for one another,
+    which Triton's interpreter, running them one after another, allows at one program per row).
+    ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
     if not 1 <= rounds <= 8:
@@ -942,6 +949,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     finish_width = DESCENT_FINISH_WIDTH if finish_width is None else finish_width
     if finish_width < 0 or finish_width & (finish_width - 1):
         raise ValueError(f"sample_descent_rows: finish_width must be 0 or a power of two, got {finish_width}")
+    loop = DESCENT_LOOP if loop is None else loop
     if _one_race(temperature, None, top_p, min_p):
         # (no filter, or greedy under scalar filters: the pipeline's one race, whose token under an
         # invalid scalar filter is the argmax, where the descent's rows would end with -1)
@@ -959,20 +967,26 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         g = plan(rows, n, dev, per_row, None, False) if per_row else g_rows
     else:
         g = g_rows = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
+    if loop and backend.INTERPRETED and g.programs_per_row > 1:
+        raise ValueError(f"sample_descent_rows: loop=True with {g.programs_per_row} programs per row, which must "
+                         f"run at once, and Triton's interpreter runs them one after another")
     c = _common(x, temperature, None, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags_without_k"]
     grid = rows * g.programs_per_row
+    slots = max(rounds, 2) if loop else rounds  # (the loop alternates two slots of partials)
     parts = rows * g_rows.programs_per_row  # (the maxima's and masses' partials)
     part_max = run.buffer("descent_max", parts, torch.float32, dev)
     part_total = run.buffer("descent_total", parts, torch.int64, dev)
-    part_before = run.buffer("descent_before", rounds * grid, torch.int64, dev)
-    part_score = run.buffer("descent_score", (rounds + 1) * grid, torch.float32, dev)
-    part_index = run.buffer("descent_index", (rounds + 1) * grid, torch.int64, dev)
+    part_before = run.buffer("descent_before", slots * grid, torch.int64, dev)
+    part_score = run.buffer("descent_score", (slots + 1) * grid, torch.float32, dev)
+    part_index = run.buffer("descent_index", (slots + 1) * grid, torch.int64, dev)
     first, middle, last = _chained(dev)
     # the pre-list's buffers (without ``listed``, pointers the kernel does not read: no allocations)
     prelist_stride = max(1, int(n * PRELIST_FRACTION)) if listed else 1
-    prelist = prelist_count = part_listed = part_valid = list_rows = part_total
+    prelist = prelist_count = part_listed = part_valid = list_rows = counter = part_total
+    if loop and not listed:
+        counter = run.buffer("counter", rows, torch.int64, dev)  # (cleared by round 0)
     if listed:
         prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
         prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
@@ -987,20 +1001,20 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         _maxima_and_histogram(run, x, g_rows, c, (part_max, part_total, hist, fine, counter, part_listed, part_valid,
                                              prelist, prelist_count), PRELIST_BINS, prelist_stride,
                               top_p is not None, False, prefetch, first, middle)
-    for r in range(rounds + 2):
-        final = r == rounds + 1
+    for r in (0, 1) if loop else range(rounds + 2):
+        final = r == rounds + 1 and not loop
         run(_DESCENT,
             (rows if final else grid,), x, n, x.stride(0), part_max, part_total, part_before, part_score,
             part_index, out, g.programs_per_row, grid, g_rows.programs_per_row, t, p, mp, filters, s, s_stride, o,
             o_stride,
-            prelist, prelist_stride, prelist_count, part_listed, part_valid, list_rows,
-            ROUND=rounds if final else r, FINAL=final, **flags, TOP_P=top_p is not None, MIN_P=min_p is not None,
+            prelist, prelist_stride, prelist_count, part_listed, part_valid, list_rows, counter,
+            ROUND=rounds if final else r, LOOP=loop, FINAL=final, **flags, TOP_P=top_p is not None, MIN_P=min_p is not None,
             WIDTH=g.width,
             SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, MAXIMA_POW2=g_rows.parts_pow2,
             LISTED=listed, PRELIST_BINS=PRELIST_BINS if listed else 0, BINS_PER_NAT=BINS_PER_NAT,
             FINISH_WIDTH=finish_width if final else 0, PREFETCH=g.prefetch and r == 0 and not listed,
             UNIT_T=c["unit_t"], num_warps=DESCENT_FINISH_WARPS if final else g.num_warps,
-            **(last if final else middle if r > 0 or listed else first))
+            **(last if final or (loop and r == 1) else middle if r > 0 or listed else first))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
 

@@ -66,7 +66,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend import INTERPRETED
-from .combine import start_dependent_launch
+from .combine import arrive, start_dependent_launch, wait_for_arrivals
 
 #: Compiled, ``_fast_log`` and ``_fixed_weight``'s exp are libdevice's fast approximations; the
 #: interpreter has no libdevice: there they are NumPy's log and exp.
@@ -2549,18 +2549,89 @@ def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, 
     _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
 
 
+@triton.jit
+def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
+                  part_index_ptr, token_ptr, counter_ptr, programs_per_row, slot_stride, parts_per_row,
+                  racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list, list_row, list_count,
+                  list_segments, TOP_P: tl.constexpr, MIN_P: tl.constexpr, LISTED: tl.constexpr, WIDTH: tl.constexpr,
+                  SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr,
+                  UNIT_T: tl.constexpr):
+    """Every round after round 0 in one launch: the row's racing programs pass over their shares
+    for the candidate, write their partials, meet on the row's arrival counter (``arrive``,
+    ``wait_for_arrivals``: the count reaches racing_programs times the rounds done) and read
+    each other's (past L1), so that each takes the same decision: keep the candidate, or take
+    the race's winner as the next. A row undecided after many rounds keeps all its programs on
+    it, where the launches' form leaves it to one. The partials of two rounds alternate in slots
+    0 and 1 (scores and indices in 1 and 2, after round 0's): a program writes round k + 2's only
+    after every program has arrived at round k + 1, so after it read round k's. Program 0
+    writes the token."""
+    m, total, decided, token, c, key_c, w_c = _descent_replay(
+        x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr, part_index_ptr,
+        programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row, 0, TOP_P, PARTS_POW2,
+        MAXIMA_POW2, UNIT_T)
+    if LISTED and TOP_P:
+        total = _row_sum(part_total_ptr, row, parts_per_row, MAXIMA_POW2)  # (the histogram pass's)
+    first = prog * SEGMENTS_PER_PROGRAM
+    segments = tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - first)
+    step = programs_per_row
+    if from_list:
+        first = prog
+        segments = tl.maximum(tl.cdiv(list_segments - prog, programs_per_row), 0)
+    q = tl.arange(0, PARTS_POW2)
+    racing = q < racing_programs
+    parts = row * programs_per_row + q
+    rounds = tl.zeros([], tl.int32)
+    while decided == 0:
+        before, row_mass, best_score, best_index = _descent_pass(
+            x_ptr, row, stride_x, n, first, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
+            from_list, list_row, list_count, step, not LISTED, TOP_P, MIN_P, LISTED, WIDTH, UNIT_T)
+        slot = (rounds % 2) * slot_stride
+        if TOP_P:
+            tl.store(part_before_ptr + slot + pid, before)
+            if not LISTED:
+                if rounds == 0:
+                    tl.store(part_total_ptr + pid, row_mass)
+        tl.store(part_score_ptr + slot_stride + slot + pid, best_score)
+        tl.store(part_index_ptr + slot_stride + slot + pid, best_index)
+        arrived = arrive(counter_ptr, row)
+        wait_for_arrivals(counter_ptr, row, arrived, racing_programs * (rounds + 1))
+        if TOP_P:
+            if not LISTED:
+                if rounds == 0:
+                    total = tl.sum(tl.load(part_total_ptr + parts, mask=racing, other=0, cache_modifier=".cg"),
+                                   axis=0)
+            before = tl.sum(tl.load(part_before_ptr + slot + parts, mask=racing, other=0, cache_modifier=".cg"),
+                            axis=0)
+        kept = _descent_accepts(before, total, w_c, p, mp)
+        token = tl.where(kept, c, token)
+        decided = kept
+        if kept == 0:
+            score, c_next = _winner(
+                tl.load(part_score_ptr + slot_stride + slot + parts, mask=racing, other=float("-inf"),
+                        cache_modifier=".cg"),
+                tl.load(part_index_ptr + slot_stride + slot + parts, mask=racing, other=INT64_MAX,
+                        cache_modifier=".cg"), INT64_MAX)
+            raced = score > float("-inf")
+            c = tl.where(raced, c_next, 0)
+            key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, raced, m, inv_t, p, mp, UNIT_T)
+            token = tl.where(now, c, token)
+            decided = now | (raced == 0)
+        rounds += 1
+    if prog == 0:
+        tl.store(token_ptr + row, token)
+
 @triton.jit(do_not_specialize=RANDOM_ARGS)
 def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                    part_index_ptr, token_ptr, programs_per_row, slot_stride, parts_per_row,
                    temperature, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
                    prelist_ptr, prelist_stride, prelist_count_ptr, part_listed_ptr, part_valid_ptr, list_rows_ptr,
-                   ROUND: tl.constexpr, FINAL: tl.constexpr,
+                   counter_ptr, ROUND: tl.constexpr, FINAL: tl.constexpr,
                    T_ROW: tl.constexpr, P_ROW: tl.constexpr, MINP_ROW: tl.constexpr,
                    SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, TOP_P: tl.constexpr,
                    MIN_P: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                    PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr, LISTED: tl.constexpr = False,
                    PRELIST_BINS: tl.constexpr = 0,
-                   BINS_PER_NAT: tl.constexpr = 4.0, FINISH_WIDTH: tl.constexpr = 0,
+                   BINS_PER_NAT: tl.constexpr = 4.0, FINISH_WIDTH: tl.constexpr = 0, LOOP: tl.constexpr = False,
                    PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
                    RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
@@ -2654,9 +2725,14 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     racing_programs = tl.where(from_list, tl.minimum(list_segments, programs_per_row), programs_per_row)
     if ROUND > 0:
         if not FINAL:
-            if from_list & (prog >= list_segments):
+            # (in the loop a listed row's program 0 stays, to write the token of a row without a list)
+            if from_list & (prog >= list_segments) & ((prog > 0) | (not LOOP)):
                 return
     if ROUND == 0:
+        if LOOP and not LISTED:
+            # (the loop's arrival counter; with LISTED the segment maxima cleared it)
+            if prog == 0:
+                tl.store(counter_ptr + row, 0)
         if LISTED:
             from_list = _descent_lists(row, n, top_p, min_p, filters, part_total_ptr, part_listed_ptr, part_valid_ptr,
                                        list_count, prelist_stride, parts_per_row, P_ROW, MINP_ROW, MAXIMA_POW2,
@@ -2679,7 +2755,13 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         inv_t, noise_scale, valid, k, p, mp, s, stream, o = _row_setup(
             row, n, temperature, 0, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
             T_ROW, False, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
-        if FINAL:
+        if LOOP:
+            _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_ptr, part_before_ptr,
+                          part_score_ptr, part_index_ptr, token_ptr, counter_ptr, programs_per_row, slot_stride,
+                          parts_per_row, racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list,
+                          list_row, list_count, list_segments, TOP_P, MIN_P, LISTED, WIDTH, SEGMENTS_PER_PROGRAM,
+                          PARTS_POW2, MAXIMA_POW2, UNIT_T)
+        elif FINAL:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                 part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row,
