@@ -797,8 +797,9 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
     argmax, as the pipeline's one race gives); scalar and per-row temperatures (one greedy, one invalid),
     seeds and offsets; NaN and +-inf (never drawn), a row without a finite logit (-1), ties;
     bfloat16 logits; 1 to 3 rounds and several splits among programs; the finishing program's
-    passes in segments of 32, 64 (the rounds'), 128 and 4096 (the default: the row in one).
-    Segments of 64 tokens."""
+    passes in segments of 32, 64 (the rounds'), 128 and 4096 (the default: the row in one); the
+    rounds in one launch (``loop``, one program per row: the interpreter runs programs one after
+    another, and more must wait for one another). Segments of 64 tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     x = mixed_rows(22)
@@ -820,10 +821,11 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
     try:
         assert torch.equal(ops.sample_descent_rows(xs_16, temps, 0.5, mps, seeds, offsets, rounds=1), want_16)
         for (t, p, mp, seed, offset), want in zip(configs, wants):
-            for programs, rounds, finish in ((None, None, None), (1, 1, 0), (3, 3, 128), (None, 1, 32)):
+            for programs, rounds, finish, loop in ((None, None, None, False), (1, 1, 0, False), (3, 3, 128, False),
+                                                   (None, 1, 32, False), (1, None, None, True)):
                 got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, programs_per_row=programs, rounds=rounds,
-                                              finish_width=finish)
-                assert torch.equal(got, want), (t, p, mp, programs, rounds, finish, got, want)
+                                              finish_width=finish, loop=loop)
+                assert torch.equal(got, want), (t, p, mp, programs, rounds, finish, loop, got, want)
             assert want[2].item() == -1
             if isinstance(t, torch.Tensor):
                 assert want[4].item() == -1
@@ -833,6 +835,9 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
             ops.sample_descent_rows(xs, 1.0, 0.9, rounds=0)
         with pytest.raises(ValueError, match="finish_width must be 0 or a power of two, got 48"):
             ops.sample_descent_rows(xs, 1.0, 0.9, finish_width=48)
+        if backend.INTERPRETED:
+            with pytest.raises(ValueError, match="loop=True with 3 programs per row"):
+                ops.sample_descent_rows(xs, 1.0, 0.9, programs_per_row=3, loop=True)
         with pytest.raises(ValueError, match="sample_descent_rows: x must be"):
             ops.sample_descent_rows(xs[:, ::2], 1.0, 0.9)
         assert ops.sample_descent_rows(xs[:0], 1.0, 0.9).shape == (0,)
@@ -849,8 +854,9 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     per-row temperatures (one greedy, one invalid); NaN and +-inf, a row without a finite logit
     (-1), ties (rows of whole numbers), a flat row whose list gives up (it descends in its row);
     bfloat16; 1 and 3 rounds, one and three programs per row; the finishing program's passes
-    in segments of 64 (the rounds') and 128 as well as the default. Both kinds of row are
-    checked to occur. Segments of 64 tokens."""
+    in segments of 64 (the rounds') and 128 as well as the default; the rounds in one launch
+    (``loop``, one program per row). Both kinds of row are checked to occur. Segments of 64
+    tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     g = torch.Generator().manual_seed(41)
@@ -886,8 +892,8 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     try:
         assert torch.equal(ops.sample_descent_rows(xs_16, 1.0, 0.9, None, seeds, offsets, listed=True), want_16)
         for (t, p, mp, seed, offset), want, launch in zip(configs, wants, (
-                dict(), dict(rounds=1, finish_width=0), dict(rounds=3, programs_per_row=3), dict(programs_per_row=1),
-                dict(rounds=1, finish_width=128))):
+                dict(), dict(rounds=1, finish_width=0), dict(rounds=3, programs_per_row=3),
+                dict(programs_per_row=1, descent_programs_per_row=1, loop=True), dict(rounds=1, finish_width=128))):
             got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **launch)
             assert torch.equal(got, want), (t, p, mp, launch, got, want)
             assert want[2].item() == -1
@@ -1913,7 +1919,8 @@ def test_gpu_sample_under_top_k_takes_the_faster_launches_with_the_same_tokens(r
 def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeypatch):
     # top-p and min-p by descent against the pipeline at 151936 logits, 16 draws per row (the
     # later rounds and the finishing loop are taken: top-p 0.02 needs many steps), peaked and
-    # flat rows, NaN, a row without a finite logit; then, with DESCENT_SAMPLES, treefold.sample
+    # flat rows, NaN, a row without a finite logit; the rounds in one launch as well (``loop``: a
+    # row's programs wait for one another); then, with DESCENT_SAMPLES, treefold.sample
     # sends a scalar top-p to it, eager, prepared (the second call of a kind) and compiled, with
     # the same tokens (over the row at one row, from the pre-list at 64)
     x = qwen_like_logits(rows, 5).to(dtype)
@@ -1929,9 +1936,9 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
                          (temps, 0.95, None), (1.0, None, mps), (1.0, 0.02, None)):
             for offset in range(16):
                 want = ops.sample_rows(logits, t, None, p, mp, seeds, offset)
-                for rounds in (1, 2):
-                    got = ops.sample_descent_rows(logits, t, p, mp, seeds, offset, rounds=rounds)
-                    assert torch.equal(got, want), (p, mp, offset, rounds)
+                for launch in (dict(rounds=1), dict(rounds=2), dict(loop=True)):
+                    got = ops.sample_descent_rows(logits, t, p, mp, seeds, offset, **launch)
+                    assert torch.equal(got, want), (p, mp, offset, launch)
     taken = []
     descent = ops.sample_descent_rows
     monkeypatch.setattr(ops, "DESCENT_SAMPLES", True)
