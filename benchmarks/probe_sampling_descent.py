@@ -13,7 +13,8 @@ inputs (peaked; flat), one row and 64, float32 and bfloat16. Writes OUT_DIR/samp
 QUICK=1: 8 offsets in the check, two timed, and only the pipeline and the default descent (in
 the check too). ONLY_CASES="0,1" (indices into CASES) and ONLY_FILTERS="top-p 0.9,min-p 0.05"
 narrow the run; LISTED=1 checks and times the descent from the pre-list instead
-(``listed=True``, launch choices in LISTED); ROWS="2,8,32" replaces the cases with those batch
+(``listed=True``, launch choices in LISTED), FINISH=1 the finishing program's segment widths,
+LOOP=1 the rounds in one launch against their launches; ROWS="2,8,32" replaces the cases with those batch
 sizes (float32 and bfloat16 peaked, float32 flat), TIMED="0,3,4" the timed offsets. Before
 anything is timed, the calls are compiled into Triton's cache by one process per plan (rows,
 dtype) and filter, several at once (a process with WARM=1 makes each of its calls once and

@@ -2620,6 +2620,7 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
     if prog == 0:
         tl.store(token_ptr + row, token)
 
+
 @triton.jit(do_not_specialize=RANDOM_ARGS)
 def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                    part_index_ptr, token_ptr, programs_per_row, slot_stride, parts_per_row,
@@ -2665,7 +2666,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     bytes a program and round, 12 without TOP_P; and one logit per candidate); FINAL writes one
     int64 per row. With LISTED a listed row reads its list (4 bytes a token) and the logits it
     names instead of its row, and round 0 reads 24 bytes of partials per program and writes 4
-    bytes per row.
+    bytes per row. With LOOP each round after round 0 reads the row (or list) share again and
+    the row's partials (20 bytes a program), and makes two atomics per program on the counter
+    (and one per poll while it waits).
 
     Args:
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
@@ -2692,6 +2695,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             ``bin_histogram_kernel`` wrote them; otherwise unused.
         list_rows_ptr: int32 [rows]: with LISTED, written by round 0 (1 where the row descends in
             its list) and read by the later launches; otherwise unused.
+        counter_ptr: int64 [rows]: with LOOP, the rows' arrival counters (cleared by round 0, or
+            with LISTED by ``segment_max_kernel``); otherwise unused.
         ROUND: this launch's round (0 .. R), or with FINAL the rounds before it (R).
         FINAL: the row's token (grid rows).
         TOP_P: top-p may be on in some row (else the masses are left out: min-p alone keeps a
@@ -2700,6 +2705,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         WIDTH, SEGMENTS_PER_PROGRAM: the segments of each program (a launch choice).
         PARTS_POW2: next power of two of programs_per_row; MAXIMA_POW2 of parts_per_row.
         LISTED: start from the pre-list where it holds K (above).
+        FINISH_WIDTH: with FINAL, the finishing program's segment (0: WIDTH).
+        LOOP: round 0 of a call whose rounds after it run in one launch (it clears the counters),
+            or with ROUND 1 that launch (``_descent_loop``; grid rows * programs_per_row, no FINAL).
         PREFETCH: round 0 loads each segment before working on the previous one.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: programmatic dependent launches (``race_kernel``).
         UNIT_T: temperature is the scalar 1 or 0 (``_logits_from``).
