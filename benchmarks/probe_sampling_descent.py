@@ -12,10 +12,9 @@ TIMED_OFFSETS (different draws), reported as means over them. 151936 logits, gpu
 inputs (peaked; flat), one row and 64, float32 and bfloat16. Writes OUT_DIR/sampling-descent.json.
 QUICK=1: 8 offsets in the check, two timed, and only the pipeline and the default descent (in
 the check too). ONLY_CASES="0,1" (indices into CASES) and ONLY_FILTERS="top-p 0.9,min-p 0.05"
-narrow the run; LISTED=1 checks and times the descent from the pre-list instead
-(``listed=True``, launch choices in LISTED), FINISH=1 the finishing program's segment widths,
-LOOP=1 the rounds in one launch against their launches; ROWS="2,8,32" replaces the cases with those batch
-sizes (float32 and bfloat16 peaked, float32 flat), TIMED="0,3,4" the timed offsets. Before
+narrow the run; LISTED=1, FINISH=1 or LOOP=1 check and time other launch choices instead (see
+VARIANTS); ROWS="2,8,32" replaces the cases with those batch sizes (float32 and bfloat16 peaked,
+float32 flat), TIMED="0,3,4" the timed offsets. Before
 anything is timed, the calls are compiled into Triton's cache by one process per plan (rows,
 dtype) and filter, several at once (a process with WARM=1 makes each of its calls once and
 exits): on a fresh machine, one process compiling a case's kernels took more than five minutes.
@@ -65,24 +64,21 @@ if os.environ.get("ONLY_FILTERS"):
 WARM = os.environ.get("WARM") == "1"
 #: The descent's launch choices the check compares with the pipeline.
 CHECKED = ({},) if QUICK else (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1))
-#: LISTED=1: the descent from the pre-list (``listed=True``), its rounds on DESCENT_LISTED_PROGRAMS_PER_ROW
-#: programs per row and on the histogram's grid, checked and timed against the pipeline.
-LISTED = {"listed": dict(listed=True), "listed grid": dict(listed=True, descent_programs_per_row=0)
-          } if os.environ.get("LISTED") == "1" else None
-if LISTED:
-    CHECKED = tuple(LISTED.values())
-#: FINISH=1: the descent as ``sample`` takes it (over the row up to 16 rows, from the pre-list from
-#: 64) with its finishing program's segments of 1024 (the rounds'), 2048 and 4096 tokens.
-FINISH = {"finish 1024": dict(finish_width=0), "finish 2048": dict(finish_width=2048),
-          "finish 4096": dict(finish_width=4096)} if os.environ.get("FINISH") == "1" else None
-if FINISH:
-    LISTED = FINISH
-    CHECKED = tuple(FINISH.values())
-#: LOOP=1: the descent as ``sample`` takes it, its rounds after round 0 as launches (the default)
-#: and in one launch (``loop=True``).
-if os.environ.get("LOOP") == "1":
-    LISTED = {"launches": dict(loop=False), "loop": dict(loop=True)}
-    CHECKED = tuple(LISTED.values())
+#: Launch choices checked and timed against the pipeline instead of the default descent, by the
+#: environment: LISTED=1 the descent from the pre-list (``listed=True``), its rounds on
+#: DESCENT_LISTED_PROGRAMS_PER_ROW programs per row and on the histogram's grid; FINISH=1 the
+#: descent as ``sample`` takes it (over the row up to 16 rows, from the pre-list from 64) with its
+#: finishing program's segments of 1024 (the rounds'), 2048 and 4096 tokens; LOOP=1 the same with
+#: its rounds after round 0 as launches and in one launch (``loop=True``).
+MODES = {
+    "LISTED": {"listed": dict(listed=True), "listed grid": dict(listed=True, descent_programs_per_row=0)},
+    "FINISH": {"finish 1024": dict(finish_width=0), "finish 2048": dict(finish_width=2048),
+               "finish 4096": dict(finish_width=4096)},
+    "LOOP": {"launches": dict(loop=False), "loop": dict(loop=True)},
+}
+VARIANTS = next((variants for mode, variants in MODES.items() if os.environ.get(mode) == "1"), None)
+if VARIANTS:
+    CHECKED = tuple(VARIANTS.values())
 #: Offsets checked.
 CHECK_OFFSETS = range(2, 10) if QUICK else range(32)
 #: What a WARM process calls with: one offset (the kernels do not specialise on it, so one
@@ -124,8 +120,8 @@ def table(batch: int, dtype: torch.dtype, kind: str) -> dict:
     x, seeds = inputs(batch, dtype, kind)
     out = {}
     variants = {"pipeline": None, "descent": {}}
-    if LISTED:
-        variants = {"pipeline": None, **LISTED}
+    if VARIANTS:
+        variants = {"pipeline": None, **VARIANTS}
     elif not QUICK:
         variants.update({"descent r1": dict(rounds=1), "descent r3": dict(rounds=3)})
     for name, (t, p, mp) in FILTERS.items():

@@ -2550,6 +2550,42 @@ def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, 
 
 
 @triton.jit
+def _descent_share(prog, n, from_list, list_segments, programs_per_row, WIDTH: tl.constexpr,
+                   SEGMENTS_PER_PROGRAM: tl.constexpr):
+    """(first segment, segments) of a program's share in a round: SEGMENTS_PER_PROGRAM
+    consecutive segments of the row, or of a row that descends in its list, the list's segments
+    prog, prog + programs_per_row, ... (``_descent_pass``' list_step)."""
+    first = prog * SEGMENTS_PER_PROGRAM
+    segments = tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - first)
+    if from_list:
+        first = prog
+        segments = tl.maximum(tl.cdiv(list_segments - prog, programs_per_row), 0)
+    return first, segments
+
+
+@triton.jit
+def _descent_next(before, total, best_score, best_index, token, c, key_c, w_c, x_ptr, row, stride_x, m, inv_t, p,
+                  mp, UNIT_T: tl.constexpr):
+    """One step of a row's descent after a pass for candidate c (``before``: the mass before it;
+    ``best_score``, ``best_index``: the race among the tokens before it that may win): keep c
+    (``_descent_accepts``), or take the race's winner as the next candidate, kept at once where
+    ``_descent_candidate`` says so. Returns (decided, token, c, key_c, w_c).
+
+    A rejected candidate has K's first token before it, so the race had an entry; the test keeps
+    a fault from looping forever: the row then ends with -1."""
+    kept = _descent_accepts(before, total, w_c, p, mp)
+    token = tl.where(kept, c, token)
+    decided = kept
+    if kept == 0:
+        raced = best_score > float("-inf")
+        c = tl.where(raced, best_index, 0)
+        key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, raced, m, inv_t, p, mp, UNIT_T)
+        token = tl.where(now, c, token)
+        decided = now | (raced == 0)
+    return decided, token, c, key_c, w_c
+
+
+@triton.jit
 def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                   part_index_ptr, token_ptr, counter_ptr, programs_per_row, slot_stride, parts_per_row,
                   racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list, list_row, list_count,
@@ -2571,12 +2607,7 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
         MAXIMA_POW2, UNIT_T)
     if LISTED and TOP_P:
         total = _row_sum(part_total_ptr, row, parts_per_row, MAXIMA_POW2)  # (the histogram pass's)
-    first = prog * SEGMENTS_PER_PROGRAM
-    segments = tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - first)
-    step = programs_per_row
-    if from_list:
-        first = prog
-        segments = tl.maximum(tl.cdiv(list_segments - prog, programs_per_row), 0)
+    first, segments = _descent_share(prog, n, from_list, list_segments, programs_per_row, WIDTH, SEGMENTS_PER_PROGRAM)
     q = tl.arange(0, PARTS_POW2)
     racing = q < racing_programs
     parts = row * programs_per_row + q
@@ -2584,7 +2615,7 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
     while decided == 0:
         before, row_mass, best_score, best_index = _descent_pass(
             x_ptr, row, stride_x, n, first, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
-            from_list, list_row, list_count, step, not LISTED, TOP_P, MIN_P, LISTED, WIDTH, UNIT_T)
+            from_list, list_row, list_count, programs_per_row, not LISTED, TOP_P, MIN_P, LISTED, WIDTH, UNIT_T)
         slot = (rounds % 2) * slot_stride
         if TOP_P:
             tl.store(part_before_ptr + slot + pid, before)
@@ -2602,20 +2633,13 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
                                    axis=0)
             before = tl.sum(tl.load(part_before_ptr + slot + parts, mask=racing, other=0, cache_modifier=".cg"),
                             axis=0)
-        kept = _descent_accepts(before, total, w_c, p, mp)
-        token = tl.where(kept, c, token)
-        decided = kept
-        if kept == 0:
-            score, c_next = _winner(
-                tl.load(part_score_ptr + slot_stride + slot + parts, mask=racing, other=float("-inf"),
-                        cache_modifier=".cg"),
-                tl.load(part_index_ptr + slot_stride + slot + parts, mask=racing, other=INT64_MAX,
-                        cache_modifier=".cg"), INT64_MAX)
-            raced = score > float("-inf")
-            c = tl.where(raced, c_next, 0)
-            key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, raced, m, inv_t, p, mp, UNIT_T)
-            token = tl.where(now, c, token)
-            decided = now | (raced == 0)
+        best_score, best_index = _winner(
+            tl.load(part_score_ptr + slot_stride + slot + parts, mask=racing, other=float("-inf"),
+                    cache_modifier=".cg"),
+            tl.load(part_index_ptr + slot_stride + slot + parts, mask=racing, other=INT64_MAX,
+                    cache_modifier=".cg"), INT64_MAX)
+        decided, token, c, key_c, w_c = _descent_next(before, total, best_score, best_index, token, c, key_c, w_c,
+                                                      x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T)
         rounds += 1
     if prog == 0:
         tl.store(token_ptr + row, token)
@@ -2782,17 +2806,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 before, unused, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, 0, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
                     from_list, list_row, list_count, 1, False, TOP_P, MIN_P, LISTED, FINISH, UNIT_T)
-                kept = _descent_accepts(before, total, w_c, p, mp)
-                token = tl.where(kept, c, token)
-                decided = kept
-                if kept == 0:
-                    # (a rejected candidate has K's first token before it, so the race had an
-                    # entry; the test keeps a fault from looping forever: it ends with -1)
-                    raced = best_score > float("-inf")
-                    c = tl.where(raced, best_index, 0)
-                    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, raced, m, inv_t, p, mp, UNIT_T)
-                    token = tl.where(now, c, token)
-                    decided = now | (raced == 0)
+                decided, token, c, key_c, w_c = _descent_next(before, total, best_score, best_index, token, c,
+                                                              key_c, w_c, x_ptr, row, stride_x, m, inv_t, p, mp,
+                                                              UNIT_T)
             tl.store(token_ptr + row, token)
         else:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
@@ -2800,11 +2816,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row,
                 ROUND - 1, TOP_P, PARTS_POW2, MAXIMA_POW2, UNIT_T)
             if decided == 0:
-                first = prog * SEGMENTS_PER_PROGRAM
-                segments = tl.minimum(SEGMENTS_PER_PROGRAM, tl.cdiv(n, WIDTH) - first)
-                if from_list:
-                    first = prog
-                    segments = tl.maximum(tl.cdiv(list_segments - prog, programs_per_row), 0)
+                first, segments = _descent_share(prog, n, from_list, list_segments, programs_per_row, WIDTH,
+                                                 SEGMENTS_PER_PROGRAM)
                 before, row_mass, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, first, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
                     from_list, list_row, list_count, programs_per_row, (ROUND == 1) and not LISTED, TOP_P, MIN_P,
