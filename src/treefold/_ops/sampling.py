@@ -938,9 +938,10 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     ``listed``); with ``listed``, ``descent_programs_per_row`` (default DESCENT_LISTED_PROGRAMS_PER_ROW;
     0: the histogram pass's) are the rounds' programs per row, a launch choice of their own.
     ``finish_width``: the finishing program's segment (default DESCENT_FINISH_WIDTH; 0: the
-    rounds'). ``loop`` (default DESCENT_LOOP): the rounds after round 0 in one launch instead
-    (``rounds`` and ``finish_width`` then unused; the programs of a row wait for one another,
-    which Triton's interpreter, running them one after another, allows at one program per row).
+    rounds'). ``loop`` (default DESCENT_LOOP where a row's programs fit the device at once): the
+    rounds after round 0 in one launch instead (``rounds`` and ``finish_width`` then unused; the
+    programs of a row wait for one another, so at most one per SM, and Triton's interpreter,
+    running them one after another, allows one per row).
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
@@ -949,7 +950,6 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     finish_width = DESCENT_FINISH_WIDTH if finish_width is None else finish_width
     if finish_width < 0 or finish_width & (finish_width - 1):
         raise ValueError(f"sample_descent_rows: finish_width must be 0 or a power of two, got {finish_width}")
-    loop = DESCENT_LOOP if loop is None else loop
     if _one_race(temperature, None, top_p, min_p):
         # (no filter, or greedy under scalar filters: the pipeline's one race, whose token under an
         # invalid scalar filter is the argmax, where the descent's rows would end with -1)
@@ -967,9 +967,16 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         g = plan(rows, n, dev, per_row, None, False) if per_row else g_rows
     else:
         g = g_rows = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
-    if loop and backend.INTERPRETED and g.programs_per_row > 1:
+    # (a row's programs wait for one another: all of them must be resident at once. Programs
+    # start in order of their index, so a row of at most one program per SM always gets there;
+    # the interpreter runs programs one after another)
+    at_once = 1 if backend.INTERPRETED else _sm_count(dev)
+    if loop is None:
+        loop = DESCENT_LOOP and g.programs_per_row <= at_once
+    elif loop and g.programs_per_row > at_once:
         raise ValueError(f"sample_descent_rows: loop=True with {g.programs_per_row} programs per row, which must "
-                         f"run at once, and Triton's interpreter runs them one after another")
+                         f"run at once: at most {at_once} here"
+                         + (" (Triton's interpreter runs programs one after another)" if backend.INTERPRETED else ""))
     c = _common(x, temperature, None, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags_without_k"]
