@@ -409,25 +409,56 @@ class _Run:
         return t
 
 
-def _maxima_and_histogram(run: _Run, x: torch.Tensor, g: Plan, c: dict, buffers: tuple, prelist_bins: int,
-                          prelist_stride: int, masses: bool, all_values: bool, prefetch: Optional[bool],
-                          first: dict, middle: dict) -> None:
+@dataclass(frozen=True)
+class _FirstPasses:
+    """What the filtered path's first two passes write (``_maxima_and_histogram``), for the
+    passes after them: ``segment_max_kernel``'s maxima and the counters it clears, and
+    ``bin_histogram_kernel``'s masses and bin counts or pre-list (their docstrings give each)."""
+    part_max: torch.Tensor
+    part_total: torch.Tensor
+    hist: torch.Tensor
+    fine: torch.Tensor
+    counter: torch.Tensor
+    part_listed: torch.Tensor
+    part_valid: torch.Tensor
+    prelist: torch.Tensor
+    prelist_count: torch.Tensor
+    prelist_stride: int
+
+    @staticmethod
+    def allocate(run: _Run, rows: int, parts: int, listing: bool, n: int, dev) -> "_FirstPasses":
+        """The buffers of a call of ``rows`` rows of ``n`` with ``parts`` programs in all, with a
+        pre-list (``listing``: PRELIST_FRACTION of the row) or not (then a single element for it
+        and for each listing partial)."""
+        prelist_stride = max(1, int(n * PRELIST_FRACTION)) if listing else 1
+        return _FirstPasses(
+            run.buffer("part_max", parts, torch.float32, dev), run.buffer("part_total", parts, torch.int64, dev),
+            run.buffer("hist", (rows, NUM_BINS), torch.int32, dev), run.buffer("fine", (rows, FINE_BINS), torch.int32, dev),
+            run.buffer("counter", rows, torch.int64, dev),
+            run.buffer("part_listed", parts if listing else 1, torch.int64, dev),
+            run.buffer("part_valid", parts if listing else 1, torch.int32, dev),
+            run.buffer("prelist", (rows, prelist_stride), torch.int32, dev),
+            run.buffer("prelist_count", rows, torch.int32, dev), prelist_stride)
+
+
+def _maxima_and_histogram(run: _Run, x: torch.Tensor, g: Plan, c: dict, b: _FirstPasses, prelist_bins: int,
+                          masses: bool, all_values: bool, prefetch: Optional[bool], first: dict,
+                          middle: dict) -> None:
     """The filtered path's first two passes over the row: the segment maxima, then the masses
-    and the bin histogram or the pre-list (``_pipeline``'s buffers of those names, in
-    ``buffers``; ``c`` from ``_common``; ``first`` and ``middle`` from ``_chained``)."""
-    part_max, part_total, hist, fine, counter, part_listed, part_valid, prelist, prelist_count = buffers
+    and the bin histogram or the pre-list, into ``b`` (``c`` from ``_common``; ``first`` and
+    ``middle`` from ``_chained``)."""
     rows, n = x.shape
     grid = (rows * g.programs_per_row,)
     t = c["args"][0]
     t_row = c["flags"]["T_ROW"]
     run(_SEGMENT_MAX,
-        grid, x, n, x.stride(0), part_max, hist, fine, counter, prelist_count, g.programs_per_row, t,
+        grid, x, n, x.stride(0), b.part_max, b.hist, b.fine, b.counter, b.prelist_count, g.programs_per_row, t,
         T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=c["unit_t"],
         READ_POLICY=FILTER_FIRST_READ_POLICY, num_warps=g.num_warps, **first)
     run(_HISTOGRAM,
-        grid, x, n, x.stride(0), part_max, part_total, hist, part_listed, part_valid, prelist, prelist_stride,
-        prelist_count, g.programs_per_row, t,
+        grid, x, n, x.stride(0), b.part_max, b.part_total, b.hist, b.part_listed, b.part_valid, b.prelist,
+        b.prelist_stride, b.prelist_count, g.programs_per_row, t,
         T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PARTS_POW2=g.parts_pow2, NUM_BINS=NUM_BINS,
         BINS_PER_NAT=BINS_PER_NAT, ALL_VALUES=all_values, PRELIST_BINS=prelist_bins, MASSES=masses,
@@ -450,32 +481,24 @@ def _pipeline(x: torch.Tensor, mode, temperature, top_k, top_p, min_p, seed, off
     t, k, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags"]
     grid = (rows * g.programs_per_row,)
-    part_max = run.buffer("part_max", grid[0], torch.float32, dev)
-    part_total = run.buffer("part_total", grid[0], torch.int64, dev)
-    hist = run.buffer("hist", (rows, NUM_BINS), torch.int32, dev)
-    fine = run.buffer("fine", (rows, FINE_BINS), torch.int32, dev)
-    counter = run.buffer("counter", rows, torch.int64, dev)
+    prelist_bins = _prelist_bins(top_k, top_p, min_p, grid[0], _sm_count(dev))
+    b = _FirstPasses.allocate(run, rows, grid[0], prelist_bins > 0, n, dev)
+    part_max, part_total, hist, fine, counter = b.part_max, b.part_total, b.hist, b.fine, b.counter
+    prelist, prelist_stride, prelist_count = b.prelist, b.prelist_stride, b.prelist_count
+    part_listed, part_valid = b.part_listed, b.part_valid
     plan_rows = run.buffer("plan", (rows, kernels.PLAN_SLOTS.value), torch.int32, dev)
     boundary = run.buffer("boundary", (rows, n), torch.int32, dev)
     part_mass = run.buffer("part_mass", grid[0], torch.int64, dev)
     part_kept = run.buffer("part_kept", grid[0], torch.int64, dev)
     part_score = run.buffer("part_score", grid[0], torch.float32, dev)
     part_index = run.buffer("part_index", grid[0], torch.int64, dev)
-    prelist_bins = _prelist_bins(top_k, top_p, min_p, grid[0], _sm_count(dev))
-    prelist_stride = max(1, int(n * PRELIST_FRACTION)) if prelist_bins else 1
-    prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
-    prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
-    part_listed = run.buffer("part_listed", grid[0] if prelist_bins else 1, torch.int64, dev)
-    part_valid = run.buffer("part_valid", grid[0] if prelist_bins else 1, torch.int32, dev)
     list_rows = run.buffer("list_rows", rows if prelist_bins else 1, torch.int32, dev)
     first, middle, last = _chained(dev)
     # Masses are read only by top-p and by the mask functions' outputs (``_needs_masses``).
     masses = _needs_masses(mode, top_p)
     pairwise_max = (PAIRWISE_MAX_TOP_K if mode == kernels.MODE_TOPK.value
                     else PAIRWISE_MAX if x.dtype == torch.float32 else PAIRWISE_MAX_16BIT)
-    _maxima_and_histogram(run, x, g, c, (part_max, part_total, hist, fine, counter, part_listed, part_valid,
-                                         prelist, prelist_count), prelist_bins, prelist_stride, masses, all_values,
-                          prefetch, first, middle)
+    _maxima_and_histogram(run, x, g, c, b, prelist_bins, masses, all_values, prefetch, first, middle)
     if prelist_bins:
         # the bins counted from the pre-list where it holds the kept prefix, from the row elsewhere
         run(_COUNT,
@@ -983,31 +1006,27 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     grid = rows * g.programs_per_row
     slots = max(rounds, 2) if loop else rounds  # (the loop alternates two slots of partials)
     parts = rows * g_rows.programs_per_row  # (the maxima's and masses' partials)
-    part_max = run.buffer("descent_max", parts, torch.float32, dev)
-    part_total = run.buffer("descent_total", parts, torch.int64, dev)
     part_before = run.buffer("descent_before", slots * grid, torch.int64, dev)
     part_score = run.buffer("descent_score", (slots + 1) * grid, torch.float32, dev)
     part_index = run.buffer("descent_index", (slots + 1) * grid, torch.int64, dev)
     first, middle, last = _chained(dev)
-    # the pre-list's buffers (without ``listed``, pointers the kernel does not read: no allocations)
-    prelist_stride = max(1, int(n * PRELIST_FRACTION)) if listed else 1
-    prelist = prelist_count = part_listed = part_valid = list_rows = counter = part_total
-    if loop and not listed:
-        counter = run.buffer("counter", rows, torch.int64, dev)  # (cleared by round 0)
     if listed:
-        prelist = run.buffer("prelist", (rows, prelist_stride), torch.int32, dev)
-        prelist_count = run.buffer("prelist_count", rows, torch.int32, dev)
-        part_listed = run.buffer("part_listed", parts, torch.int64, dev)
-        part_valid = run.buffer("part_valid", parts, torch.int32, dev)
+        b = _FirstPasses.allocate(run, rows, parts, True, n, dev)
+        part_max, part_total, counter = b.part_max, b.part_total, b.counter
+        prelist, prelist_stride, prelist_count = b.prelist, b.prelist_stride, b.prelist_count
+        part_listed, part_valid = b.part_listed, b.part_valid
         list_rows = run.buffer("list_rows", rows, torch.int32, dev)
         # (the histogram's bins and the compaction's counters are cleared by the maxima pass and
         # not read here)
-        hist = run.buffer("hist", (rows, NUM_BINS), torch.int32, dev)
-        fine = run.buffer("fine", (rows, FINE_BINS), torch.int32, dev)
-        counter = run.buffer("counter", rows, torch.int64, dev)
-        _maxima_and_histogram(run, x, g_rows, c, (part_max, part_total, hist, fine, counter, part_listed, part_valid,
-                                             prelist, prelist_count), PRELIST_BINS, prelist_stride,
-                              top_p is not None, False, prefetch, first, middle)
+        _maxima_and_histogram(run, x, g_rows, c, b, PRELIST_BINS, top_p is not None, False, prefetch, first, middle)
+    else:
+        part_max = run.buffer("part_max", parts, torch.float32, dev)
+        part_total = run.buffer("part_total", parts, torch.int64, dev)
+        # (the pre-list's pointers, which the kernel does not read without LISTED: no allocations)
+        prelist_stride = 1
+        prelist = prelist_count = part_listed = part_valid = list_rows = counter = part_total
+        if loop:
+            counter = run.buffer("counter", rows, torch.int64, dev)  # (cleared by round 0)
     for r in (0, 1) if loop else range(rounds + 2):
         final = r == rounds + 1 and not loop
         run(_DESCENT,
