@@ -2386,15 +2386,38 @@ def _descent_accepts(before, total, w, p, mp):
 
 
 @triton.jit
+def _descent_next(before, total, best_score, best_index, token, c, key_c, w_c, x_ptr, row, stride_x, m, inv_t, p,
+                  mp, UNIT_T: tl.constexpr):
+    """One step of a row's descent after a pass for candidate c (``before``: the mass before it;
+    ``best_score``, ``best_index``: the race among the tokens before it that may win): keep c
+    (``_descent_accepts``), or take the race's winner as the next candidate, kept at once where
+    ``_descent_candidate`` says so. Returns (decided, token, c, key_c, w_c).
+
+    A rejected candidate has K's first token before it, so the race had an entry; the test keeps
+    a fault from looping forever: the row then ends with -1."""
+    kept = _descent_accepts(before, total, w_c, p, mp)
+    token = tl.where(kept, c, token)
+    decided = kept
+    if kept == 0:
+        raced = best_score > float("-inf")
+        c = tl.where(raced, best_index, 0)
+        key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, raced, m, inv_t, p, mp, UNIT_T)
+        token = tl.where(now, c, token)
+        decided = now | (raced == 0)
+    return decided, token, c, key_c, w_c
+
+
+@triton.jit
 def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                     part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs,
                     parts_per_row, ROUNDS_DONE: tl.constexpr, TOP_P: tl.constexpr, PARTS_POW2: tl.constexpr,
                     MAXIMA_POW2: tl.constexpr, UNIT_T: tl.constexpr):
     """A row's descent from the partials of round 0 and of rounds 1 .. ROUNDS_DONE, as every
     program of every later launch sees it (the same loads and reductions: the same decisions):
-    (maximum, row mass, decided, token, candidate, its key, its weight). A row is decided when
-    it is invalid or has no finite logit (token -1) or when a candidate was kept; a round writes
-    partials only for rows it found undecided, and only those are read. Without TOP_P no round
+    (maximum, row mass, decided, token, candidate, its key, its weight). Each round's step is
+    ``_descent_next``'s. A row is decided when it is invalid or has no finite logit (token -1)
+    or when a candidate was kept; a round writes partials only for rows it found undecided, and
+    only those are read. Without TOP_P no round
     wrote masses, and none are read (the row mass and the masses before are 0; p is 1). The
     races and masses before are read from the row's first ``racing_programs`` programs (a row
     that descends in its list: those with a share of it), the maxima and row masses from all
@@ -2418,23 +2441,15 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
     if TOP_P and ROUNDS_DONE >= 1:
         total = tl.sum(tl.load(part_total_ptr + every_part, mask=every & (decided == 0), other=0), axis=0)
     for j in tl.static_range(1, ROUNDS_DONE + 1):
-        open_parts = live & (decided == 0)
-        before = tl.zeros([], tl.int64)
-        if TOP_P:
-            before = tl.sum(tl.load(part_before_ptr + (j - 1) * slot_stride + parts, mask=open_parts, other=0),
-                            axis=0)
-        kept = (decided == 0) & _descent_accepts(before, total, w_c, p, mp)
-        token = tl.where(kept, c, token)
-        decided = decided | kept
-        open_parts = live & (decided == 0)
-        score, c_next = _winner(tl.load(part_score_ptr + j * slot_stride + parts, mask=open_parts,
-                                        other=float("-inf")),
-                                tl.load(part_index_ptr + j * slot_stride + parts, mask=open_parts,
-                                        other=INT64_MAX), INT64_MAX)
-        c = tl.where(decided, c, c_next)
-        key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, decided == 0, m, inv_t, p, mp, UNIT_T)
-        token = tl.where(now, c, token)
-        decided = decided | now
+        if decided == 0:  # (a decided row's later rounds wrote nothing)
+            before = tl.zeros([], tl.int64)
+            if TOP_P:
+                before = tl.sum(tl.load(part_before_ptr + (j - 1) * slot_stride + parts, mask=live, other=0), axis=0)
+            best_score, best_index = _winner(
+                tl.load(part_score_ptr + j * slot_stride + parts, mask=live, other=float("-inf")),
+                tl.load(part_index_ptr + j * slot_stride + parts, mask=live, other=INT64_MAX), INT64_MAX)
+            decided, token, c, key_c, w_c = _descent_next(before, total, best_score, best_index, token, c, key_c,
+                                                          w_c, x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T)
     return m, total, decided, token, c, key_c, w_c
 
 
@@ -2561,28 +2576,6 @@ def _descent_share(prog, n, from_list, list_segments, programs_per_row, WIDTH: t
         first = prog
         segments = tl.maximum(tl.cdiv(list_segments - prog, programs_per_row), 0)
     return first, segments
-
-
-@triton.jit
-def _descent_next(before, total, best_score, best_index, token, c, key_c, w_c, x_ptr, row, stride_x, m, inv_t, p,
-                  mp, UNIT_T: tl.constexpr):
-    """One step of a row's descent after a pass for candidate c (``before``: the mass before it;
-    ``best_score``, ``best_index``: the race among the tokens before it that may win): keep c
-    (``_descent_accepts``), or take the race's winner as the next candidate, kept at once where
-    ``_descent_candidate`` says so. Returns (decided, token, c, key_c, w_c).
-
-    A rejected candidate has K's first token before it, so the race had an entry; the test keeps
-    a fault from looping forever: the row then ends with -1."""
-    kept = _descent_accepts(before, total, w_c, p, mp)
-    token = tl.where(kept, c, token)
-    decided = kept
-    if kept == 0:
-        raced = best_score > float("-inf")
-        c = tl.where(raced, best_index, 0)
-        key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, raced, m, inv_t, p, mp, UNIT_T)
-        token = tl.where(now, c, token)
-        decided = now | (raced == 0)
-    return decided, token, c, key_c, w_c
 
 
 @triton.jit
