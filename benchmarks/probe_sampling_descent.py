@@ -69,14 +69,15 @@ CHECKED = ({},) if QUICK else (dict(rounds=1), dict(rounds=2), dict(rounds=3), d
 #: DESCENT_LISTED_PROGRAMS_PER_ROW programs per row and on the histogram's grid; FINISH=1 the
 #: descent as ``sample`` takes it (over the row up to 16 rows, from the pre-list from 64) with its
 #: finishing program's segments of 1024 (the rounds'), 2048 and 4096 tokens; LOOP=1 the same with
-#: its rounds after round 0 as launches and in one launch (``loop=True``); FORMS=1 the loop over
-#: the row against the loop from the pre-list (which of the two between 16 and 64 rows).
+#: its rounds after round 0 as launches and in one launch (``loop=True``); FORMS=1 the descent
+#: over the row in launches and in the loop, and the loop from the pre-list.
 MODES = {
     "LISTED": {"listed": dict(listed=True), "listed grid": dict(listed=True, descent_programs_per_row=0)},
     "FINISH": {"finish 1024": dict(finish_width=0), "finish 2048": dict(finish_width=2048),
                "finish 4096": dict(finish_width=4096)},
     "LOOP": {"launches": dict(loop=False), "loop": dict(loop=True)},
-    "FORMS": {"row loop": dict(listed=False, loop=True), "listed loop": dict(listed=True, loop=True)},
+    "FORMS": {"row": dict(listed=False, loop=False), "row loop": dict(listed=False, loop=True),
+              "listed loop": dict(listed=True, loop=True)},
 }
 VARIANTS = next((variants for mode, variants in MODES.items() if os.environ.get(mode) == "1"), None)
 if VARIANTS:

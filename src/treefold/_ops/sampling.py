@@ -910,10 +910,12 @@ DESCENT_MAX_ROWS = 16
 #: (results/h100-probe-listed-descent-2.txt): float32 peaked 67.2 -> 66.6, bfloat16 peaked 59.2
 #: -> 53.0, float32 flat 234.7 -> 186.8; with min-p it loses (peaked, top-p 0.9 + min-p 0.05:
 #: 61.4 -> 69.1), so min-p stays on the pipeline. Only 64 rows have been measured in this form;
-#: between DESCENT_MAX_ROWS and 64 rows the pipeline serves (at 32 rows, before a listed row's
-#: idle programs returned at once, float32 peaked top-p 0.9 took 63.2 us listed against the
-#: pipeline's 56.0, flat 91.7 against 160.3; results/h100-probe-listed-descent-1.txt).
-DESCENT_LISTED_MIN_ROWS = 64
+#: With the rounds in one launch (DESCENT_LOOP) the listed descent also serves from 17 rows on the
+#: H200 (results/h200-probe-descent-forms.txt; kernel us, pipeline -> listed loop): 24 rows
+#: float32 42.8 -> 37.1, bfloat16 44.2 -> 34.4, flat 127.7 -> 126.8; 32 rows 51.7 -> 46.4, 49.9
+#: -> 40.4, flat 156.0 -> 158.7; at 16 the descent over the row keeps its rows (flat 36.6 against
+#: the list's 82.0, peaked 34.7 against 31.5).
+DESCENT_LISTED_MIN_ROWS = 17
 DESCENT_LISTED_SAMPLES = True
 #: The listed descent's rounds run this many programs per row (0: the histogram pass's). A peaked
 #: row's list of a few thousand tokens is a few segments, one per program, and the rest of the
@@ -941,8 +943,20 @@ DESCENT_FINISH_WARPS = 16
 DESCENT_FINISH_WIDTH = 2048
 #: ``sample_descent_rows``' launch choice ``loop``: every round after round 0 in one launch, the
 #: programs of a row meeting on an arrival counter between rounds (``kernels._descent_loop``),
-#: instead of DESCENT_ROUNDS launches and the one finishing program per row.
-DESCENT_LOOP = False
+#: instead of DESCENT_ROUNDS launches and the one finishing program per row. By default (with
+#: DESCENT_LOOP) it takes the listed descent, and the descent over the row where the launch's
+#: programs all fit the device at once (DESCENT_LOOP_PROGRAMS_PER_SM per SM): past that, the
+#: later rows' programs wait for a whole descent of the earlier rows to end before they start.
+#: H200, 151936 logits, top-p 0.9, kernel us, launches -> loop (results/h200-probe-descent-loop.txt,
+#: h200-probe-descent-forms.txt): over the row, float32 1 row 13.8 -> 9.9, bfloat16 12.9 -> 9.7,
+#: flat 13.8 -> 9.9; 2 rows 15.3 -> 11.6; 4 rows (596 programs) 18.1 -> 17.9; 8 rows 24.5 -> 26.7;
+#: 16 rows 34.7 -> 49.5; from the pre-list at 64 rows, float32 59.0 -> 54.6 (the pipeline 60.5),
+#: bfloat16 50.3 -> 45.9 (56.9), flat 246.5 -> 176.1 (225.4): a row undecided after the rounds
+#: keeps its 8 programs instead of one.
+DESCENT_LOOP = True
+#: The loop launch's programs that fit an SM at once: 168 registers per thread at 4 warps (offline,
+#: sm_90) leave room for 3 (65536 registers per SM).
+DESCENT_LOOP_PROGRAMS_PER_SM = 3
 
 
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
@@ -961,10 +975,10 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     ``listed``); with ``listed``, ``descent_programs_per_row`` (default DESCENT_LISTED_PROGRAMS_PER_ROW;
     0: the histogram pass's) are the rounds' programs per row, a launch choice of their own.
     ``finish_width``: the finishing program's segment (default DESCENT_FINISH_WIDTH; 0: the
-    rounds'). ``loop`` (default DESCENT_LOOP where a row's programs fit the device at once): the
-    rounds after round 0 in one launch instead (``rounds`` and ``finish_width`` then unused; the
-    programs of a row wait for one another, so at most one per SM, and Triton's interpreter,
-    running them one after another, allows one per row).
+    rounds'). ``loop`` (default: DESCENT_LOOP's rule): the rounds after round 0 in one launch
+    instead (``rounds`` and ``finish_width`` then unused; the programs of a row wait for one
+    another, so all must fit at once, and Triton's interpreter, running them one after another,
+    allows one per row).
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
@@ -991,11 +1005,13 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     else:
         g = g_rows = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
     # (a row's programs wait for one another: all of them must be resident at once. Programs
-    # start in order of their index, so a row of at most one program per SM always gets there;
-    # the interpreter runs programs one after another)
-    at_once = 1 if backend.INTERPRETED else _sm_count(dev)
+    # start in order of their index, so a row gets there if it has no more programs than fit the
+    # device at once: at least 8 // num_warps per SM, as a thread holds at most 255 registers and
+    # an SM 65536. The interpreter runs programs one after another)
+    at_once = 1 if backend.INTERPRETED else _sm_count(dev) * max(1, 8 // g.num_warps)
     if loop is None:
-        loop = DESCENT_LOOP and g.programs_per_row <= at_once
+        loop = DESCENT_LOOP and (listed or rows * g.programs_per_row <= DESCENT_LOOP_PROGRAMS_PER_SM * _sm_count(dev))
+        loop = loop and g.programs_per_row <= at_once
     elif loop and g.programs_per_row > at_once:
         raise ValueError(f"sample_descent_rows: loop=True with {g.programs_per_row} programs per row, which must "
                          f"run at once: at most {at_once} here"
