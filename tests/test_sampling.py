@@ -819,7 +819,8 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
     want_16 = ops.sample_rows(xs_16, temps, None, 0.5, mps, seeds, offsets)
     poison_allocations()
     try:
-        assert torch.equal(ops.sample_descent_rows(xs_16, temps, 0.5, mps, seeds, offsets, rounds=1), want_16)
+        assert torch.equal(ops.sample_descent_rows(xs_16, temps, 0.5, mps, seeds, offsets, rounds=1, loop=False),
+                           want_16)
         for (t, p, mp, seed, offset), want in zip(configs, wants):
             for programs, rounds, finish, loop in ((None, None, None, False), (1, 1, 0, False), (3, 3, 128, False),
                                                    (None, 1, 32, False), (1, None, None, True)):
@@ -892,8 +893,9 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     try:
         assert torch.equal(ops.sample_descent_rows(xs_16, 1.0, 0.9, None, seeds, offsets, listed=True), want_16)
         for (t, p, mp, seed, offset), want, launch in zip(configs, wants, (
-                dict(), dict(rounds=1, finish_width=0), dict(rounds=3, programs_per_row=3),
-                dict(programs_per_row=1, descent_programs_per_row=1, loop=True), dict(rounds=1, finish_width=128))):
+                dict(), dict(rounds=1, finish_width=0, loop=False), dict(rounds=3, programs_per_row=3, loop=False),
+                dict(programs_per_row=1, descent_programs_per_row=1, loop=True),
+                dict(rounds=1, finish_width=128, loop=False))):
             got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **launch)
             assert torch.equal(got, want), (t, p, mp, launch, got, want)
             assert want[2].item() == -1
@@ -1381,9 +1383,10 @@ def test_fused_reductions_give_what_separate_ones_give(monkeypatch):
         monkeypatch.setattr(ops, "COMPACT_RACE_PROGRAMS_PER_SM", defaults[1])
         monkeypatch.setattr(ops, "SURE_LIST_MAX_IN_COMPACTION", defaults[2])
         # the descent's rounds (sums and races in one reduce) and its finishing loop (near-flat rows)
-        out.append(ops.sample_descent_rows(x, 0.8, 0.9, 0.05, seeds, 3, rounds=1, **launch))
+        out.append(ops.sample_descent_rows(x, 0.8, 0.9, 0.05, seeds, 3, rounds=1, loop=False, **launch))
         out.append(ops.sample_descent_rows(ties, torch.zeros(3), 0.99, None, seeds, 3, **launch))
-        out.append(ops.sample_descent_rows(long_lists[0], 0.8, 0.3, None, seeds[:2], 3, rounds=1, **launch))
+        out.append(ops.sample_descent_rows(long_lists[0], 0.8, 0.3, None, seeds[:2], 3, rounds=1, loop=False,
+                                           **launch))
         return out
 
     assert not kernels.FUSED_REDUCTIONS
@@ -1915,14 +1918,14 @@ def test_gpu_sample_under_top_k_takes_the_faster_launches_with_the_same_tokens(r
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 64])
+@pytest.mark.parametrize("rows", [1, 24, 64])
 def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeypatch):
     # top-p and min-p by descent against the pipeline at 151936 logits, 16 draws per row (the
     # later rounds and the finishing loop are taken: top-p 0.02 needs many steps), peaked and
     # flat rows, NaN, a row without a finite logit; the rounds in one launch as well (``loop``: a
     # row's programs wait for one another); then, with DESCENT_SAMPLES, treefold.sample
     # sends a scalar top-p to it, eager, prepared (the second call of a kind) and compiled, with
-    # the same tokens (over the row at one row, from the pre-list at 64)
+    # the same tokens (over the row at one row, from the pre-list at 24 and 64)
     x = qwen_like_logits(rows, 5).to(dtype)
     x[-1, ::5] = float("nan")
     flat = qwen_like_logits(rows, 6, scale=1.0).to(dtype)
@@ -1936,7 +1939,7 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
                          (temps, 0.95, None), (1.0, None, mps), (1.0, 0.02, None)):
             for offset in range(16):
                 want = ops.sample_rows(logits, t, None, p, mp, seeds, offset)
-                for launch in (dict(rounds=1), dict(rounds=2), dict(loop=True)):
+                for launch in (dict(rounds=1, loop=False), dict(rounds=2, loop=False), dict(loop=True)):
                     got = ops.sample_descent_rows(logits, t, p, mp, seeds, offset, **launch)
                     assert torch.equal(got, want), (p, mp, offset, launch)
     taken = []
