@@ -433,7 +433,8 @@ class _FirstPasses:
         prelist_stride = max(1, int(n * PRELIST_FRACTION)) if listing else 1
         return _FirstPasses(
             run.buffer("part_max", parts, torch.float32, dev), run.buffer("part_total", parts, torch.int64, dev),
-            run.buffer("hist", (rows, NUM_BINS), torch.int32, dev), run.buffer("fine", (rows, FINE_BINS), torch.int32, dev),
+            run.buffer("hist", (rows, NUM_BINS), torch.int32, dev),
+            run.buffer("fine", (rows, FINE_BINS), torch.int32, dev),
             run.buffer("counter", rows, torch.int64, dev),
             run.buffer("part_listed", parts if listing else 1, torch.int64, dev),
             run.buffer("part_valid", parts if listing else 1, torch.int32, dev),
@@ -909,12 +910,11 @@ DESCENT_MAX_ROWS = 16
 #: descent from the list with the rounds on 8 programs per row (DESCENT_LISTED_PROGRAMS_PER_ROW)
 #: (results/h100-probe-listed-descent-2.txt): float32 peaked 67.2 -> 66.6, bfloat16 peaked 59.2
 #: -> 53.0, float32 flat 234.7 -> 186.8; with min-p it loses (peaked, top-p 0.9 + min-p 0.05:
-#: 61.4 -> 69.1), so min-p stays on the pipeline. Only 64 rows have been measured in this form;
-#: With the rounds in one launch (DESCENT_LOOP) the listed descent also serves from 17 rows on the
-#: H200 (results/h200-probe-descent-forms.txt; kernel us, pipeline -> listed loop): 24 rows
-#: float32 42.8 -> 37.1, bfloat16 44.2 -> 34.4, flat 127.7 -> 126.8; 32 rows 51.7 -> 46.4, 49.9
-#: -> 40.4, flat 156.0 -> 158.7; at 16 the descent over the row keeps its rows (flat 36.6 against
-#: the list's 82.0, peaked 34.7 against 31.5).
+#: 61.4 -> 69.1), so min-p stays on the pipeline. With the rounds in one launch (DESCENT_LOOP)
+#: the listed descent also serves from 17 rows on the H200 (results/h200-probe-descent-forms.txt;
+#: kernel us, pipeline -> listed loop): 24 rows float32 42.8 -> 37.1, bfloat16 44.2 -> 34.4, flat
+#: 127.7 -> 126.8; 32 rows 51.7 -> 46.4, 49.9 -> 40.4, flat 156.0 -> 158.7; at 16 the descent
+#: over the row keeps its rows (flat 36.6 against the list's 82.0, peaked 34.7 against 31.5).
 DESCENT_LISTED_MIN_ROWS = 17
 DESCENT_LISTED_SAMPLES = True
 #: The listed descent's rounds run this many programs per row (0: the histogram pass's). A peaked
