@@ -33,7 +33,7 @@ CALLS = {  # name -> (top_k, top_p, min_p); None: top_k_rows(x, 50)
 SHAPES = ((64, torch.float32, tuple(CALLS)), (64, torch.bfloat16, ("top-p 0.9",)),
           (1, torch.float32, ("top-p 0.9", "min-p 0.05")))
 #: DESCENT=1: name -> launch choices of sample_descent_rows(x, 1.0, 0.9, listed=True)
-DESCENT = {"listed": {}, "listed, one round": dict(rounds=1)}
+DESCENT = {"listed": {}, "listed, launches": dict(loop=False), "listed, one round": dict(rounds=1, loop=False)}
 if os.environ.get("DESCENT") == "1":
     CALLS = DESCENT
     SHAPES = ((64, torch.float32, tuple(DESCENT)), (-64, torch.float32, tuple(DESCENT)))  # (-rows: flat)

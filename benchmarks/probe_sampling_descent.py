@@ -5,7 +5,8 @@ pipeline (``sample_rows``: five launches, six with the pre-list), timed in the s
     python benchmarks/probe_sampling_descent.py OUT_DIR
 
 Case by case: a check (for every filter, 32 offsets, i.e. 32 different draws per row, the
-descent's tokens at 1, 2 and 3 rounds and at one program per row against the pipeline's;
+descent's tokens at 1, 2 and 3 rounds as launches, at one program per row and with the rounds
+in one launch against the pipeline's;
 mismatches are counted), then each call replayed from a CUDA graph (do_bench median, L2 flushed)
 in three interleaved rounds, and the profiler's kernel time of each (``kernel_us``), at each of
 TIMED_OFFSETS (different draws), reported as means over them. 151936 logits, gpu_sampling's
@@ -63,7 +64,8 @@ if os.environ.get("ONLY_FILTERS"):
     FILTERS = {name: FILTERS[name] for name in os.environ["ONLY_FILTERS"].split(",")}
 WARM = os.environ.get("WARM") == "1"
 #: The descent's launch choices the check compares with the pipeline.
-CHECKED = ({},) if QUICK else (dict(rounds=1), dict(rounds=2), dict(rounds=3), dict(programs_per_row=1))
+CHECKED = ({},) if QUICK else (dict(rounds=1, loop=False), dict(rounds=2, loop=False), dict(rounds=3, loop=False),
+                                dict(programs_per_row=1), dict(loop=True))
 #: Launch choices checked and timed against the pipeline instead of the default descent, by the
 #: environment: LISTED=1 the descent from the pre-list (``listed=True``), its rounds on
 #: DESCENT_LISTED_PROGRAMS_PER_ROW programs per row and on the histogram's grid; FINISH=1 the
@@ -73,8 +75,8 @@ CHECKED = ({},) if QUICK else (dict(rounds=1), dict(rounds=2), dict(rounds=3), d
 #: over the row in launches and in the loop, and the loop from the pre-list.
 MODES = {
     "LISTED": {"listed": dict(listed=True), "listed grid": dict(listed=True, descent_programs_per_row=0)},
-    "FINISH": {"finish 1024": dict(finish_width=0), "finish 2048": dict(finish_width=2048),
-               "finish 4096": dict(finish_width=4096)},
+    "FINISH": {"finish 1024": dict(finish_width=0, loop=False), "finish 2048": dict(finish_width=2048, loop=False),
+               "finish 4096": dict(finish_width=4096, loop=False)},
     "LOOP": {"launches": dict(loop=False), "loop": dict(loop=True)},
     "FORMS": {"row": dict(listed=False, loop=False), "row loop": dict(listed=False, loop=True),
               "listed loop": dict(listed=True, loop=True)},
@@ -126,7 +128,7 @@ def table(batch: int, dtype: torch.dtype, kind: str) -> dict:
     if VARIANTS:
         variants = {"pipeline": None, **VARIANTS}
     elif not QUICK:
-        variants.update({"descent r1": dict(rounds=1), "descent r3": dict(rounds=3)})
+        variants.update({"descent r1": dict(rounds=1, loop=False), "descent r3": dict(rounds=3, loop=False)})
     for name, (t, p, mp) in FILTERS.items():
         if kind == "flat" and name not in ("top-p 0.9", "min-p 0.05", "top-p per row"):
             continue

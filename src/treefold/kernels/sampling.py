@@ -2417,11 +2417,11 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
     (maximum, row mass, decided, token, candidate, its key, its weight). Each round's step is
     ``_descent_next``'s. A row is decided when it is invalid or has no finite logit (token -1)
     or when a candidate was kept; a round writes partials only for rows it found undecided, and
-    only those are read. Without TOP_P no round
-    wrote masses, and none are read (the row mass and the masses before are 0; p is 1). The
-    races and masses before are read from the row's first ``racing_programs`` programs (a row
-    that descends in its list: those with a share of it), the maxima and row masses from all
-    ``parts_per_row`` partials of theirs (MAXIMA_POW2 >= parts_per_row)."""
+    only those are read. Without TOP_P no round wrote masses, and none are read (the row mass
+    and the masses before are 0; p is 1). The races and masses before are read from the row's
+    first ``racing_programs`` programs (a row that descends in its list: those with a share of
+    it), the maxima and row masses from all ``parts_per_row`` partials of theirs (MAXIMA_POW2 >=
+    parts_per_row)."""
     q = tl.arange(0, PARTS_POW2)
     live = q < racing_programs
     parts = row * programs_per_row + q
