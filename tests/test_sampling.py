@@ -906,6 +906,36 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
         ops.plan.cache_clear()
 
 
+def test_descent_loops_where_a_rows_programs_fit_at_once(monkeypatch):
+    # the rounds in one launch by default from the pre-list, and over the row where the whole
+    # launch fits DESCENT_LOOP_PROGRAMS_PER_SM per SM; asked for, wherever a row's programs can be
+    # resident at once (8 // num_warps per SM at any register count), else a ValueError
+    monkeypatch.setattr(backend, "INTERPRETED", False)
+    monkeypatch.setattr(ops, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(ops, "DESCENT_LOOP_PROGRAMS_PER_SM", 3)
+    dev = torch.device("cuda")
+
+    def plan(programs_per_row, num_warps=4):
+        return ops.Plan(1024, 1, programs_per_row, 256, num_warps, False)
+
+    loops = ops._descent_loops
+    assert loops(None, 1, plan(149), False, dev) and loops(None, 2, plan(149), False, dev)  # 298 <= 396
+    assert not loops(None, 3, plan(149), False, dev)  # 447 programs: the launches
+    assert loops(None, 64, plan(8), True, dev)  # from the pre-list: idle programs return at once
+    assert not loops(False, 1, plan(149), False, dev) and loops(True, 3, plan(149), False, dev)
+    assert loops(True, 1, plan(264), False, dev) and loops(True, 1, plan(132, 8), False, dev)
+    for per_row, warps in ((265, 4), (133, 8)):
+        with pytest.raises(ValueError, match=f"loop=True with {per_row} programs per row.*at most {per_row - 1}"):
+            loops(True, 1, plan(per_row, warps), False, dev)
+    monkeypatch.setattr(ops, "DESCENT_LOOP", False)
+    assert not loops(None, 1, plan(149), False, dev) and not loops(None, 64, plan(8), True, dev)
+    monkeypatch.setattr(ops, "DESCENT_LOOP", True)
+    monkeypatch.setattr(backend, "INTERPRETED", True)  # programs one after another
+    assert loops(None, 1, plan(1), False, dev) and not loops(None, 1, plan(2), False, dev)
+    with pytest.raises(ValueError, match="interpreter"):
+        loops(True, 1, plan(2), False, dev)
+
+
 def test_descent_serves_top_p_alone_up_to_its_rows(monkeypatch):
     # which calls ``sample`` sends to the descent on CUDA (the rule; the tokens are the same): over
     # the row up to DESCENT_MAX_ROWS, from the pre-list from DESCENT_LISTED_MIN_ROWS

@@ -1004,18 +1004,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         g = plan(rows, n, dev, per_row, None, False) if per_row else g_rows
     else:
         g = g_rows = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
-    # (a row's programs wait for one another: all of them must be resident at once. Programs
-    # start in order of their index, so a row gets there if it has no more programs than fit the
-    # device at once: at least 8 // num_warps per SM, as a thread holds at most 255 registers and
-    # an SM 65536. The interpreter runs programs one after another)
-    at_once = 1 if backend.INTERPRETED else _sm_count(dev) * max(1, 8 // g.num_warps)
-    if loop is None:
-        loop = DESCENT_LOOP and (listed or rows * g.programs_per_row <= DESCENT_LOOP_PROGRAMS_PER_SM * _sm_count(dev))
-        loop = loop and g.programs_per_row <= at_once
-    elif loop and g.programs_per_row > at_once:
-        raise ValueError(f"sample_descent_rows: loop=True with {g.programs_per_row} programs per row, which must "
-                         f"run at once: at most {at_once} here"
-                         + (" (Triton's interpreter runs programs one after another)" if backend.INTERPRETED else ""))
+    loop = _descent_loops(loop, rows, g, listed, dev)
     c = _common(x, temperature, None, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags_without_k"]
@@ -1060,6 +1049,24 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
             **(last if final or (loop and r == 1) else middle if r > 0 or listed else first))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
+
+
+def _descent_loops(loop: Optional[bool], rows: int, g: Plan, listed: bool, dev: torch.device) -> bool:
+    """Whether ``sample_descent_rows`` runs its rounds after round 0 in one launch on plan ``g``:
+    as asked (``loop``), or by DESCENT_LOOP's rule. A row's programs wait for one another there,
+    so all of them must be resident at once; programs start in order of their index, so a row
+    gets there if it has no more programs than fit the device at once: at least 8 // num_warps
+    per SM, as a thread holds at most 255 registers and an SM 65536 (Triton's interpreter runs
+    programs one after another: one). Asked for a loop a row cannot hold: ``ValueError``."""
+    at_once = 1 if backend.INTERPRETED else _sm_count(dev) * max(1, 8 // g.num_warps)
+    if loop is None:
+        fits = rows * g.programs_per_row <= DESCENT_LOOP_PROGRAMS_PER_SM * _sm_count(dev)
+        return DESCENT_LOOP and (listed or fits) and g.programs_per_row <= at_once
+    if loop and g.programs_per_row > at_once:
+        raise ValueError(f"sample_descent_rows: loop=True with {g.programs_per_row} programs per row, which must "
+                         f"run at once: at most {at_once} here"
+                         + (" (Triton's interpreter runs programs one after another)" if backend.INTERPRETED else ""))
+    return loop
 
 
 def _descent_serves(x: torch.Tensor, temperature, top_k, top_p, min_p) -> bool:
