@@ -69,7 +69,7 @@ CHECKED = ({},) if QUICK else (dict(rounds=1, loop=False), dict(rounds=2, loop=F
 #: Launch choices checked and timed against the pipeline instead of the default descent, by the
 #: environment: LISTED=1 the descent from the pre-list (``listed=True``), its rounds on
 #: DESCENT_LISTED_PROGRAMS_PER_ROW programs per row and on the histogram's grid; FINISH=1 the
-#: descent as ``sample`` takes it (over the row up to 16 rows, from the pre-list from 64) with its
+#: descent as ``sample`` takes it (over the row up to 16 rows, from the pre-list from 17) with its
 #: finishing program's segments of 1024 (the rounds'), 2048 and 4096 tokens; LOOP=1 the same with
 #: its rounds after round 0 as launches and in one launch (``loop=True``); FORMS=1 the descent
 #: over the row in launches and in the loop, and the loop from the pre-list.
