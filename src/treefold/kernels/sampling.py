@@ -2408,6 +2408,23 @@ def _descent_next(before, total, best_score, best_index, token, c, key_c, w_c, x
 
 
 @triton.jit
+def _descent_round(before_ptr, score_ptr, index_ptr, parts, live, total, token, c, key_c, w_c, x_ptr, row, stride_x,
+                   m, inv_t, p, mp, TOP_P: tl.constexpr, UNIT_T: tl.constexpr, CACHE: tl.constexpr):
+    """A round's step (``_descent_next``) from its partials: the masses before the candidate at
+    ``before_ptr`` (read only with TOP_P) and the race winners at ``score_ptr`` and ``index_ptr``,
+    of the row's ``parts`` where ``live``; ``CACHE``: the loads' cache modifier (".cg" for
+    partials of the same launch, written past this SM's L1)."""
+    before = tl.zeros([], tl.int64)
+    if TOP_P:
+        before = tl.sum(tl.load(before_ptr + parts, mask=live, other=0, cache_modifier=CACHE), axis=0)
+    best_score, best_index = _winner(
+        tl.load(score_ptr + parts, mask=live, other=float("-inf"), cache_modifier=CACHE),
+        tl.load(index_ptr + parts, mask=live, other=INT64_MAX, cache_modifier=CACHE), INT64_MAX)
+    return _descent_next(before, total, best_score, best_index, token, c, key_c, w_c, x_ptr, row, stride_x, m, inv_t,
+                         p, mp, UNIT_T)
+
+
+@triton.jit
 def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                     part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs,
                     parts_per_row, ROUNDS_DONE: tl.constexpr, TOP_P: tl.constexpr, PARTS_POW2: tl.constexpr,
@@ -2415,7 +2432,7 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
     """A row's descent from the partials of round 0 and of rounds 1 .. ROUNDS_DONE, as every
     program of every later launch sees it (the same loads and reductions: the same decisions):
     (maximum, row mass, decided, token, candidate, its key, its weight). Each round's step is
-    ``_descent_next``'s. A row is decided when it is invalid or has no finite logit (token -1)
+    ``_descent_round``'s. A row is decided when it is invalid or has no finite logit (token -1)
     or when a candidate was kept; a round writes partials only for rows it found undecided, and
     only those are read. Without TOP_P no round wrote masses, and none are read (the row mass
     and the masses before are 0; p is 1). The races and masses before are read from the row's
@@ -2442,14 +2459,10 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
         total = tl.sum(tl.load(part_total_ptr + every_part, mask=every & (decided == 0), other=0), axis=0)
     for j in tl.static_range(1, ROUNDS_DONE + 1):
         if decided == 0:  # (a decided row's later rounds wrote nothing)
-            before = tl.zeros([], tl.int64)
-            if TOP_P:
-                before = tl.sum(tl.load(part_before_ptr + (j - 1) * slot_stride + parts, mask=live, other=0), axis=0)
-            best_score, best_index = _winner(
-                tl.load(part_score_ptr + j * slot_stride + parts, mask=live, other=float("-inf")),
-                tl.load(part_index_ptr + j * slot_stride + parts, mask=live, other=INT64_MAX), INT64_MAX)
-            decided, token, c, key_c, w_c = _descent_next(before, total, best_score, best_index, token, c, key_c,
-                                                          w_c, x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T)
+            decided, token, c, key_c, w_c = _descent_round(
+                part_before_ptr + (j - 1) * slot_stride, part_score_ptr + j * slot_stride,
+                part_index_ptr + j * slot_stride, parts, live, total, token, c, key_c, w_c, x_ptr, row, stride_x, m,
+                inv_t, p, mp, TOP_P, UNIT_T, "")
     return m, total, decided, token, c, key_c, w_c
 
 
@@ -2624,15 +2637,9 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
                 if rounds == 0:
                     total = tl.sum(tl.load(part_total_ptr + parts, mask=racing, other=0, cache_modifier=".cg"),
                                    axis=0)
-            before = tl.sum(tl.load(part_before_ptr + slot + parts, mask=racing, other=0, cache_modifier=".cg"),
-                            axis=0)
-        best_score, best_index = _winner(
-            tl.load(part_score_ptr + slot_stride + slot + parts, mask=racing, other=float("-inf"),
-                    cache_modifier=".cg"),
-            tl.load(part_index_ptr + slot_stride + slot + parts, mask=racing, other=INT64_MAX,
-                    cache_modifier=".cg"), INT64_MAX)
-        decided, token, c, key_c, w_c = _descent_next(before, total, best_score, best_index, token, c, key_c, w_c,
-                                                      x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T)
+        decided, token, c, key_c, w_c = _descent_round(
+            part_before_ptr + slot, part_score_ptr + slot_stride + slot, part_index_ptr + slot_stride + slot, parts,
+            racing, total, token, c, key_c, w_c, x_ptr, row, stride_x, m, inv_t, p, mp, TOP_P, UNIT_T, ".cg")
         rounds += 1
     if prog == 0:
         tl.store(token_ptr + row, token)
