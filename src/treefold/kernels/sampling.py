@@ -2645,6 +2645,74 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
         tl.store(token_ptr + row, token)
 
 
+@triton.jit
+def _descent_alone(x_ptr, row, stride_x, n, list_row, list_count, m, total, valid, inv_t, noise_scale, p, mp, s,
+                   stream, o, TOP_P: tl.constexpr, MIN_P: tl.constexpr, HELD: tl.constexpr,
+                   STREAM_WIDTH: tl.constexpr, UNIT_T: tl.constexpr):
+    """The whole descent of a row in its pre-list by one program: the race of every finite token,
+    then for each candidate the mass before it and the race among the tokens before it that
+    min-p keeps, with ``_descent_next``'s step, until a candidate is kept; returns the token. The
+    list's first HELD tokens are held on chip, so for them each round is a reduction over
+    registers; the rest of a longer list is passed over again in each round (``_descent_pass``,
+    in segments of STREAM_WIDTH). The same sums (exact integers) and the same race entries as
+    the passes of the row's programs, so the same token; where those programs meet on a counter
+    after each pass, here no round waits for another program. The candidate's own logit is
+    loaded by the step (a line this program has just read).
+
+    Held per token: its index, ordered key, race score (-inf where not finite: a finite token's
+    score is finite) and float weight w, 4 registers (2^13 tokens: 64 per thread at 16 warps).
+    A round converts w to fixed point (``_fixed_mass``' w * 2^40, truncated) after selecting the
+    tokens before the candidate, by a scale the compiler cannot see as a constant: a constant one
+    lets it move the conversion ahead of the selection and out of the loop, where the held
+    fixed-point weights take 2 registers more per token (offline, sm_90: 80 bytes of stack
+    instead of 16)."""
+    places = tl.arange(0, HELD)
+    live = places < list_count
+    cols = tl.load(list_row + places, mask=live, other=0)
+    x, finite, y = _logits_at(x_ptr, row, stride_x, cols, live, inv_t, UNIT_T)
+    score = tl.where(finite, y + noise_scale * _noise_at(cols.to(tl.int64), s, stream, o), float("-inf"))
+    key = _ordered_key(x)
+    w, unused = _fixed_mass(y, m, finite)
+    best_score, c = _winner(score, tl.where(finite, cols, n), n)
+    c = c.to(tl.int64)
+    stream_first = HELD // STREAM_WIDTH
+    stream_segments = tl.maximum(tl.cdiv(list_count, STREAM_WIDTH) - stream_first, 0)
+    if stream_segments > 0:
+        # (the race over every finite token: a candidate past the last index with the lowest key
+        # has every one before it; min-p's test is the candidate's, not the race's: mp = 0)
+        unused_before, unused_total, more_score, more_index = _descent_pass(
+            x_ptr, row, stride_x, n, stream_first, stream_segments, n, -2147483648, m, inv_t, 0.0, noise_scale, s,
+            stream, o, True, list_row, list_count, 1, False, False, MIN_P, True, STREAM_WIDTH, UNIT_T)
+        best_score, c = _race_pick(best_score, c, more_score, more_index)
+    # (the start of ``_descent_replay``, from this race instead of the programs' partials)
+    decided = (valid == 0) | (best_score == float("-inf"))
+    token = tl.full([], -1, tl.int64)
+    c = tl.where(decided, 0, c)
+    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, decided == 0, m, inv_t, p, mp, UNIT_T)
+    token = tl.where(now, c, token)
+    decided = decided | now
+    fixed_one = m * 0.0 + FIXED_ONE  # (m is finite wherever a round runs: a row without a finite logit is decided)
+    while decided == 0:
+        before = (score > float("-inf")) & ((key > key_c) | ((key == key_c) & (cols < c)))
+        racing = before
+        if MIN_P:
+            racing = racing & (w >= mp)
+        before_sum = tl.zeros([], tl.int64)
+        if TOP_P:
+            before_sum = tl.sum((tl.where(before, w, 0.0) * fixed_one).to(tl.int64), axis=0)
+        best_score, best_index = _winner(tl.where(racing, score, float("-inf")), tl.where(racing, cols, n), n)
+        best_index = best_index.to(tl.int64)
+        if stream_segments > 0:
+            more_before, unused_total, more_score, more_index = _descent_pass(
+                x_ptr, row, stride_x, n, stream_first, stream_segments, c, key_c, m, inv_t, mp, noise_scale, s,
+                stream, o, True, list_row, list_count, 1, False, TOP_P, MIN_P, True, STREAM_WIDTH, UNIT_T)
+            before_sum += more_before
+            best_score, best_index = _race_pick(best_score, best_index, more_score, more_index)
+        decided, token, c, key_c, w_c = _descent_next(before_sum, total, best_score, best_index, token, c, key_c,
+                                                      w_c, x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T)
+    return token
+
+
 @triton.jit(do_not_specialize=RANDOM_ARGS)
 def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                    part_index_ptr, token_ptr, programs_per_row, slot_stride, parts_per_row,
@@ -2657,7 +2725,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                    PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr, LISTED: tl.constexpr = False,
                    PRELIST_BINS: tl.constexpr = 0,
                    BINS_PER_NAT: tl.constexpr = 4.0, FINISH_WIDTH: tl.constexpr = 0, LOOP: tl.constexpr = False,
-                   PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
+                   HELD: tl.constexpr = 0, ALONE: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
                    RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
     0, a round 1 .. R, or with FINAL the row's token.
@@ -2738,7 +2806,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     """
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
-    if FINAL:
+    if FINAL or ALONE:
         row = pid
         prog = tl.zeros([], tl.int32)
     else:
@@ -2749,8 +2817,29 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     from_list = tl.zeros([], tl.int1)
     if LISTED:
         list_count = tl.load(prelist_count_ptr + row)
-        if ROUND > 0:
-            from_list = tl.load(list_rows_ptr + row) != 0
+        if ALONE:
+            from_list = _descent_lists(row, n, top_p, min_p, filters, part_total_ptr, part_listed_ptr, part_valid_ptr,
+                                       list_count, prelist_stride, parts_per_row, P_ROW, MINP_ROW, MAXIMA_POW2,
+                                       PRELIST_BINS, BINS_PER_NAT)
+            tl.store(list_rows_ptr + row, from_list.to(tl.int32) * 2)
+            if from_list:
+                inv_t, noise_scale, valid, k, p, mp, s, stream, o = _row_setup(
+                    row, n, temperature, 0, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
+                    T_ROW, False, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
+                total = tl.zeros([], tl.int64)
+                if TOP_P:
+                    total = _row_sum(part_total_ptr, row, parts_per_row, MAXIMA_POW2)
+                tl.store(token_ptr + row, _descent_alone(
+                    x_ptr, row, stride_x, n, list_row, list_count, _row_max(part_max_ptr, row, parts_per_row,
+                                                                            MAXIMA_POW2),
+                    total, valid, inv_t, noise_scale, p, mp, s, stream, o, TOP_P, MIN_P, HELD, FINISH_WIDTH,
+                    UNIT_T))
+            return
+        if (ROUND > 0) or (HELD > 0):
+            listing = tl.load(list_rows_ptr + row)
+            if listing == 2:  # (descended by the launch before, ALONE)
+                return
+            from_list = listing != 0
     list_segments = tl.cdiv(list_count, WIDTH)
     # a listed row's partials come from its programs with a share of the list (the others, most
     # of a peaked row's, write none and return at once in the rounds after the first)
@@ -2765,7 +2854,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             # (the loop's arrival counter; with LISTED the segment maxima cleared it)
             if prog == 0:
                 tl.store(counter_ptr + row, 0)
-        if LISTED:
+        if LISTED and (HELD == 0):
             from_list = _descent_lists(row, n, top_p, min_p, filters, part_total_ptr, part_listed_ptr, part_valid_ptr,
                                        list_count, prelist_stride, parts_per_row, P_ROW, MINP_ROW, MAXIMA_POW2,
                                        PRELIST_BINS, BINS_PER_NAT)
