@@ -53,7 +53,8 @@ TIMED_OFFSETS = (3, 4) if QUICK else (3, 4, 5, 6)
 if os.environ.get("TIMED"):
     TIMED_OFFSETS = tuple(int(o) for o in os.environ["TIMED"].split(","))
 CASES = ((64, torch.float32, "peaked"), (1, torch.float32, "peaked"), (64, torch.float32, "flat"),
-         (64, torch.bfloat16, "peaked"), (1, torch.bfloat16, "peaked"), (1, torch.float32, "flat"))
+         (64, torch.bfloat16, "peaked"), (1, torch.bfloat16, "peaked"), (1, torch.float32, "flat"),
+         (64, torch.float32, "medium"))
 if os.environ.get("ROWS"):  # where the two meet: these batch sizes, fp32 and bf16 peaked, fp32 flat
     CASES = tuple((int(rows), dtype, kind) for rows in os.environ["ROWS"].split(",")
                   for dtype, kind in ((torch.float32, "peaked"), (torch.bfloat16, "peaked"), (torch.float32, "flat")))
@@ -72,7 +73,9 @@ CHECKED = ({},) if QUICK else (dict(rounds=1, loop=False), dict(rounds=2, loop=F
 #: descent as ``sample`` takes it (over the row up to 16 rows, from the pre-list from 17) with its
 #: finishing program's segments of 1024 (the rounds'), 2048 and 4096 tokens; LOOP=1 the same with
 #: its rounds after round 0 as launches and in one launch (``loop=True``); FORMS=1 the descent
-#: over the row in launches and in the loop, and the loop from the pre-list.
+#: over the row in launches and in the loop, and the loop from the pre-list; ALONE=1 the descent
+#: from the pre-list with its listed rows on their programs in the loop, and by one program each
+#: holding 4096 or 8192 of the list's tokens.
 MODES = {
     "LISTED": {"listed": dict(listed=True), "listed grid": dict(listed=True, descent_programs_per_row=0)},
     "FINISH": {"finish 1024": dict(finish_width=0, loop=False), "finish 2048": dict(finish_width=2048, loop=False),
@@ -80,6 +83,8 @@ MODES = {
     "LOOP": {"launches": dict(loop=False), "loop": dict(loop=True)},
     "FORMS": {"row": dict(listed=False, loop=False), "row loop": dict(listed=False, loop=True),
               "listed loop": dict(listed=True, loop=True)},
+    "ALONE": {"listed loop": dict(listed=True, alone=0), "alone 4096": dict(listed=True, alone=4096),
+              "alone 8192": dict(listed=True, alone=8192)},
 }
 VARIANTS = next((variants for mode, variants in MODES.items() if os.environ.get(mode) == "1"), None)
 if VARIANTS:
@@ -91,9 +96,14 @@ CHECK_OFFSETS = range(2, 10) if QUICK else range(32)
 WARM_OFFSETS = TIMED_OFFSETS[:1]
 
 
+#: Standard deviations of the logits other than gpu_sampling's peaked 4: "medium" rows have pre-lists
+#: of about 20000 tokens, "flat" rows too many for theirs.
+SCALES = {"medium": 3.0, "flat": FLAT}
+
+
 def inputs(batch: int, dtype: torch.dtype, kind: str) -> tuple:
     """(logits, per-row seeds) of a case."""
-    x = logits(batch, dtype, **({"scale": FLAT} if kind == "flat" else {}))
+    x = logits(batch, dtype, **({"scale": SCALES[kind]} if kind in SCALES else {}))
     return x, torch.arange(batch, device="cuda", dtype=torch.int64) * 7919 + 1
 
 

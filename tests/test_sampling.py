@@ -856,8 +856,11 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     (-1), ties (rows of whole numbers), a flat row whose list gives up (it descends in its row);
     bfloat16; 1 and 3 rounds, one and three programs per row; the finishing program's passes
     in segments of 64 (the rounds') and 128 as well as the default; the rounds in one launch
-    (``loop``, one program per row). Both kinds of row are checked to occur. Segments of 64
-    tokens."""
+    (``loop``, one program per row); the listed rows each descending by one program alone
+    (``alone``, the default: the list held whole, or 64 of its tokens held and the rest passed
+    over in segments of 32 and 64) or on their rows' programs (``alone=0``), with every launch
+    choice. Both kinds of row are checked to occur, and the listed rows to take the form asked.
+    Segments of 64 tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     g = torch.Generator().manual_seed(41)
@@ -879,29 +882,37 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     wants = [ops.sample_rows(xs, t, None, p, mp, seed, offset) for t, p, mp, seed, offset in configs]
     xs_16 = xs.to(torch.bfloat16)
     want_16 = ops.sample_rows(xs_16, 1.0, None, 0.9, None, seeds, offsets)
-    listed_rows = []
+    listed_rows, list_lengths = [], []
     buffer = ops._Run.buffer
 
     def keep_list_rows(self, name, shape, dtype, dev):
         t = buffer(self, name, shape, dtype, dev)
         if name == "list_rows":
             listed_rows.append(t)
+        if name == "prelist_count":
+            list_lengths.append(t)
         return t
 
     monkeypatch.setattr(ops._Run, "buffer", keep_list_rows)
     poison_allocations()
     try:
         assert torch.equal(ops.sample_descent_rows(xs_16, 1.0, 0.9, None, seeds, offsets, listed=True), want_16)
+        alone_forms = []
         for (t, p, mp, seed, offset), want, launch in zip(configs, wants, (
                 dict(), dict(rounds=1, finish_width=0, loop=False), dict(rounds=3, programs_per_row=3, loop=False),
                 dict(programs_per_row=1, descent_programs_per_row=1, loop=True),
                 dict(rounds=1, finish_width=128, loop=False))):
-            got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **launch)
-            assert torch.equal(got, want), (t, p, mp, launch, got, want)
+            for alone in (dict(alone=0), dict(alone=64, finish_width=32), dict(alone=64), dict()):
+                got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **{**launch, **alone})
+                assert torch.equal(got, want), (t, p, mp, launch, alone, got, want)
+                alone_forms.append(alone.get("alone") != 0)
             assert want[2].item() == -1
         assert wants[1][4].item() == -1 and wants[3][5].item() == -1
-        # (row 3 is flat; row 0 descends in its list under every filter)
-        assert all(rows[3].item() == 0 and rows[0].item() == 1 for rows in listed_rows), listed_rows
+        # (row 3 is flat; row 0 descends in its list under every filter: on its programs, 1, or
+        # alone, 2; the bfloat16 call first, alone)
+        assert [rows[0].item() for rows in listed_rows] == [2] + [2 if a else 1 for a in alone_forms], listed_rows
+        assert all(rows[3].item() == 0 for rows in listed_rows), listed_rows
+        assert max(lengths[0].item() for lengths in list_lengths) > 64  # (alone=64 passes over the rest)
     finally:
         ops.plan.cache_clear()
 

@@ -1069,7 +1069,8 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
             WIDTH=g.width,
             SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, MAXIMA_POW2=g_rows.parts_pow2,
             LISTED=listed, PRELIST_BINS=PRELIST_BINS if listed else 0, BINS_PER_NAT=BINS_PER_NAT,
-            FINISH_WIDTH=finish_width if final else min(finish_width or g.width, alone) if by_one else 0, PREFETCH=g.prefetch and r == 0 and not listed,
+            FINISH_WIDTH=finish_width if final else min(finish_width or g.width, alone) if by_one else 0,
+            PREFETCH=g.prefetch and r == 0 and not listed,
             UNIT_T=c["unit_t"],
             num_warps=DESCENT_FINISH_WARPS if final else DESCENT_ALONE_WARPS if by_one else g.num_warps,
             **(last if final or (loop and r == 1) else middle if r > 0 or listed else first))

@@ -2725,10 +2725,11 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                    PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr, LISTED: tl.constexpr = False,
                    PRELIST_BINS: tl.constexpr = 0,
                    BINS_PER_NAT: tl.constexpr = 4.0, FINISH_WIDTH: tl.constexpr = 0, LOOP: tl.constexpr = False,
-                   HELD: tl.constexpr = 0, ALONE: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
+                   HELD: tl.constexpr = 0, ALONE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+                   WAIT_FOR_PRIOR: tl.constexpr = False,
                    RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
-    0, a round 1 .. R, or with FINAL the row's token.
+    0, a round 1 .. R, with FINAL the row's token, or with ALONE the listed rows' tokens.
 
     Grid rows * programs_per_row (FINAL: rows). Round 0 races every finite token of the
     program's segments and takes their maximum; round r >= 1 replays the rounds before it
@@ -2751,7 +2752,10 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     the row's programs in turn (segment j * programs_per_row + prog in step j), as the
     pipeline's passes share them; the programs with no share write no partials, are not read,
     and after round 0 return at once. The other rows race and pass over their rows as without
-    it.
+    it. With HELD, a launch of one program per row (ALONE) comes before round 0: it makes that
+    decision, and a row that descends in its list does so there whole, by that one program
+    (``_descent_alone``); round 0 and every launch after it read the decision (list_rows_ptr)
+    and return at once for such a row.
 
     Bytes: round 0 reads the row once; a round reads the row again (from L2, right after round 0)
     for undecided rows only, and every launch reads the partials of the rounds before it (20
@@ -2761,6 +2765,10 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     bytes per row. With LOOP each round after round 0 reads the row (or list) share again and
     the row's partials (20 bytes a program), and makes two atomics per program on the counter
     (and one per poll while it waits).
+    ALONE reads the histogram pass's partials (24 bytes a program of its grid) and the maxima (4),
+    and for a row that descends in its list the list and the logits it names once (8 bytes a
+    token; the tokens past HELD again in each round), and writes the row's flag and token (12
+    bytes).
 
     Args:
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
@@ -2786,7 +2794,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             PRELIST_BINS, BINS_PER_NAT: with LISTED, the pre-list and its partials as
             ``bin_histogram_kernel`` wrote them; otherwise unused.
         list_rows_ptr: int32 [rows]: with LISTED, written by round 0 (1 where the row descends in
-            its list) and read by the later launches; otherwise unused.
+            its list), or with HELD by the ALONE launch (2 where the row descended in its list
+            there), and read by the later launches; otherwise unused.
         counter_ptr: int64 [rows]: with LOOP, the rows' arrival counters (cleared by round 0, or
             with LISTED by ``segment_max_kernel``); otherwise unused.
         ROUND: this launch's round (0 .. R), or with FINAL the rounds before it (R).
@@ -2797,9 +2806,14 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         WIDTH, SEGMENTS_PER_PROGRAM: the segments of each program (a launch choice).
         PARTS_POW2: next power of two of programs_per_row; MAXIMA_POW2 of parts_per_row.
         LISTED: start from the pre-list where it holds K (above).
-        FINISH_WIDTH: with FINAL, the finishing program's segment (0: WIDTH).
+        FINISH_WIDTH: with FINAL, the finishing program's segment (0: WIDTH); with ALONE, the
+            segments of its passes over a list's tokens past HELD (at most HELD).
         LOOP: round 0 of a call whose rounds after it run in one launch (it clears the counters),
             or with ROUND 1 that launch (``_descent_loop``; grid rows * programs_per_row, no FINAL).
+        HELD: with LISTED, the list's tokens the ALONE launch holds in registers (a power of two;
+            0: no such launch came, round 0 decides which rows descend in their lists).
+        ALONE: the launch of one program per row that descends every row it can in its list
+            (grid rows; round 0's other constexprs).
         PREFETCH: round 0 loads each segment before working on the previous one.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: programmatic dependent launches (``race_kernel``).
         UNIT_T: temperature is the scalar 1 or 0 (``_logits_from``).
