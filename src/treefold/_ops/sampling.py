@@ -1043,9 +1043,12 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         list_rows = run.buffer("list_rows", rows, torch.int32, dev)
         # (the histogram's bins and the compaction's counters are cleared by the maxima pass and
         # not read here)
-        _maxima_and_histogram(run, x, g_rows, c, b, PRELIST_BINS, top_p is not None, False, prefetch, first, middle)
         # (a list never holds more than the buffer's row: the held tokens need not either)
         alone = min(alone, 1 << (prelist_stride - 1).bit_length())
+        # (the alone launch's programs, each an SM's registers, start only once the histogram pass
+        # has ended: started early, they would wait there on SMs its later programs need)
+        _maxima_and_histogram(run, x, g_rows, c, b, PRELIST_BINS, top_p is not None, False, prefetch, first,
+                              last if alone else middle)
     else:
         part_max = run.buffer("part_max", parts, torch.float32, dev)
         part_total = run.buffer("part_total", parts, torch.int64, dev)
