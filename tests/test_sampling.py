@@ -857,9 +857,8 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     bfloat16; 1 and 3 rounds, one and three programs per row; the finishing program's passes
     in segments of 64 (the rounds') and 128 as well as the default; the rounds in one launch
     (``loop``, one program per row); the listed rows each descending by one program alone
-    (``alone``, the default: the list held whole, or 64 of its tokens held and the rest passed
-    over in segments of 32 and 64) or on their rows' programs (``alone=0``), with every launch
-    choice. Both kinds of row are checked to occur, and the listed rows to take the form asked.
+    (``alone``: the list held whole, or 64 of its tokens held and the rest passed over in
+    segments of 32 and 64) or on their rows' programs (``alone=0``), with every launch choice. Both kinds of row are checked to occur, and the listed rows to take the form asked.
     Segments of 64 tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
@@ -902,15 +901,16 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
                 dict(), dict(rounds=1, finish_width=0, loop=False), dict(rounds=3, programs_per_row=3, loop=False),
                 dict(programs_per_row=1, descent_programs_per_row=1, loop=True),
                 dict(rounds=1, finish_width=128, loop=False))):
-            for alone in (dict(alone=0), dict(alone=64, finish_width=32), dict(alone=64), dict()):
+            for alone in (dict(alone=0), dict(alone=64, finish_width=32), dict(alone=64), dict(alone=8192), dict()):
                 got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **{**launch, **alone})
                 assert torch.equal(got, want), (t, p, mp, launch, alone, got, want)
-                alone_forms.append(alone.get("alone") != 0)
+                alone_forms.append(alone.get("alone", ops.DESCENT_ALONE_HELD) != 0)
             assert want[2].item() == -1
         assert wants[1][4].item() == -1 and wants[3][5].item() == -1
         # (row 3 is flat; row 0 descends in its list under every filter: on its programs, 1, or
-        # alone, 2; the bfloat16 call first, alone)
-        assert [rows[0].item() for rows in listed_rows] == [2] + [2 if a else 1 for a in alone_forms], listed_rows
+        # alone, 2; the bfloat16 call first, by default)
+        alone_forms.insert(0, ops.DESCENT_ALONE_HELD != 0)
+        assert [rows[0].item() for rows in listed_rows] == [2 if a else 1 for a in alone_forms], listed_rows
         assert all(rows[3].item() == 0 for rows in listed_rows), listed_rows
         assert max(lengths[0].item() for lengths in list_lengths) > 64  # (alone=64 passes over the rest)
     finally:
