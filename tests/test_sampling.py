@@ -2417,12 +2417,13 @@ def test_prepared_descent_calls_through_the_interpreter(monkeypatch, request):
     g = torch.Generator().manual_seed(15)
     seeds = torch.tensor([4, 5, 6])
     # over the row, then from the pre-list (peaked rows: their lists hold the kept prefix; the
-    # list, its partials and the rows' flags in the workspace too)
-    for listed, scale in ((False, 3), (True, 6)):
+    # list, its partials and the rows' flags in the workspace too), then from the pre-list by one
+    # program per row (32 tokens held, the rest passed over)
+    for listed, scale, alone in ((False, 3, 0), (True, 6, 0), (True, 6, 32)):
         x = torch.randn(3, 300, generator=g) * scale
         for t, p, mp in ((1.0, 0.9, None), (0.7, 0.6, torch.tensor([0.01, 0.2, 0.5]))):
             key = ops._sample_key(x, t, None, p, mp, seeds, 1)
-            first = ops.sample_descent_rows(x, t, p, mp, seeds, 1, listed=listed, prepare_key=key)
+            first = ops.sample_descent_rows(x, t, p, mp, seeds, 1, listed=listed, alone=alone, prepare_key=key)
             assert torch.equal(first, ops.sample_rows(x, t, None, p, mp, seeds, 1))
             launched = InterpretedPrepared.launched
             for step in range(2):

@@ -963,11 +963,15 @@ DESCENT_LOOP_PROGRAMS_PER_SM = 3
 #: registers (``kernels._descent_alone``; the rest of a longer list it passes over in each round);
 #: the launches after it return at once for such a row. Its rounds are reductions in one program,
 #: where the rounds of a row's programs each wait for the others on a counter and read the list
-#: and its logits again. At standard deviation 4, 151936 logits have about 4300 tokens within
-#: the pre-list's 10 nats of the maximum (the 99th percentile 10200, the largest of 200 rows
-#: 11300). 2^13 tokens are 16 a thread, 4 registers each (index, key, score, weight): 128
-#: registers and 16 bytes of stack offline (sm_90); 2^14 spill a kilobyte.
-DESCENT_ALONE_HELD = 8192
+#: and its logits again; but one SM per row draws the noise of every held token (about 200
+#: instructions a token), where round 0 spreads a list over 5-8 programs. At standard deviation
+#: 4, 151936 logits have about 4300 tokens within the pre-list's 10 nats of the maximum (the 99th
+#: percentile 10200, the largest of 200 rows 11300). Offline (sm_90, 16 warps): 8192 held, 128
+#: registers and 64 bytes of stack; 4096, 128 and none; 16384 spills a kilobyte. Off until timed:
+#: a form much like it (its launch started early, the held lists at most 8192, longer ones on the
+#: rounds) lost 9 us at 64 rows on an H100 (results/h100-probe-list-at-once.txt); the probe's
+#: ALONE=1 mode times 4096 and 8192 against the rounds.
+DESCENT_ALONE_HELD = 0
 #: Warps of that program.
 DESCENT_ALONE_WARPS = 16
 
