@@ -2664,8 +2664,8 @@ def _descent_alone(x_ptr, row, stride_x, n, list_row, list_count, m, total, vali
     A round converts w to fixed point (``_fixed_mass``' w * 2^40, truncated) after selecting the
     tokens before the candidate, by a scale the compiler cannot see as a constant: a constant one
     lets it move the conversion ahead of the selection and out of the loop, where the held
-    fixed-point weights take 2 registers more per token (offline, sm_90: 80 bytes of stack
-    instead of 16)."""
+    fixed-point weights take 2 registers more per token (offline, sm_90, 8192 held and no passes
+    over the rest: 80 bytes of stack instead of 16)."""
     places = tl.arange(0, HELD)
     live = places < list_count
     cols = tl.load(list_row + places, mask=live, other=0)
@@ -2851,8 +2851,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             return
         if (ROUND > 0) or (HELD > 0):
             listing = tl.load(list_rows_ptr + row)
-            if listing == 2:  # (descended by the launch before, ALONE)
-                return
+            if HELD > 0:
+                if listing == 2:  # (descended by the ALONE launch)
+                    return
             from_list = listing != 0
     list_segments = tl.cdiv(list_count, WIDTH)
     # a listed row's partials come from its programs with a share of the list (the others, most
