@@ -2378,6 +2378,18 @@ def _descent_candidate(x_ptr, row, stride_x, c, live, m, inv_t, p, mp, UNIT_T: t
 
 
 @triton.jit
+def _descent_start(score, c, valid, x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T: tl.constexpr):
+    """A row's state after round 0's race (winner c of score ``score``): decided where its
+    parameters are invalid or no token raced (token -1), or where c is kept without a mass
+    (``_descent_candidate``). Returns (decided, token, candidate, its key, its weight)."""
+    decided = (valid == 0) | (score == float("-inf"))
+    token = tl.full([], -1, tl.int64)
+    c = tl.where(decided, 0, c)
+    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, decided == 0, m, inv_t, p, mp, UNIT_T)
+    return decided | now, tl.where(now, c, token), c, key_c, w_c
+
+
+@triton.jit
 def _descent_accepts(before, total, w, p, mp):
     """Whether a candidate is kept: the mass before it under top-p's target (``_top_p_target``:
     the resolve pass's test) unless top-p is off (p = 1), and min-p's test on its weight (mp = 0:
@@ -2448,12 +2460,7 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
     m = tl.max(tl.load(part_max_ptr + every_part, mask=every, other=float("-inf")), axis=0)
     score, c = _winner(tl.load(part_score_ptr + parts, mask=live, other=float("-inf")),
                        tl.load(part_index_ptr + parts, mask=live, other=INT64_MAX), INT64_MAX)
-    decided = (valid == 0) | (score == float("-inf"))
-    token = tl.full([], -1, tl.int64)
-    c = tl.where(decided, 0, c)
-    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, decided == 0, m, inv_t, p, mp, UNIT_T)
-    token = tl.where(now, c, token)
-    decided = decided | now
+    decided, token, c, key_c, w_c = _descent_start(score, c, valid, x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T)
     total = tl.zeros([], tl.int64)
     if TOP_P and ROUNDS_DONE >= 1:
         total = tl.sum(tl.load(part_total_ptr + every_part, mask=every & (decided == 0), other=0), axis=0)
@@ -2684,13 +2691,8 @@ def _descent_alone(x_ptr, row, stride_x, n, list_row, list_count, m, total, vali
             x_ptr, row, stride_x, n, stream_first, stream_segments, n, -2147483648, m, inv_t, 0.0, noise_scale, s,
             stream, o, True, list_row, list_count, 1, False, False, MIN_P, True, STREAM_WIDTH, UNIT_T)
         best_score, c = _race_pick(best_score, c, more_score, more_index)
-    # (the start of ``_descent_replay``, from this race instead of the programs' partials)
-    decided = (valid == 0) | (best_score == float("-inf"))
-    token = tl.full([], -1, tl.int64)
-    c = tl.where(decided, 0, c)
-    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, decided == 0, m, inv_t, p, mp, UNIT_T)
-    token = tl.where(now, c, token)
-    decided = decided | now
+    decided, token, c, key_c, w_c = _descent_start(best_score, c, valid, x_ptr, row, stride_x, m, inv_t, p, mp,
+                                                   UNIT_T)
     fixed_one = m * 0.0 + FIXED_ONE  # (m is finite wherever a round runs: a row without a finite logit is decided)
     while decided == 0:
         before = (score > float("-inf")) & ((key > key_c) | ((key == key_c) & (cols < c)))
