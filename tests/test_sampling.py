@@ -858,8 +858,9 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     in segments of 64 (the rounds') and 128 as well as the default; the rounds in one launch
     (``loop``, one program per row); the listed rows each descending by one program alone
     (``alone``: the list held whole, or 64 of its tokens held and the rest passed over in
-    segments of 32 and 64) or on their rows' programs (``alone=0``), with every launch choice. Both kinds of row are checked to occur, and the listed rows to take the form asked.
-    Segments of 64 tokens."""
+    segments of 32 and 64) or on their rows' programs (``alone=0``), with every launch choice.
+    Both kinds of row are checked to occur, and the listed rows to take the form asked. Segments
+    of 64 tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     g = torch.Generator().manual_seed(41)

@@ -2378,6 +2378,13 @@ def _descent_candidate(x_ptr, row, stride_x, c, live, m, inv_t, p, mp, UNIT_T: t
 
 
 @triton.jit
+def _before_candidate(finite, key, cols, key_c, c):
+    """Whether each finite token comes before candidate c (ordered key ``key_c``) in the composite
+    order: a higher key, or the same key and a lower index."""
+    return finite & ((key > key_c) | ((key == key_c) & (cols < c)))
+
+
+@triton.jit
 def _descent_start(score, c, valid, x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T: tl.constexpr):
     """A row's state after round 0's race (winner c of score ``score``): decided where its
     parameters are invalid or no token raced (token -1), or where c is kept without a mass
@@ -2511,7 +2518,7 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
         else:
             w_fixed = _fixed_weight(_gap(y, m, finite))
         key = _ordered_key(x)
-        before = finite & ((key > key_c) | ((key == key_c) & (cols < c)))
+        before = _before_candidate(finite, key, cols, key_c, c)
         if TOP_P:
             lane_before += tl.where(before, w_fixed, 0)
             if TOTAL:
@@ -2695,7 +2702,7 @@ def _descent_alone(x_ptr, row, stride_x, n, list_row, list_count, m, total, vali
                                                    UNIT_T)
     fixed_one = m * 0.0 + FIXED_ONE  # (m is finite wherever a round runs: a row without a finite logit is decided)
     while decided == 0:
-        before = (score > float("-inf")) & ((key > key_c) | ((key == key_c) & (cols < c)))
+        before = _before_candidate(score > float("-inf"), key, cols, key_c, c)
         racing = before
         if MIN_P:
             racing = racing & (w >= mp)
@@ -2851,12 +2858,12 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                     total, valid, inv_t, noise_scale, p, mp, s, stream, o, TOP_P, MIN_P, HELD, FINISH_WIDTH,
                     UNIT_T))
             return
-        if (ROUND > 0) or (HELD > 0):
-            listing = tl.load(list_rows_ptr + row)
-            if HELD > 0:
-                if listing == 2:  # (descended by the ALONE launch)
-                    return
-            from_list = listing != 0
+        if HELD > 0:
+            # (the ALONE launch descended every row that descends in its list: none is left here)
+            if tl.load(list_rows_ptr + row) != 0:
+                return
+        elif ROUND > 0:
+            from_list = tl.load(list_rows_ptr + row) != 0
     list_segments = tl.cdiv(list_count, WIDTH)
     # a listed row's partials come from its programs with a share of the list (the others, most
     # of a peaked row's, write none and return at once in the rounds after the first)
