@@ -856,11 +856,8 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     (-1), ties (rows of whole numbers), a flat row whose list gives up (it descends in its row);
     bfloat16; 1 and 3 rounds, one and three programs per row; the finishing program's passes
     in segments of 64 (the rounds') and 128 as well as the default; the rounds in one launch
-    (``loop``, one program per row); the listed rows each descending by one program alone
-    (``alone``: the list held whole, or 64 of its tokens held and the rest passed over in
-    segments of 32 and 64) or on their rows' programs (``alone=0``), with every launch choice.
-    Both kinds of row are checked to occur, and the listed rows to take the form asked. Segments
-    of 64 tokens."""
+    (``loop``, one program per row). Both kinds of row are checked to occur. Segments of 64
+    tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     g = torch.Generator().manual_seed(41)
@@ -882,38 +879,29 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     wants = [ops.sample_rows(xs, t, None, p, mp, seed, offset) for t, p, mp, seed, offset in configs]
     xs_16 = xs.to(torch.bfloat16)
     want_16 = ops.sample_rows(xs_16, 1.0, None, 0.9, None, seeds, offsets)
-    listed_rows, list_lengths = [], []
+    listed_rows = []
     buffer = ops._Run.buffer
 
     def keep_list_rows(self, name, shape, dtype, dev):
         t = buffer(self, name, shape, dtype, dev)
         if name == "list_rows":
             listed_rows.append(t)
-        if name == "prelist_count":
-            list_lengths.append(t)
         return t
 
     monkeypatch.setattr(ops._Run, "buffer", keep_list_rows)
     poison_allocations()
     try:
         assert torch.equal(ops.sample_descent_rows(xs_16, 1.0, 0.9, None, seeds, offsets, listed=True), want_16)
-        alone_forms = []
         for (t, p, mp, seed, offset), want, launch in zip(configs, wants, (
                 dict(), dict(rounds=1, finish_width=0, loop=False), dict(rounds=3, programs_per_row=3, loop=False),
                 dict(programs_per_row=1, descent_programs_per_row=1, loop=True),
                 dict(rounds=1, finish_width=128, loop=False))):
-            for alone in (dict(alone=0), dict(alone=64, finish_width=32), dict(alone=64), dict(alone=8192), dict()):
-                got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **{**launch, **alone})
-                assert torch.equal(got, want), (t, p, mp, launch, alone, got, want)
-                alone_forms.append(alone.get("alone", ops.DESCENT_ALONE_HELD) != 0)
+            got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **launch)
+            assert torch.equal(got, want), (t, p, mp, launch, got, want)
             assert want[2].item() == -1
         assert wants[1][4].item() == -1 and wants[3][5].item() == -1
-        # (row 3 is flat; row 0 descends in its list under every filter: on its programs, 1, or
-        # alone, 2; the bfloat16 call first, by default)
-        alone_forms.insert(0, ops.DESCENT_ALONE_HELD != 0)
-        assert [rows[0].item() for rows in listed_rows] == [2 if a else 1 for a in alone_forms], listed_rows
-        assert all(rows[3].item() == 0 for rows in listed_rows), listed_rows
-        assert max(lengths[0].item() for lengths in list_lengths) > 64  # (alone=64 passes over the rest)
+        # (row 3 is flat; row 0 descends in its list under every filter)
+        assert all(rows[3].item() == 0 and rows[0].item() == 1 for rows in listed_rows), listed_rows
     finally:
         ops.plan.cache_clear()
 
@@ -2418,13 +2406,12 @@ def test_prepared_descent_calls_through_the_interpreter(monkeypatch, request):
     g = torch.Generator().manual_seed(15)
     seeds = torch.tensor([4, 5, 6])
     # over the row, then from the pre-list (peaked rows: their lists hold the kept prefix; the
-    # list, its partials and the rows' flags in the workspace too), then from the pre-list by one
-    # program per row (32 tokens held, the rest passed over)
-    for listed, scale, alone in ((False, 3, 0), (True, 6, 0), (True, 6, 32)):
+    # list, its partials and the rows' flags in the workspace too)
+    for listed, scale in ((False, 3), (True, 6)):
         x = torch.randn(3, 300, generator=g) * scale
         for t, p, mp in ((1.0, 0.9, None), (0.7, 0.6, torch.tensor([0.01, 0.2, 0.5]))):
             key = ops._sample_key(x, t, None, p, mp, seeds, 1)
-            first = ops.sample_descent_rows(x, t, p, mp, seeds, 1, listed=listed, alone=alone, prepare_key=key)
+            first = ops.sample_descent_rows(x, t, p, mp, seeds, 1, listed=listed, prepare_key=key)
             assert torch.equal(first, ops.sample_rows(x, t, None, p, mp, seeds, 1))
             launched = InterpretedPrepared.launched
             for step in range(2):

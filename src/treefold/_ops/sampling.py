@@ -957,31 +957,13 @@ DESCENT_LOOP = True
 #: The loop launch's programs that fit an SM at once: 168 registers per thread at 4 warps (offline,
 #: sm_90) leave room for 3 (65536 registers per SM).
 DESCENT_LOOP_PROGRAMS_PER_SM = 3
-#: ``sample_descent_rows``' launch choice ``alone`` (with ``listed``; a power of two, 0: off):
-#: every row whose pre-list holds its kept prefix descends in one launch before round 0, by one
-#: program per row (DESCENT_ALONE_WARPS warps) holding up to this many of the list's tokens in
-#: registers (``kernels._descent_alone``; the rest of a longer list it passes over in each round);
-#: the launches after it return at once for such a row. Its rounds are reductions in one program,
-#: where the rounds of a row's programs each wait for the others on a counter and read the list
-#: and its logits again; but one SM per row draws the noise of every held token (about 200
-#: instructions a token), where round 0 spreads a list over 5-8 programs. At standard deviation
-#: 4, 151936 logits have about 4300 tokens within the pre-list's 10 nats of the maximum (the 99th
-#: percentile 10200, the largest of 200 rows 11300). Offline (sm_90, 16 warps): 8192 held, 128
-#: registers and 64 bytes of stack; 4096, 128 and none; 16384 spills a kilobyte. Off until timed:
-#: a form much like it (its launch started early, the held lists at most 8192, longer ones on the
-#: rounds) lost 9 us at 64 rows on an H100 (results/h100-probe-list-at-once.txt); the probe's
-#: ALONE=1 mode times 4096 and 8192 against the rounds.
-DESCENT_ALONE_HELD = 0
-#: Warps of that program.
-DESCENT_ALONE_WARPS = 16
 
 
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
                         rounds: Optional[int] = None, programs_per_row: Optional[int] = None,
                         prefetch: Optional[bool] = None, listed: Optional[bool] = None,
                         descent_programs_per_row: Optional[int] = None, finish_width: Optional[int] = None,
-                        loop: Optional[bool] = None, alone: Optional[int] = None,
-                        prepare_key=None) -> torch.Tensor:
+                        loop: Optional[bool] = None, prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits x [rows, n] sampled under top-p and min-p (no top-k):
     the tokens ``sample_rows(x, temperature, None, top_p, min_p, seed, offset)`` gives, by
     descent (``kernels.descent_kernel``): a race over the row, then ``rounds`` (default
@@ -996,10 +978,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     rounds'). ``loop`` (default: DESCENT_LOOP's rule): the rounds after round 0 in one launch
     instead (``rounds`` and ``finish_width`` then unused; the programs of a row wait for one
     another, so all must fit at once, and Triton's interpreter, running them one after another,
-    allows one per row). ``alone`` (default DESCENT_ALONE_HELD; 0: off; with ``listed``): the rows
-    that descend in their lists do so by one program each, holding this many of the list's
-    tokens, in a launch before round 0 (the list's passes after the held tokens in segments of
-    ``finish_width``, at most ``alone``).
+    allows one per row).
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
@@ -1008,9 +987,6 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     finish_width = DESCENT_FINISH_WIDTH if finish_width is None else finish_width
     if finish_width < 0 or finish_width & (finish_width - 1):
         raise ValueError(f"sample_descent_rows: finish_width must be 0 or a power of two, got {finish_width}")
-    alone = DESCENT_ALONE_HELD if alone is None else alone
-    if alone < 0 or alone & (alone - 1):
-        raise ValueError(f"sample_descent_rows: alone must be 0 or a power of two, got {alone}")
     if _one_race(temperature, None, top_p, min_p):
         # (no filter, or greedy under scalar filters: the pipeline's one race, whose token under an
         # invalid scalar filter is the argmax, where the descent's rows would end with -1)
@@ -1047,12 +1023,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         list_rows = run.buffer("list_rows", rows, torch.int32, dev)
         # (the histogram's bins and the compaction's counters are cleared by the maxima pass and
         # not read here)
-        # (a list never holds more than the buffer's row: the held tokens need not either)
-        alone = min(alone, 1 << (prelist_stride - 1).bit_length())
-        # (the alone launch's programs, each an SM's registers, start only once the histogram pass
-        # has ended: started early, they would wait there on SMs its later programs need)
-        _maxima_and_histogram(run, x, g_rows, c, b, PRELIST_BINS, top_p is not None, False, prefetch, first,
-                              last if alone else middle)
+        _maxima_and_histogram(run, x, g_rows, c, b, PRELIST_BINS, top_p is not None, False, prefetch, first, middle)
     else:
         part_max = run.buffer("part_max", parts, torch.float32, dev)
         part_total = run.buffer("part_total", parts, torch.int64, dev)
@@ -1061,25 +1032,20 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         prelist = prelist_count = part_listed = part_valid = list_rows = counter = part_total
         if loop:
             counter = run.buffer("counter", rows, torch.int64, dev)  # (cleared by round 0)
-        alone = 0
-    for r in ((-1,) if alone else ()) + ((0, 1) if loop else tuple(range(rounds + 2))):
-        by_one = r < 0
+    for r in (0, 1) if loop else range(rounds + 2):
         final = r == rounds + 1 and not loop
         run(_DESCENT,
-            (rows if final or by_one else grid,), x, n, x.stride(0), part_max, part_total, part_before, part_score,
+            (rows if final else grid,), x, n, x.stride(0), part_max, part_total, part_before, part_score,
             part_index, out, g.programs_per_row, grid, g_rows.programs_per_row, t, p, mp, filters, s, s_stride, o,
             o_stride,
             prelist, prelist_stride, prelist_count, part_listed, part_valid, list_rows, counter,
-            ROUND=rounds if final else max(r, 0), LOOP=loop and not by_one, FINAL=final, HELD=alone,
-            ALONE=by_one, **flags, TOP_P=top_p is not None,
+            ROUND=rounds if final else r, LOOP=loop, FINAL=final, **flags, TOP_P=top_p is not None,
             MIN_P=min_p is not None,
             WIDTH=g.width,
             SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, MAXIMA_POW2=g_rows.parts_pow2,
             LISTED=listed, PRELIST_BINS=PRELIST_BINS if listed else 0, BINS_PER_NAT=BINS_PER_NAT,
-            FINISH_WIDTH=finish_width if final else min(finish_width or g.width, alone) if by_one else 0,
-            PREFETCH=g.prefetch and r == 0 and not listed,
-            UNIT_T=c["unit_t"],
-            num_warps=DESCENT_FINISH_WARPS if final else DESCENT_ALONE_WARPS if by_one else g.num_warps,
+            FINISH_WIDTH=finish_width if final else 0, PREFETCH=g.prefetch and r == 0 and not listed,
+            UNIT_T=c["unit_t"], num_warps=DESCENT_FINISH_WARPS if final else g.num_warps,
             **(last if final or (loop and r == 1) else middle if r > 0 or listed else first))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out

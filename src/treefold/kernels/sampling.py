@@ -2378,25 +2378,6 @@ def _descent_candidate(x_ptr, row, stride_x, c, live, m, inv_t, p, mp, UNIT_T: t
 
 
 @triton.jit
-def _before_candidate(finite, key, cols, key_c, c):
-    """Whether each finite token comes before candidate c (ordered key ``key_c``) in the composite
-    order: a higher key, or the same key and a lower index."""
-    return finite & ((key > key_c) | ((key == key_c) & (cols < c)))
-
-
-@triton.jit
-def _descent_start(score, c, valid, x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T: tl.constexpr):
-    """A row's state after round 0's race (winner c of score ``score``): decided where its
-    parameters are invalid or no token raced (token -1), or where c is kept without a mass
-    (``_descent_candidate``). Returns (decided, token, candidate, its key, its weight)."""
-    decided = (valid == 0) | (score == float("-inf"))
-    token = tl.full([], -1, tl.int64)
-    c = tl.where(decided, 0, c)
-    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, decided == 0, m, inv_t, p, mp, UNIT_T)
-    return decided | now, tl.where(now, c, token), c, key_c, w_c
-
-
-@triton.jit
 def _descent_accepts(before, total, w, p, mp):
     """Whether a candidate is kept: the mass before it under top-p's target (``_top_p_target``:
     the resolve pass's test) unless top-p is off (p = 1), and min-p's test on its weight (mp = 0:
@@ -2467,7 +2448,12 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
     m = tl.max(tl.load(part_max_ptr + every_part, mask=every, other=float("-inf")), axis=0)
     score, c = _winner(tl.load(part_score_ptr + parts, mask=live, other=float("-inf")),
                        tl.load(part_index_ptr + parts, mask=live, other=INT64_MAX), INT64_MAX)
-    decided, token, c, key_c, w_c = _descent_start(score, c, valid, x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T)
+    decided = (valid == 0) | (score == float("-inf"))
+    token = tl.full([], -1, tl.int64)
+    c = tl.where(decided, 0, c)
+    key_c, w_c, now = _descent_candidate(x_ptr, row, stride_x, c, decided == 0, m, inv_t, p, mp, UNIT_T)
+    token = tl.where(now, c, token)
+    decided = decided | now
     total = tl.zeros([], tl.int64)
     if TOP_P and ROUNDS_DONE >= 1:
         total = tl.sum(tl.load(part_total_ptr + every_part, mask=every & (decided == 0), other=0), axis=0)
@@ -2518,7 +2504,7 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
         else:
             w_fixed = _fixed_weight(_gap(y, m, finite))
         key = _ordered_key(x)
-        before = _before_candidate(finite, key, cols, key_c, c)
+        before = finite & ((key > key_c) | ((key == key_c) & (cols < c)))
         if TOP_P:
             lane_before += tl.where(before, w_fixed, 0)
             if TOTAL:
@@ -2659,69 +2645,6 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
         tl.store(token_ptr + row, token)
 
 
-@triton.jit
-def _descent_alone(x_ptr, row, stride_x, n, list_row, list_count, m, total, valid, inv_t, noise_scale, p, mp, s,
-                   stream, o, TOP_P: tl.constexpr, MIN_P: tl.constexpr, HELD: tl.constexpr,
-                   STREAM_WIDTH: tl.constexpr, UNIT_T: tl.constexpr):
-    """The whole descent of a row in its pre-list by one program: the race of every finite token,
-    then for each candidate the mass before it and the race among the tokens before it that
-    min-p keeps, with ``_descent_next``'s step, until a candidate is kept; returns the token. The
-    list's first HELD tokens are held on chip, so for them each round is a reduction over
-    registers; the rest of a longer list is passed over again in each round (``_descent_pass``,
-    in segments of STREAM_WIDTH). The same sums (exact integers) and the same race entries as
-    the passes of the row's programs, so the same token; where those programs meet on a counter
-    after each pass, here no round waits for another program. The candidate's own logit is
-    loaded by the step (a line this program has just read).
-
-    Held per token: its index, ordered key, race score (-inf where not finite: a finite token's
-    score is finite) and float weight w, 4 registers (2^13 tokens: 64 per thread at 16 warps).
-    A round converts w to fixed point (``_fixed_mass``' w * 2^40, truncated) after selecting the
-    tokens before the candidate, by a scale the compiler cannot see as a constant: a constant one
-    lets it move the conversion ahead of the selection and out of the loop, where the held
-    fixed-point weights take 2 registers more per token (offline, sm_90, 8192 held and no passes
-    over the rest: 80 bytes of stack instead of 16)."""
-    places = tl.arange(0, HELD)
-    live = places < list_count
-    cols = tl.load(list_row + places, mask=live, other=0)
-    x, finite, y = _logits_at(x_ptr, row, stride_x, cols, live, inv_t, UNIT_T)
-    score = tl.where(finite, y + noise_scale * _noise_at(cols.to(tl.int64), s, stream, o), float("-inf"))
-    key = _ordered_key(x)
-    w, unused = _fixed_mass(y, m, finite)
-    best_score, c = _winner(score, tl.where(finite, cols, n), n)
-    c = c.to(tl.int64)
-    stream_first = HELD // STREAM_WIDTH
-    stream_segments = tl.maximum(tl.cdiv(list_count, STREAM_WIDTH) - stream_first, 0)
-    if stream_segments > 0:
-        # (the race over every finite token: a candidate past the last index with the lowest key
-        # has every one before it; min-p's test is the candidate's, not the race's: mp = 0)
-        unused_before, unused_total, more_score, more_index = _descent_pass(
-            x_ptr, row, stride_x, n, stream_first, stream_segments, n, -2147483648, m, inv_t, 0.0, noise_scale, s,
-            stream, o, True, list_row, list_count, 1, False, False, MIN_P, True, STREAM_WIDTH, UNIT_T)
-        best_score, c = _race_pick(best_score, c, more_score, more_index)
-    decided, token, c, key_c, w_c = _descent_start(best_score, c, valid, x_ptr, row, stride_x, m, inv_t, p, mp,
-                                                   UNIT_T)
-    fixed_one = m * 0.0 + FIXED_ONE  # (m is finite wherever a round runs: a row without a finite logit is decided)
-    while decided == 0:
-        before = _before_candidate(score > float("-inf"), key, cols, key_c, c)
-        racing = before
-        if MIN_P:
-            racing = racing & (w >= mp)
-        before_sum = tl.zeros([], tl.int64)
-        if TOP_P:
-            before_sum = tl.sum((tl.where(before, w, 0.0) * fixed_one).to(tl.int64), axis=0)
-        best_score, best_index = _winner(tl.where(racing, score, float("-inf")), tl.where(racing, cols, n), n)
-        best_index = best_index.to(tl.int64)
-        if stream_segments > 0:
-            more_before, unused_total, more_score, more_index = _descent_pass(
-                x_ptr, row, stride_x, n, stream_first, stream_segments, c, key_c, m, inv_t, mp, noise_scale, s,
-                stream, o, True, list_row, list_count, 1, False, TOP_P, MIN_P, True, STREAM_WIDTH, UNIT_T)
-            before_sum += more_before
-            best_score, best_index = _race_pick(best_score, best_index, more_score, more_index)
-        decided, token, c, key_c, w_c = _descent_next(before_sum, total, best_score, best_index, token, c, key_c,
-                                                      w_c, x_ptr, row, stride_x, m, inv_t, p, mp, UNIT_T)
-    return token
-
-
 @triton.jit(do_not_specialize=RANDOM_ARGS)
 def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                    part_index_ptr, token_ptr, programs_per_row, slot_stride, parts_per_row,
@@ -2734,11 +2657,10 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                    PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr, LISTED: tl.constexpr = False,
                    PRELIST_BINS: tl.constexpr = 0,
                    BINS_PER_NAT: tl.constexpr = 4.0, FINISH_WIDTH: tl.constexpr = 0, LOOP: tl.constexpr = False,
-                   HELD: tl.constexpr = 0, ALONE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                   WAIT_FOR_PRIOR: tl.constexpr = False,
+                   PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
                    RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
-    0, a round 1 .. R, with FINAL the row's token, or with ALONE the listed rows' tokens.
+    0, a round 1 .. R, or with FINAL the row's token.
 
     Grid rows * programs_per_row (FINAL: rows). Round 0 races every finite token of the
     program's segments and takes their maximum; round r >= 1 replays the rounds before it
@@ -2761,10 +2683,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     the row's programs in turn (segment j * programs_per_row + prog in step j), as the
     pipeline's passes share them; the programs with no share write no partials, are not read,
     and after round 0 return at once. The other rows race and pass over their rows as without
-    it. With HELD, a launch of one program per row (ALONE) comes before round 0: it makes that
-    decision, and a row that descends in its list does so there whole, by that one program
-    (``_descent_alone``); round 0 and every launch after it read the decision (list_rows_ptr)
-    and return at once for such a row.
+    it.
 
     Bytes: round 0 reads the row once; a round reads the row again (from L2, right after round 0)
     for undecided rows only, and every launch reads the partials of the rounds before it (20
@@ -2774,10 +2693,6 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     bytes per row. With LOOP each round after round 0 reads the row (or list) share again and
     the row's partials (20 bytes a program), and makes two atomics per program on the counter
     (and one per poll while it waits).
-    ALONE reads the histogram pass's partials (24 bytes a program of its grid) and the maxima (4),
-    and for a row that descends in its list the list and the logits it names once (8 bytes a
-    token; the tokens past HELD again in each round), and writes the row's flag and token (12
-    bytes).
 
     Args:
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
@@ -2803,8 +2718,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             PRELIST_BINS, BINS_PER_NAT: with LISTED, the pre-list and its partials as
             ``bin_histogram_kernel`` wrote them; otherwise unused.
         list_rows_ptr: int32 [rows]: with LISTED, written by round 0 (1 where the row descends in
-            its list), or with HELD by the ALONE launch (2 where the row descended in its list
-            there), and read by the later launches; otherwise unused.
+            its list) and read by the later launches; otherwise unused.
         counter_ptr: int64 [rows]: with LOOP, the rows' arrival counters (cleared by round 0, or
             with LISTED by ``segment_max_kernel``); otherwise unused.
         ROUND: this launch's round (0 .. R), or with FINAL the rounds before it (R).
@@ -2815,21 +2729,16 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         WIDTH, SEGMENTS_PER_PROGRAM: the segments of each program (a launch choice).
         PARTS_POW2: next power of two of programs_per_row; MAXIMA_POW2 of parts_per_row.
         LISTED: start from the pre-list where it holds K (above).
-        FINISH_WIDTH: with FINAL, the finishing program's segment (0: WIDTH); with ALONE, the
-            segments of its passes over a list's tokens past HELD (at most HELD).
+        FINISH_WIDTH: with FINAL, the finishing program's segment (0: WIDTH).
         LOOP: round 0 of a call whose rounds after it run in one launch (it clears the counters),
             or with ROUND 1 that launch (``_descent_loop``; grid rows * programs_per_row, no FINAL).
-        HELD: with LISTED, the list's tokens the ALONE launch holds in registers (a power of two;
-            0: no such launch came, round 0 decides which rows descend in their lists).
-        ALONE: the launch of one program per row that descends every row it can in its list
-            (grid rows; round 0's other constexprs).
         PREFETCH: round 0 loads each segment before working on the previous one.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: programmatic dependent launches (``race_kernel``).
         UNIT_T: temperature is the scalar 1 or 0 (``_logits_from``).
     """
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
-    if FINAL or ALONE:
+    if FINAL:
         row = pid
         prog = tl.zeros([], tl.int32)
     else:
@@ -2840,29 +2749,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     from_list = tl.zeros([], tl.int1)
     if LISTED:
         list_count = tl.load(prelist_count_ptr + row)
-        if ALONE:
-            from_list = _descent_lists(row, n, top_p, min_p, filters, part_total_ptr, part_listed_ptr, part_valid_ptr,
-                                       list_count, prelist_stride, parts_per_row, P_ROW, MINP_ROW, MAXIMA_POW2,
-                                       PRELIST_BINS, BINS_PER_NAT)
-            tl.store(list_rows_ptr + row, from_list.to(tl.int32) * 2)
-            if from_list:
-                inv_t, noise_scale, valid, k, p, mp, s, stream, o = _row_setup(
-                    row, n, temperature, 0, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
-                    T_ROW, False, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
-                total = tl.zeros([], tl.int64)
-                if TOP_P:
-                    total = _row_sum(part_total_ptr, row, parts_per_row, MAXIMA_POW2)
-                tl.store(token_ptr + row, _descent_alone(
-                    x_ptr, row, stride_x, n, list_row, list_count, _row_max(part_max_ptr, row, parts_per_row,
-                                                                            MAXIMA_POW2),
-                    total, valid, inv_t, noise_scale, p, mp, s, stream, o, TOP_P, MIN_P, HELD, FINISH_WIDTH,
-                    UNIT_T))
-            return
-        if HELD > 0:
-            # (the ALONE launch descended every row that descends in its list: none is left here)
-            if tl.load(list_rows_ptr + row) != 0:
-                return
-        elif ROUND > 0:
+        if ROUND > 0:
             from_list = tl.load(list_rows_ptr + row) != 0
     list_segments = tl.cdiv(list_count, WIDTH)
     # a listed row's partials come from its programs with a share of the list (the others, most
@@ -2878,7 +2765,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             # (the loop's arrival counter; with LISTED the segment maxima cleared it)
             if prog == 0:
                 tl.store(counter_ptr + row, 0)
-        if LISTED and (HELD == 0):
+        if LISTED:
             from_list = _descent_lists(row, n, top_p, min_p, filters, part_total_ptr, part_listed_ptr, part_valid_ptr,
                                        list_count, prelist_stride, parts_per_row, P_ROW, MINP_ROW, MAXIMA_POW2,
                                        PRELIST_BINS, BINS_PER_NAT)
