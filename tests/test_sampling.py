@@ -906,6 +906,102 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
         ops.plan.cache_clear()
 
 
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_listed_descent_testing_several_candidates_at_once_gives_the_pipelines_tokens(device, poison_allocations,
+                                                                                      monkeypatch):
+    """``sample_descent_rows(listed=True, loop=True, candidates=k)``: the loop's first round tests
+    a listed row's first k entries of round 0's race order at once, and picks the pipeline's
+    token: 2, 3 and 8 candidates, on one program per row (its lanes hold several of the list's
+    tokens, so the bound on what the lanes gave up trims the candidates) and, on a GPU, on
+    three; top-p 0.9 and 0.5, with min-p and per-row p; ties (a row of whole numbers), NaN and
+    -inf, a flat row (no list: one candidate), over eight draws. The listed rows' programs write
+    their masses before the candidates (poisoned before); segments of 32 tokens."""
+    monkeypatch.setattr(ops, "MAX_WIDTH", 32)
+    ops.plan.cache_clear()
+    g = torch.Generator().manual_seed(43)
+    x = torch.randn(5, 700, generator=g) * 5  # lists of about 140 tokens: 4-5 segments
+    x[1] = torch.round(x[1])
+    x[2, 5] = float("nan")
+    x[2, 6] = float("-inf")
+    x[3] = x[3] * 0.02  # flat: the list gives up
+    xs = x.to(device)
+    seeds = torch.tensor([5, 11, 2, 9, 31], device=device)
+    ps = torch.tensor([0.9, 0.5, 0.95, 0.9, 0.7], device=device)
+    configs = [(1.0, 0.9, None, seeds, offset) for offset in range(4)] + [
+        (0.8, ps, 0.02 if offset % 2 else None, seeds, offset) for offset in range(4, 8)]
+    wants = [ops.sample_rows(xs, t, None, p, mp, seed, offset) for t, p, mp, seed, offset in configs]
+    befores, listed_rows = [], []
+    buffer = ops._Run.buffer
+
+    def keep(self, name, shape, dtype, dev):
+        t = buffer(self, name, shape, dtype, dev)
+        (befores if name == "descent_before" else listed_rows if name == "list_rows" else []).append(t)
+        return t
+
+    monkeypatch.setattr(ops._Run, "buffer", keep)
+    poison_allocations()
+    try:
+        for j, ((t, p, mp, seed, offset), want) in enumerate(zip(configs, wants)):
+            # (the interpreter runs a loop of one program per row only: the merge of several
+            # programs' candidates is the GPU tier's)
+            for candidates, per_row in ((2, 1), (3, 1), (8, 1)) + (() if backend.INTERPRETED else ((8, 3), (3, 3))):
+                got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, loop=True,
+                                              candidates=candidates, programs_per_row=per_row,
+                                              descent_programs_per_row=per_row)
+                assert torch.equal(got, want), (j, candidates, per_row, got, want)
+                # (each listed row's first program wrote its masses before the k candidates)
+                extra = befores[-1].view(-1, 5 * per_row)[2:2 + candidates, ::per_row]
+                listed = listed_rows[-1] == 1
+                assert listed[[0, 1, 2, 4]].all() and not listed[3]
+                assert (extra[:, listed] != -777).all(), (j, candidates, extra)
+    finally:
+        ops.plan.cache_clear()
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_listed_descent_trusts_no_candidate_a_lane_may_have_hidden(device, monkeypatch):
+    """A lane keeps one winner: a token that lost to it in its lane may come before the next
+    lane winner in the race order, so the candidates stop where a score some lane gave up could
+    come first. Rows built for it: 160 listed tokens on 32 lanes (5 to a lane), the ten high
+    logits in two lanes, so that the race's first two entries share a lane in about half the
+    draws; 16 rows (seeds) x 6 draws under top-p 0.35 with two candidates give the pipeline's
+    tokens (trusting the second lane winner regardless gives another token in about 4% of such
+    draws)."""
+    monkeypatch.setattr(ops, "MAX_WIDTH", 32)
+    ops.plan.cache_clear()
+    g = torch.Generator().manual_seed(47)
+    row = torch.randn(700, generator=g) * 0.3
+    row[160:] = -30.0
+    lists = []
+    buffer = ops._Run.buffer
+
+    def keep_list(self, name, shape, dtype, dev):
+        t = buffer(self, name, shape, dtype, dev)
+        if name == "prelist":
+            lists.append(t)
+        return t
+
+    try:
+        # (the lanes are places on the list: read its order from a first call, then give the high
+        # logits to the tokens at places 0, 1, 32, 33, ...)
+        with monkeypatch.context() as m:
+            m.setattr(ops._Run, "buffer", keep_list)
+            ops.sample_descent_rows(row[None].to(device), 1.0, 0.5, None, 0, 0, listed=True, loop=True,
+                                    programs_per_row=1, descent_programs_per_row=1)
+        hot = lists[-1][0, :160].cpu().view(5, 32)[:, :2].reshape(-1)
+        # (the two lanes' logits alternate, so that top-p 0.35 keeps tokens of both: 5.0, 4.8, 4.6)
+        row[hot] = torch.tensor([5.0, 4.8, 4.6, 4.4, 4.2, 4.0, 3.8, 3.6, 3.4, 3.2])
+        xs = row.expand(16, 700).contiguous().to(device)
+        seeds = torch.arange(16, device=device) * 13 + 1
+        for offset in range(6):
+            want = ops.sample_rows(xs, 1.0, None, 0.35, None, seeds, offset)
+            got = ops.sample_descent_rows(xs, 1.0, 0.35, None, seeds, offset, listed=True, loop=True, candidates=2,
+                                          programs_per_row=1, descent_programs_per_row=1)
+            assert torch.equal(got, want), (offset, got, want)
+    finally:
+        ops.plan.cache_clear()
+
+
 def test_descent_loops_where_a_rows_programs_fit_at_once(monkeypatch):
     # the rounds in one launch by default from the pre-list, and over the row where the whole
     # launch fits DESCENT_LOOP_PROGRAMS_PER_SM per SM; asked for, wherever a row's programs can be
