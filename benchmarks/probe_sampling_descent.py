@@ -73,8 +73,7 @@ CHECKED = ({},) if QUICK else (dict(rounds=1, loop=False), dict(rounds=2, loop=F
 #: descent as ``sample`` takes it (over the row up to 16 rows, from the pre-list from 17) with its
 #: finishing program's segments of 1024 (the rounds'), 2048 and 4096 tokens; LOOP=1 the same with
 #: its rounds after round 0 as launches and in one launch (``loop=True``); FORMS=1 the descent
-#: over the row in launches and in the loop, and the loop from the pre-list; CANDIDATES=1 the
-#: loop from the pre-list with 1 (the winner alone), 2 and 3 candidates tested in its first round.
+#: over the row in launches and in the loop, and the loop from the pre-list.
 MODES = {
     "LISTED": {"listed": dict(listed=True), "listed grid": dict(listed=True, descent_programs_per_row=0)},
     "FINISH": {"finish 1024": dict(finish_width=0, loop=False), "finish 2048": dict(finish_width=2048, loop=False),
@@ -82,7 +81,6 @@ MODES = {
     "LOOP": {"launches": dict(loop=False), "loop": dict(loop=True)},
     "FORMS": {"row": dict(listed=False, loop=False), "row loop": dict(listed=False, loop=True),
               "listed loop": dict(listed=True, loop=True)},
-    "CANDIDATES": {f"candidates {k}": dict(listed=True, loop=True, candidates=k) for k in (1, 2, 3)},
 }
 VARIANTS = next((variants for mode, variants in MODES.items() if os.environ.get(mode) == "1"), None)
 if VARIANTS:

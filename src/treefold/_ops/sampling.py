@@ -957,24 +957,13 @@ DESCENT_LOOP = True
 #: The loop launch's programs that fit an SM at once: 168 registers per thread at 4 warps (offline,
 #: sm_90) leave room for 3 (65536 registers per SM).
 DESCENT_LOOP_PROGRAMS_PER_SM = 3
-#: ``sample_descent_rows``' launch choice ``candidates`` (with ``listed`` and ``loop``): the first
-#: entries of a listed row's race order that round 0 keeps (each program its best lane winners,
-#: and a bound on the scores its lanes gave up, so that the row's entries above every bound are
-#: its race order exactly) and the loop's first round tests at once (``kernels._descent_loop``).
-#: The kept prefix holds all of them before the earliest in the composite order or none, so one
-#: pass for that one and a sum of the mass before each of the others decides: the row's second
-#: round, which a batch of 64 rows under top-p 0.9 nearly always needed for one row or another
-#: (a simulation of 151936 logits of standard deviation 4: every batch of 64 took two rounds with
-#: 1 candidate, about half with 2, none of 10 with 3), comes about once in a thousand rows.
-DESCENT_CANDIDATES = 1
 
 
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
                         rounds: Optional[int] = None, programs_per_row: Optional[int] = None,
                         prefetch: Optional[bool] = None, listed: Optional[bool] = None,
                         descent_programs_per_row: Optional[int] = None, finish_width: Optional[int] = None,
-                        loop: Optional[bool] = None, candidates: Optional[int] = None,
-                        prepare_key=None) -> torch.Tensor:
+                        loop: Optional[bool] = None, prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits x [rows, n] sampled under top-p and min-p (no top-k):
     the tokens ``sample_rows(x, temperature, None, top_p, min_p, seed, offset)`` gives, by
     descent (``kernels.descent_kernel``): a race over the row, then ``rounds`` (default
@@ -989,8 +978,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     rounds'). ``loop`` (default: DESCENT_LOOP's rule): the rounds after round 0 in one launch
     instead (``rounds`` and ``finish_width`` then unused; the programs of a row wait for one
     another, so all must fit at once, and Triton's interpreter, running them one after another,
-    allows one per row). ``candidates`` (default DESCENT_CANDIDATES; 1 to 8; used with
-    ``listed`` and the loop): the entries of a listed row's race order its first round tests.
+    allows one per row).
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
@@ -999,9 +987,6 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     finish_width = DESCENT_FINISH_WIDTH if finish_width is None else finish_width
     if finish_width < 0 or finish_width & (finish_width - 1):
         raise ValueError(f"sample_descent_rows: finish_width must be 0 or a power of two, got {finish_width}")
-    candidates = DESCENT_CANDIDATES if candidates is None else candidates
-    if not 1 <= candidates <= 8:
-        raise ValueError(f"sample_descent_rows: candidates must be from 1 to 8, got {candidates}")
     if _one_race(temperature, None, top_p, min_p):
         # (no filter, or greedy under scalar filters: the pipeline's one race, whose token under an
         # invalid scalar filter is the argmax, where the descent's rows would end with -1)
@@ -1025,15 +1010,10 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     flags = c["flags_without_k"]
     grid = rows * g.programs_per_row
     slots = max(rounds, 2) if loop else rounds  # (the loop alternates two slots of partials)
-    candidates = candidates if listed and loop else 1
     parts = rows * g_rows.programs_per_row  # (the maxima's and masses' partials)
-    # (with candidates, the slots from kernels.DESCENT_EXTRA_SLOT of the scores and indices, and
-    # from kernels.DESCENT_EXTRA_BEFORE_SLOT of the masses, hold them: past the loop's)
-    before_slots = max(slots, kernels.DESCENT_EXTRA_BEFORE_SLOT.value + candidates) if candidates > 1 else slots
-    score_slots = max(slots + 1, kernels.DESCENT_EXTRA_SLOT.value + candidates) if candidates > 1 else slots + 1
-    part_before = run.buffer("descent_before", before_slots * grid, torch.int64, dev)
-    part_score = run.buffer("descent_score", score_slots * grid, torch.float32, dev)
-    part_index = run.buffer("descent_index", score_slots * grid, torch.int64, dev)
+    part_before = run.buffer("descent_before", slots * grid, torch.int64, dev)
+    part_score = run.buffer("descent_score", (slots + 1) * grid, torch.float32, dev)
+    part_index = run.buffer("descent_index", (slots + 1) * grid, torch.int64, dev)
     first, middle, last = _chained(dev)
     if listed:
         b = _FirstPasses.allocate(run, rows, parts, True, n, dev)
@@ -1065,8 +1045,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
             SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, MAXIMA_POW2=g_rows.parts_pow2,
             LISTED=listed, PRELIST_BINS=PRELIST_BINS if listed else 0, BINS_PER_NAT=BINS_PER_NAT,
             FINISH_WIDTH=finish_width if final else 0, PREFETCH=g.prefetch and r == 0 and not listed,
-            UNIT_T=c["unit_t"], CANDIDATES=candidates, CANDIDATES_POW2=1 << (candidates - 1).bit_length(),
-            num_warps=DESCENT_FINISH_WARPS if final else g.num_warps,
+            UNIT_T=c["unit_t"], num_warps=DESCENT_FINISH_WARPS if final else g.num_warps,
             **(last if final or (loop and r == 1) else middle if r > 0 or listed else first))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out

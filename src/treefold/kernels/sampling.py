@@ -2358,15 +2358,6 @@ def top_k_lanes_finish_kernel(x_ptr, n, stride_x, cand_ptr, values_ptr, indices_
 # LISTED). Tokens of a list come in no order of their indices, so its races break ties by index
 # explicitly (``_race_lanes_any_order``).
 
-#: With CANDIDATES > 1 (``descent_kernel``), the slot of ``part_score_ptr`` and ``part_index_ptr``
-#: (in units of the slot stride) that holds a listed program's second lane winner; the later
-#: ones and the given-up bound follow. The loop uses slots 0 .. 2 (round 0 and its two
-#: alternating slots).
-DESCENT_EXTRA_SLOT = tl.constexpr(3)
-#: The slot of ``part_before_ptr`` that holds a program's mass before the row's first candidate
-#: in race order, the other candidates' following (the loop alternates slots 0 and 1).
-DESCENT_EXTRA_BEFORE_SLOT = tl.constexpr(2)
-
 
 @triton.jit
 def _merge_descent(before_a, total_a, score_a, index_a, before_b, total_b, score_b, index_b):
@@ -2477,10 +2468,9 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
 
 @triton.jit
 def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m, inv_t, mp, noise_scale,
-                  s, stream, o, from_list, list_row, list_count, list_step, extra_index, extra_key, extras_live,
+                  s, stream, o, from_list, list_row, list_count, list_step,
                   TOTAL: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
-                  LISTED: tl.constexpr, WIDTH: tl.constexpr, UNIT_T: tl.constexpr, EXTRAS: tl.constexpr,
-                  EXTRAS_POW2: tl.constexpr):
+                  LISTED: tl.constexpr, WIDTH: tl.constexpr, UNIT_T: tl.constexpr):
     """One candidate's pass over ``segments`` segments of a row from ``first_segment``: with
     TOP_P (top-p may be on) the fixed-point mass of the finite tokens before c in the composite
     order and, with TOTAL, the row's mass (else both 0: min-p alone needs neither), and the race
@@ -2492,15 +2482,8 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
     (``list_row``, ``list_count`` tokens): the segments are the list's, first_segment,
     first_segment + list_step, ..., and each token's noise is drawn for its own index. The list
     holds a prefix of the composite order that holds K, so every candidate and every token
-    before it is on it.
-
-    With EXTRAS > 1 (and TOP_P), where ``extras_live``, it also sums the mass before each of
-    the EXTRAS candidates ``extra_index`` (keys ``extra_key``; vectors of EXTRAS_POW2) and
-    returns them as a vector (else zeros): one sum per segment and candidate, for passes of a segment or
-    two (a listed row's first round in ``_descent_loop``)."""
+    before it is on it."""
     lanes = tl.arange(0, WIDTH)
-    e_lanes = tl.arange(0, EXTRAS_POW2)
-    extra_before = tl.zeros([EXTRAS_POW2], tl.int64)
     lane_before = tl.zeros([WIDTH], tl.int64)
     lane_total = tl.zeros([WIDTH], tl.int64)
     lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
@@ -2526,15 +2509,6 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
             lane_before += tl.where(before, w_fixed, 0)
             if TOTAL:
                 lane_total += w_fixed
-            if EXTRAS > 1:
-                if extras_live:
-                    for e in tl.static_range(EXTRAS):
-                        key_e = tl.sum(tl.where(e_lanes == e, extra_key, 0), axis=0)
-                        c_e = tl.sum(tl.where(e_lanes == e, extra_index, 0), axis=0)
-                        before_e = finite & ((key > key_e) | ((key == key_e) & (cols < c_e)))
-                        extra_before = tl.where(e_lanes == e,
-                                                extra_before + tl.sum(tl.where(before_e, w_fixed, 0), axis=0),
-                                                extra_before)
         racing = before
         if MIN_P:
             racing = racing & (w >= mp)
@@ -2557,7 +2531,7 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
         best_score, best_index = _winner(lane_score, lane_index, n)
         before_sum = tl.sum(lane_before, axis=0)
         total_sum = tl.sum(lane_total, axis=0)
-    return before_sum, total_sum, best_score, best_index.to(tl.int64), extra_before
+    return before_sum, total_sum, best_score, best_index.to(tl.int64)
 
 
 @triton.jit
@@ -2577,28 +2551,20 @@ def _descent_lists(row, n, top_p, min_p, filters, part_total_ptr, part_listed_pt
 
 
 @triton.jit
-def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, pid, slot_stride, temperature, seed,
+def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, pid, temperature, seed,
                        seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
                        programs_per_row, T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr,
                        OFFSET_TENSOR: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                       CANDIDATES: tl.constexpr, UNIT_T: tl.constexpr):
+                       UNIT_T: tl.constexpr):
     """Round 0 of a row that descends in its pre-list: the race among the list's finite tokens
     in the program's share of the list's segments (j * programs_per_row + prog in step j), each
     token's noise drawn for its own index; the winner stored at ``pid`` ((-inf, n) for a
-    program with no share).
-
-    With CANDIDATES > 1 the program also stores the next CANDIDATES - 1 lane winners in race
-    order (slots DESCENT_EXTRA_SLOT ..., ``_descent_candidates`` reads them) and, in the slot
-    after them, the best score any lane gave up (its lane's winner beat it): every token of the
-    share that was not stored is behind the last one stored in race order or scores at most that
-    bound, so the row's candidates that score above every program's bound are the row's race
-    order exactly."""
+    program with no share)."""
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
     lanes = tl.arange(0, WIDTH)
     lane_score = tl.full([WIDTH], float("-inf"), tl.float32)
     lane_index = tl.full([WIDTH], n, tl.int32)
-    lane_given_up = tl.full([WIDTH], float("-inf"), tl.float32)
     for j in range(SEGMENTS_PER_PROGRAM):
         g = j * programs_per_row + prog
         if g < list_segments:
@@ -2607,60 +2573,8 @@ def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, 
             cols = tl.load(list_row + places, mask=live, other=0)
             x, finite, y = _logits_at(x_ptr, row, stride_x, cols, live, inv_t, UNIT_T)
             score = y + noise_scale * _noise_at(cols.to(tl.int64), s, stream, o)
-            if CANDIDATES > 1:
-                # (of the lane's old winner and the new token, the one that loses scores the lower)
-                lane_given_up = tl.maximum(lane_given_up, tl.where(finite, tl.minimum(score, lane_score),
-                                                                  float("-inf")))
             lane_score, lane_index = _race_lanes_any_order(lane_score, lane_index, finite, score, cols)
-    best_score, best_index = _winner(lane_score, lane_index, n)
-    tl.store(part_score_ptr + pid, best_score)
-    tl.store(part_index_ptr + pid, best_index.to(tl.int64))
-    for k in tl.static_range(1, CANDIDATES):
-        # (a list names each token once: the lane of the last winner is the one holding its index)
-        lane_score = tl.where(lane_index == best_index, float("-inf"), lane_score)
-        best_score, best_index = _winner(lane_score, lane_index, n)
-        slot = (DESCENT_EXTRA_SLOT + k - 1) * slot_stride + pid
-        tl.store(part_score_ptr + slot, best_score)
-        tl.store(part_index_ptr + slot, best_index.to(tl.int64))
-    if CANDIDATES > 1:
-        tl.store(part_score_ptr + (DESCENT_EXTRA_SLOT + CANDIDATES - 1) * slot_stride + pid,
-                 tl.max(lane_given_up, axis=0))
-
-
-@triton.jit
-def _descent_candidates(x_ptr, row, stride_x, part_score_ptr, part_index_ptr, programs_per_row, slot_stride,
-                        racing_programs, m, inv_t, CANDIDATES: tl.constexpr, CANDIDATES_POW2: tl.constexpr,
-                        PARTS_POW2: tl.constexpr, UNIT_T: tl.constexpr):
-    """A listed row's first CANDIDATES entries of round 0's race order, from its racing
-    programs' winners and next lane winners (``_descent_list_race``): (index, key, weight,
-    trusted) of each, in race order, as vectors of CANDIDATES_POW2. The first is the row's winner
-    (``_descent_replay``'s candidate); a later one is trusted where it scores above every
-    program's given-up bound, so that the trusted entries are the race order's first entries
-    over the whole list, with no token missed between them."""
-    k = tl.arange(0, CANDIDATES_POW2)
-    q = tl.arange(0, PARTS_POW2)
-    # (entry k of program q: slot 0 for the winner, DESCENT_EXTRA_SLOT + k - 1 after it)
-    slots = tl.where(k == 0, 0, DESCENT_EXTRA_SLOT + k - 1)
-    places = slots[:, None] * slot_stride + row * programs_per_row + q[None, :]
-    live = (k[:, None] < CANDIDATES) & (q[None, :] < racing_programs)
-    scores = tl.load(part_score_ptr + places, mask=live, other=float("-inf"))
-    indices = tl.load(part_index_ptr + places, mask=live, other=INT64_MAX)
-    bound = tl.max(tl.load(part_score_ptr + (DESCENT_EXTRA_SLOT + CANDIDATES - 1) * slot_stride
-                           + row * programs_per_row + q, mask=q < racing_programs, other=float("-inf")), axis=0)
-    cand_index = tl.zeros([CANDIDATES_POW2], tl.int64)
-    trusted = tl.zeros([CANDIDATES_POW2], tl.int1)
-    for j in tl.static_range(CANDIDATES):
-        top = tl.max(tl.max(scores, axis=1), axis=0)
-        c = tl.min(tl.min(tl.where(scores == top, indices, INT64_MAX), axis=1), axis=0)
-        ok = (top > float("-inf")) & ((top > bound) | (j == 0))
-
-        cand_index = tl.where(k == j, tl.where(ok, c, 0), cand_index)
-        trusted = tl.where(k == j, ok, trusted)
-        scores = tl.where(indices == c, float("-inf"), scores)
-    # (an entry after an untrusted one is untrusted too: its score is lower)
-    x, finite, y = _logits_at(x_ptr, row, stride_x, cand_index, trusted, inv_t, UNIT_T)
-    w, w_fixed = _fixed_mass(y, m, finite)  # (``_descent_candidate``'s key and weight)
-    return cand_index, _ordered_key(x), w, trusted
+    _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
 
 
 @triton.jit
@@ -2683,7 +2597,7 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
                   racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list, list_row, list_count,
                   list_segments, TOP_P: tl.constexpr, MIN_P: tl.constexpr, LISTED: tl.constexpr, WIDTH: tl.constexpr,
                   SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr,
-                  UNIT_T: tl.constexpr, CANDIDATES: tl.constexpr, CANDIDATES_POW2: tl.constexpr):
+                  UNIT_T: tl.constexpr):
     """Every round after round 0 in one launch: the row's racing programs pass over their shares
     for the candidate, write their partials, meet on the row's arrival counter (``arrive``,
     ``wait_for_arrivals``: the count reaches racing_programs times the rounds done) and read
@@ -2692,17 +2606,7 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
     it, where the launches' form leaves it to one. The partials of two rounds alternate in slots
     0 and 1 (scores and indices in 1 and 2, after round 0's): a program writes round k + 2's only
     after every program has arrived at round k + 1, so after it read round k's. Program 0
-    writes the token.
-
-    With CANDIDATES > 1, a listed row (whose round 0 stored its programs' next lane winners)
-    takes the trusted first entries of its race order (``_descent_candidates``) at once. The
-    kept prefix K holds every candidate or none before the one earliest in the composite order,
-    so the first round's pass goes for that one (its mass before, and the race among the tokens
-    before it), summing the mass before each of the others beside it: if it is kept, the first
-    of them in race order that is kept is K's winner, with no second round; if not, none is,
-    and the descent goes on from the tokens before it. Under top-p 0.9 one candidate is kept
-    nine times in ten, so a batch of 64 rows nearly always had a row that took two rounds; with
-    3 candidates a row takes a second one about once in a thousand."""
+    writes the token."""
     m, total, decided, token, c, key_c, w_c = _descent_replay(
         x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr, part_index_ptr,
         programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row, 0, TOP_P, PARTS_POW2,
@@ -2713,34 +2617,12 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
     q = tl.arange(0, PARTS_POW2)
     racing = q < racing_programs
     parts = row * programs_per_row + q
-    e_lanes = tl.arange(0, CANDIDATES_POW2)
-    cand_index = tl.zeros([CANDIDATES_POW2], tl.int64)
-    cand_key = tl.zeros([CANDIDATES_POW2], tl.int32)
-    cand_w = tl.zeros([CANDIDATES_POW2], tl.float32)
-    trusted = tl.zeros([CANDIDATES_POW2], tl.int1)
-    candidates_on = tl.zeros([], tl.int1)
-    if CANDIDATES > 1:
-        candidates_on = from_list & (decided == 0)
-        if candidates_on:
-            cand_index, cand_key, cand_w, trusted = _descent_candidates(
-                x_ptr, row, stride_x, part_score_ptr, part_index_ptr, programs_per_row, slot_stride,
-                racing_programs, m, inv_t, CANDIDATES, CANDIDATES_POW2, PARTS_POW2, UNIT_T)
-            key_c = tl.max(tl.where(trusted, cand_key, -2147483648), axis=0)
-            c = tl.min(tl.where(trusted & (cand_key == key_c), cand_index, INT64_MAX), axis=0)
-            w_c = tl.max(tl.where(trusted & (cand_index == c), cand_w, 0.0), axis=0)
     rounds = tl.zeros([], tl.int32)
     while decided == 0:
-        extras_live = candidates_on & (rounds == 0)
-        before, row_mass, best_score, best_index, extra_before = _descent_pass(
+        before, row_mass, best_score, best_index = _descent_pass(
             x_ptr, row, stride_x, n, first, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
-            from_list, list_row, list_count, programs_per_row, cand_index, cand_key, extras_live, not LISTED, TOP_P,
-            MIN_P, LISTED, WIDTH, UNIT_T, CANDIDATES, CANDIDATES_POW2)
+            from_list, list_row, list_count, programs_per_row, not LISTED, TOP_P, MIN_P, LISTED, WIDTH, UNIT_T)
         slot = (rounds % 2) * slot_stride
-        if CANDIDATES > 1:
-            if TOP_P:
-                if extras_live:
-                    tl.store(part_before_ptr + (DESCENT_EXTRA_BEFORE_SLOT + e_lanes) * slot_stride + pid,
-                             extra_before, mask=e_lanes < CANDIDATES)
         if TOP_P:
             tl.store(part_before_ptr + slot + pid, before)
             if not LISTED:
@@ -2758,19 +2640,6 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
         decided, token, c, key_c, w_c = _descent_round(
             part_before_ptr + slot, part_score_ptr + slot_stride + slot, part_index_ptr + slot_stride + slot, parts,
             racing, total, token, c, key_c, w_c, x_ptr, row, stride_x, m, inv_t, p, mp, TOP_P, UNIT_T, ".cg")
-        if CANDIDATES > 1:
-            if extras_live & decided:
-                befores = tl.zeros([CANDIDATES_POW2], tl.int64)
-                if TOP_P:
-                    places = (DESCENT_EXTRA_BEFORE_SLOT + e_lanes[:, None]) * slot_stride + parts[None, :]
-                    befores = tl.sum(tl.load(part_before_ptr + places, mask=(e_lanes[:, None] < CANDIDATES)
-                                             & racing[None, :], other=0, cache_modifier=".cg"), axis=1)
-                # (``_descent_accepts`` of each; a vector and a scalar condition meet in a where:
-                # Triton's interpreter cannot AND them)
-                kept = trusted & tl.where(p >= 1.0, True, befores < _top_p_target(p, total)) & (cand_w >= mp)
-                first_kept = tl.min(tl.where(kept, e_lanes, CANDIDATES_POW2), axis=0)
-                token = tl.where(first_kept < CANDIDATES_POW2,
-                                 tl.sum(tl.where(e_lanes == first_kept, cand_index, 0), axis=0), token)
         rounds += 1
     if prog == 0:
         tl.store(token_ptr + row, token)
@@ -2789,8 +2658,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                    PRELIST_BINS: tl.constexpr = 0,
                    BINS_PER_NAT: tl.constexpr = 4.0, FINISH_WIDTH: tl.constexpr = 0, LOOP: tl.constexpr = False,
                    PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
-                   RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False,
-                   CANDIDATES: tl.constexpr = 1, CANDIDATES_POW2: tl.constexpr = 1):
+                   RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
     0, a round 1 .. R, or with FINAL the row's token.
 
@@ -2824,9 +2692,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     names instead of its row, and round 0 reads 24 bytes of partials per program and writes 4
     bytes per row. With LOOP each round after round 0 reads the row (or list) share again and
     the row's partials (20 bytes a program), and makes two atomics per program on the counter
-    (and one per poll while it waits). With CANDIDATES > 1 a listed row's round 0 writes 12
-    bytes more per program and candidate and 4 for the bound; the loop reads them, and its
-    first round writes and reads 8 bytes more per program and candidate.
+    (and one per poll while it waits).
 
     Args:
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
@@ -2869,11 +2735,6 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         PREFETCH: round 0 loads each segment before working on the previous one.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: programmatic dependent launches (``race_kernel``).
         UNIT_T: temperature is the scalar 1 or 0 (``_logits_from``).
-        CANDIDATES, CANDIDATES_POW2: with LISTED and LOOP, the entries of a listed row's race
-            order that round 0 stores and the loop's first round tests at once (``_descent_loop``;
-            1: the winner alone), and their next power of two. part_score_ptr and part_index_ptr
-            then hold DESCENT_EXTRA_SLOT + CANDIDATES slots, part_before_ptr
-            DESCENT_EXTRA_BEFORE_SLOT + CANDIDATES.
     """
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
@@ -2912,10 +2773,10 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 tl.store(list_rows_ptr + row, from_list.to(tl.int32))
         if from_list:
             if prog < list_segments:
-                _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, pid, slot_stride,
-                                   temperature, seed, seed_stride, offset, offset_stride, list_row, list_count,
-                                   list_segments, prog, programs_per_row, T_ROW, SEED_TENSOR, OFFSET_TENSOR, WIDTH,
-                                   SEGMENTS_PER_PROGRAM, CANDIDATES, UNIT_T)
+                _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, pid, temperature, seed,
+                                   seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
+                                   programs_per_row, T_ROW, SEED_TENSOR, OFFSET_TENSOR, WIDTH,
+                                   SEGMENTS_PER_PROGRAM, UNIT_T)
         else:
             # (no plan: part_score_ptr stands in for the race program's unused plan_ptr)
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
@@ -2931,7 +2792,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                           part_score_ptr, part_index_ptr, token_ptr, counter_ptr, programs_per_row, slot_stride,
                           parts_per_row, racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list,
                           list_row, list_count, list_segments, TOP_P, MIN_P, LISTED, WIDTH, SEGMENTS_PER_PROGRAM,
-                          PARTS_POW2, MAXIMA_POW2, UNIT_T, CANDIDATES, CANDIDATES_POW2)
+                          PARTS_POW2, MAXIMA_POW2, UNIT_T)
         elif FINAL:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
@@ -2942,10 +2803,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             FINISH: tl.constexpr = FINISH_WIDTH if FINISH_WIDTH > 0 else WIDTH
             segments = tl.where(from_list, tl.cdiv(list_count, FINISH), tl.cdiv(n, FINISH))
             while decided == 0:
-                before, unused, best_score, best_index, no_extras = _descent_pass(
+                before, unused, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, 0, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
-                    from_list, list_row, list_count, 1, tl.zeros([1], tl.int64), tl.zeros([1], tl.int32), False,
-                    False, TOP_P, MIN_P, LISTED, FINISH, UNIT_T, 1, 1)
+                    from_list, list_row, list_count, 1, False, TOP_P, MIN_P, LISTED, FINISH, UNIT_T)
                 decided, token, c, key_c, w_c = _descent_next(before, total, best_score, best_index, token, c,
                                                               key_c, w_c, x_ptr, row, stride_x, m, inv_t, p, mp,
                                                               UNIT_T)
@@ -2958,11 +2818,10 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             if decided == 0:
                 first, segments = _descent_share(prog, n, from_list, list_segments, programs_per_row, WIDTH,
                                                  SEGMENTS_PER_PROGRAM)
-                before, row_mass, best_score, best_index, no_extras = _descent_pass(
+                before, row_mass, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, first, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
-                    from_list, list_row, list_count, programs_per_row, tl.zeros([1], tl.int64),
-                    tl.zeros([1], tl.int32), False, (ROUND == 1) and not LISTED, TOP_P, MIN_P, LISTED, WIDTH,
-                    UNIT_T, 1, 1)
+                    from_list, list_row, list_count, programs_per_row, (ROUND == 1) and not LISTED, TOP_P, MIN_P,
+                    LISTED, WIDTH, UNIT_T)
                 slot = ROUND * slot_stride + pid
                 if TOP_P:
                     tl.store(part_before_ptr + slot - slot_stride, before)
