@@ -13,7 +13,7 @@ TIMED_OFFSETS (different draws), reported as means over them. 151936 logits, gpu
 inputs (peaked; flat), one row and 64, float32 and bfloat16. Writes OUT_DIR/sampling-descent.json.
 QUICK=1: 8 offsets in the check, two timed, and only the pipeline and the default descent (in
 the check too). ONLY_CASES="0,1" (indices into CASES) and ONLY_FILTERS="top-p 0.9,min-p 0.05"
-narrow the run; LISTED=1, FINISH=1, LOOP=1 or FORMS=1 check and time other launch choices instead (see
+narrow the run; LISTED=1, FINISH=1, LOOP=1, FORMS=1 or RACE_IN_LOOP=1 check and time other launch choices instead (see
 VARIANTS); ROWS="2,8,32" replaces the cases with those batch sizes (float32 and bfloat16 peaked,
 float32 flat), TIMED="0,3,4" the timed offsets. Before
 anything is timed, the calls are compiled into Triton's cache by one process per plan (rows,
@@ -73,7 +73,8 @@ CHECKED = ({},) if QUICK else (dict(rounds=1, loop=False), dict(rounds=2, loop=F
 #: descent as ``sample`` takes it (over the row up to 16 rows, from the pre-list from 17) with its
 #: finishing program's segments of 1024 (the rounds'), 2048 and 4096 tokens; LOOP=1 the same with
 #: its rounds after round 0 as launches and in one launch (``loop=True``); FORMS=1 the descent
-#: over the row in launches and in the loop, and the loop from the pre-list.
+#: over the row in launches and in the loop, and the loop from the pre-list; RACE_IN_LOOP=1 the
+#: loop from the pre-list with round 0 in a launch of its own and in the loop's launch.
 MODES = {
     "LISTED": {"listed": dict(listed=True), "listed grid": dict(listed=True, descent_programs_per_row=0)},
     "FINISH": {"finish 1024": dict(finish_width=0, loop=False), "finish 2048": dict(finish_width=2048, loop=False),
@@ -81,6 +82,8 @@ MODES = {
     "LOOP": {"launches": dict(loop=False), "loop": dict(loop=True)},
     "FORMS": {"row": dict(listed=False, loop=False), "row loop": dict(listed=False, loop=True),
               "listed loop": dict(listed=True, loop=True)},
+    "RACE_IN_LOOP": {"listed loop": dict(listed=True, loop=True, race_in_loop=False),
+                     "race in loop": dict(listed=True, loop=True, race_in_loop=True)},
 }
 VARIANTS = next((variants for mode, variants in MODES.items() if os.environ.get(mode) == "1"), None)
 if VARIANTS:

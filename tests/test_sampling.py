@@ -856,7 +856,7 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     (-1), ties (rows of whole numbers), a flat row whose list gives up (it descends in its row);
     bfloat16; 1 and 3 rounds, one and three programs per row; the finishing program's passes
     in segments of 64 (the rounds') and 128 as well as the default; the rounds in one launch
-    (``loop``, one program per row). Both kinds of row are checked to occur. Segments of 64
+    (``loop``, one program per row), with round 0 in it too (``race_in_loop``). Both kinds of row are checked to occur. Segments of 64
     tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
@@ -899,6 +899,15 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
             got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **launch)
             assert torch.equal(got, want), (t, p, mp, launch, got, want)
             assert want[2].item() == -1
+        # round 0 in the loop's launch (``race_in_loop``)
+        in_loop = dict(programs_per_row=1, descent_programs_per_row=1, loop=True, race_in_loop=True)
+        for (t, p, mp, seed, offset), want in zip(configs[::2], wants[::2]):
+            got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **in_loop)
+            assert torch.equal(got, want), (t, p, mp, "race_in_loop", got, want)
+        assert torch.equal(ops.sample_descent_rows(xs_16, 1.0, 0.9, None, seeds, offsets, listed=True, **in_loop),
+                           want_16)
+        with pytest.raises(ValueError, match="race_in_loop=True needs the listed descent's loop"):
+            ops.sample_descent_rows(xs, 1.0, 0.9, listed=True, loop=False, race_in_loop=True)
         assert wants[1][4].item() == -1 and wants[3][5].item() == -1
         # (row 3 is flat; row 0 descends in its list under every filter)
         assert all(rows[3].item() == 0 and rows[0].item() == 1 for rows in listed_rows), listed_rows
@@ -1953,7 +1962,7 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
     # top-p and min-p by descent against the pipeline at 151936 logits, 16 draws per row (the
     # later rounds and the finishing loop are taken: top-p 0.02 needs many steps), peaked and
     # flat rows, NaN, a row without a finite logit; the rounds in one launch as well (``loop``: a
-    # row's programs wait for one another); then, with DESCENT_SAMPLES, treefold.sample
+    # row's programs wait for one another), from the pre-list also with round 0 in it; then, with DESCENT_SAMPLES, treefold.sample
     # sends a scalar top-p to it, eager, prepared (the second call of a kind) and compiled, with
     # the same tokens (over the row at one row, from the pre-list at 24 and 64)
     x = qwen_like_logits(rows, 5).to(dtype)
@@ -1964,12 +1973,15 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
     seeds = torch.arange(rows, device="cuda") * 7919 + 3
     temps = torch.linspace(0.3, 1.5, rows, device="cuda")
     mps = torch.linspace(0.01, 0.5, rows, device="cuda")
+    launches = [dict(rounds=1, loop=False), dict(rounds=2, loop=False), dict(loop=True)]
+    if rows >= ops.DESCENT_LISTED_MIN_ROWS:
+        launches.append(dict(loop=True, race_in_loop=True))  # (round 0 in the loop's launch)
     for logits in (x, flat):
         for t, p, mp in ((1.0, 0.9, None), (0.7, 0.5, None), (1.0, None, 0.05), (1.0, 0.9, 0.05),
                          (temps, 0.95, None), (1.0, None, mps), (1.0, 0.02, None)):
             for offset in range(16):
                 want = ops.sample_rows(logits, t, None, p, mp, seeds, offset)
-                for launch in (dict(rounds=1, loop=False), dict(rounds=2, loop=False), dict(loop=True)):
+                for launch in launches:
                     got = ops.sample_descent_rows(logits, t, p, mp, seeds, offset, **launch)
                     assert torch.equal(got, want), (p, mp, offset, launch)
     taken = []

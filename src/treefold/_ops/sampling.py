@@ -957,13 +957,20 @@ DESCENT_LOOP = True
 #: The loop launch's programs that fit an SM at once: 168 registers per thread at 4 warps (offline,
 #: sm_90) leave room for 3 (65536 registers per SM).
 DESCENT_LOOP_PROGRAMS_PER_SM = 3
+#: ``sample_descent_rows``' launch choice ``race_in_loop``: the listed descent's loop launch runs
+#: round 0 as well (``descent_kernel``'s LOOP_RACES): each program races its share of the list
+#: (or of a row without one), the row's racing programs meet on its arrival counter, and the
+#: loop follows. The call is then three launches, and a row waits on its own programs instead of
+#: on every program of round 0's launch.
+DESCENT_LOOP_RACES = False
 
 
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
                         rounds: Optional[int] = None, programs_per_row: Optional[int] = None,
                         prefetch: Optional[bool] = None, listed: Optional[bool] = None,
                         descent_programs_per_row: Optional[int] = None, finish_width: Optional[int] = None,
-                        loop: Optional[bool] = None, prepare_key=None) -> torch.Tensor:
+                        loop: Optional[bool] = None, race_in_loop: Optional[bool] = None,
+                        prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits x [rows, n] sampled under top-p and min-p (no top-k):
     the tokens ``sample_rows(x, temperature, None, top_p, min_p, seed, offset)`` gives, by
     descent (``kernels.descent_kernel``): a race over the row, then ``rounds`` (default
@@ -978,7 +985,8 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     rounds'). ``loop`` (default: DESCENT_LOOP's rule): the rounds after round 0 in one launch
     instead (``rounds`` and ``finish_width`` then unused; the programs of a row wait for one
     another, so all must fit at once, and Triton's interpreter, running them one after another,
-    allows one per row).
+    allows one per row). ``race_in_loop`` (default DESCENT_LOOP_RACES; with ``listed`` and the
+    loop only): round 0 in the loop's launch too.
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
@@ -1005,6 +1013,10 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     else:
         g = g_rows = race_plan(rows, n, x.dtype, dev, False, programs_per_row, prefetch)
     loop = _descent_loops(loop, rows, g, listed, dev)
+    if race_in_loop and not (loop and listed):
+        raise ValueError("sample_descent_rows: race_in_loop=True needs the listed descent's loop "
+                         f"(listed={listed}, loop={loop})")
+    race_in_loop = DESCENT_LOOP_RACES and loop and listed if race_in_loop is None else race_in_loop
     c = _common(x, temperature, None, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags_without_k"]
@@ -1032,14 +1044,15 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         prelist = prelist_count = part_listed = part_valid = list_rows = counter = part_total
         if loop:
             counter = run.buffer("counter", rows, torch.int64, dev)  # (cleared by round 0)
-    for r in (0, 1) if loop else range(rounds + 2):
+    for r in ((1,) if race_in_loop else (0, 1)) if loop else range(rounds + 2):
         final = r == rounds + 1 and not loop
         run(_DESCENT,
             (rows if final else grid,), x, n, x.stride(0), part_max, part_total, part_before, part_score,
             part_index, out, g.programs_per_row, grid, g_rows.programs_per_row, t, p, mp, filters, s, s_stride, o,
             o_stride,
             prelist, prelist_stride, prelist_count, part_listed, part_valid, list_rows, counter,
-            ROUND=rounds if final else r, LOOP=loop, FINAL=final, **flags, TOP_P=top_p is not None,
+            ROUND=rounds if final else r, LOOP=loop, LOOP_RACES=race_in_loop, FINAL=final, **flags,
+            TOP_P=top_p is not None,
             MIN_P=min_p is not None,
             WIDTH=g.width,
             SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, MAXIMA_POW2=g_rows.parts_pow2,

@@ -2428,7 +2428,7 @@ def _descent_round(before_ptr, score_ptr, index_ptr, parts, live, total, token, 
 def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                     part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs,
                     parts_per_row, ROUNDS_DONE: tl.constexpr, TOP_P: tl.constexpr, PARTS_POW2: tl.constexpr,
-                    MAXIMA_POW2: tl.constexpr, UNIT_T: tl.constexpr):
+                    MAXIMA_POW2: tl.constexpr, UNIT_T: tl.constexpr, CACHE: tl.constexpr = ""):
     """A row's descent from the partials of round 0 and of rounds 1 .. ROUNDS_DONE, as every
     program of every later launch sees it (the same loads and reductions: the same decisions):
     (maximum, row mass, decided, token, candidate, its key, its weight). Each round's step is
@@ -2438,7 +2438,8 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
     and the masses before are 0; p is 1). The races and masses before are read from the row's
     first ``racing_programs`` programs (a row that descends in its list: those with a share of
     it), the maxima and row masses from all ``parts_per_row`` partials of theirs (MAXIMA_POW2 >=
-    parts_per_row)."""
+    parts_per_row). CACHE: the cache modifier of round 0's winners (".cg" where round 0 ran in
+    the same launch)."""
     q = tl.arange(0, PARTS_POW2)
     live = q < racing_programs
     parts = row * programs_per_row + q
@@ -2446,8 +2447,8 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
     every = q_all < parts_per_row
     every_part = row * parts_per_row + q_all
     m = tl.max(tl.load(part_max_ptr + every_part, mask=every, other=float("-inf")), axis=0)
-    score, c = _winner(tl.load(part_score_ptr + parts, mask=live, other=float("-inf")),
-                       tl.load(part_index_ptr + parts, mask=live, other=INT64_MAX), INT64_MAX)
+    score, c = _winner(tl.load(part_score_ptr + parts, mask=live, other=float("-inf"), cache_modifier=CACHE),
+                       tl.load(part_index_ptr + parts, mask=live, other=INT64_MAX, cache_modifier=CACHE), INT64_MAX)
     decided = (valid == 0) | (score == float("-inf"))
     token = tl.full([], -1, tl.int64)
     c = tl.where(decided, 0, c)
@@ -2597,7 +2598,7 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
                   racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list, list_row, list_count,
                   list_segments, TOP_P: tl.constexpr, MIN_P: tl.constexpr, LISTED: tl.constexpr, WIDTH: tl.constexpr,
                   SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr,
-                  UNIT_T: tl.constexpr):
+                  UNIT_T: tl.constexpr, RACED_HERE: tl.constexpr):
     """Every round after round 0 in one launch: the row's racing programs pass over their shares
     for the candidate, write their partials, meet on the row's arrival counter (``arrive``,
     ``wait_for_arrivals``: the count reaches racing_programs times the rounds done) and read
@@ -2606,11 +2607,12 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
     it, where the launches' form leaves it to one. The partials of two rounds alternate in slots
     0 and 1 (scores and indices in 1 and 2, after round 0's): a program writes round k + 2's only
     after every program has arrived at round k + 1, so after it read round k's. Program 0
-    writes the token."""
+    writes the token. RACED_HERE: round 0 ran in this launch (``descent_kernel``'s LOOP_RACES),
+    its racing programs counted once on the counter already, and its winners are read past L1."""
     m, total, decided, token, c, key_c, w_c = _descent_replay(
         x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr, part_index_ptr,
         programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row, 0, TOP_P, PARTS_POW2,
-        MAXIMA_POW2, UNIT_T)
+        MAXIMA_POW2, UNIT_T, ".cg" if RACED_HERE else "")
     if LISTED and TOP_P:
         total = _row_sum(part_total_ptr, row, parts_per_row, MAXIMA_POW2)  # (the histogram pass's)
     first, segments = _descent_share(prog, n, from_list, list_segments, programs_per_row, WIDTH, SEGMENTS_PER_PROGRAM)
@@ -2631,7 +2633,7 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
         tl.store(part_score_ptr + slot_stride + slot + pid, best_score)
         tl.store(part_index_ptr + slot_stride + slot + pid, best_index)
         arrived = arrive(counter_ptr, row)
-        wait_for_arrivals(counter_ptr, row, arrived, racing_programs * (rounds + 1))
+        wait_for_arrivals(counter_ptr, row, arrived, racing_programs * (rounds + 1 + RACED_HERE))
         if TOP_P:
             if not LISTED:
                 if rounds == 0:
@@ -2657,7 +2659,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                    PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr, LISTED: tl.constexpr = False,
                    PRELIST_BINS: tl.constexpr = 0,
                    BINS_PER_NAT: tl.constexpr = 4.0, FINISH_WIDTH: tl.constexpr = 0, LOOP: tl.constexpr = False,
-                   PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
+                   LOOP_RACES: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
                    RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
     0, a round 1 .. R, or with FINAL the row's token.
@@ -2732,6 +2734,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         FINISH_WIDTH: with FINAL, the finishing program's segment (0: WIDTH).
         LOOP: round 0 of a call whose rounds after it run in one launch (it clears the counters),
             or with ROUND 1 that launch (``_descent_loop``; grid rows * programs_per_row, no FINAL).
+        LOOP_RACES: with LOOP, ROUND 1 and LISTED, that launch runs round 0 too: each program
+            races its share, the row's racing programs meet on its counter, then the loop; one
+            launch boundary fewer, each row waiting on its own programs only.
         PREFETCH: round 0 loads each segment before working on the previous one.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: programmatic dependent launches (``race_kernel``).
         UNIT_T: temperature is the scalar 1 or 0 (``_logits_from``).
@@ -2747,20 +2752,13 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     list_row = prelist_ptr + row * prelist_stride
     list_count = tl.zeros([], tl.int32)
     from_list = tl.zeros([], tl.int1)
+    RACES: tl.constexpr = (ROUND == 0) or LOOP_RACES  # (this launch runs round 0)
     if LISTED:
         list_count = tl.load(prelist_count_ptr + row)
-        if ROUND > 0:
+        if not RACES:
             from_list = tl.load(list_rows_ptr + row) != 0
     list_segments = tl.cdiv(list_count, WIDTH)
-    # a listed row's partials come from its programs with a share of the list (the others, most
-    # of a peaked row's, write none and return at once in the rounds after the first)
-    racing_programs = tl.where(from_list, tl.minimum(list_segments, programs_per_row), programs_per_row)
-    if ROUND > 0:
-        if not FINAL:
-            # (in the loop a listed row's program 0 stays, to write the token of a row without a list)
-            if from_list & (prog >= list_segments) & ((prog > 0) | (not LOOP)):
-                return
-    if ROUND == 0:
+    if RACES:
         if LOOP and not LISTED:
             # (the loop's arrival counter; with LISTED the segment maxima cleared it)
             if prog == 0:
@@ -2783,16 +2781,28 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                           seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR,
                           OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T,
                           part_max_ptr, not LISTED)
-    else:
+    # a listed row's partials come from its programs with a share of the list (the others, most
+    # of a peaked row's, write none and return at once in the rounds after the first)
+    racing_programs = tl.where(from_list, tl.minimum(list_segments, programs_per_row), programs_per_row)
+    if ROUND > 0:
+        if not FINAL:
+            # (in the loop a listed row's program 0 stays, to write the token of a row without a list)
+            if from_list & (prog >= list_segments) & ((prog > 0) | (not LOOP)):
+                return
         inv_t, noise_scale, valid, k, p, mp, s, stream, o = _row_setup(
             row, n, temperature, 0, top_p, min_p, filters, seed, seed_stride, offset, offset_stride,
             T_ROW, False, P_ROW, MINP_ROW, SEED_TENSOR, OFFSET_TENSOR)
+        if LOOP_RACES:
+            # round 0 of this launch: the row's racing programs meet before reading its winners
+            if prog < racing_programs:
+                arrived = arrive(counter_ptr, row)
+                wait_for_arrivals(counter_ptr, row, arrived, racing_programs)
         if LOOP:
             _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_ptr, part_before_ptr,
                           part_score_ptr, part_index_ptr, token_ptr, counter_ptr, programs_per_row, slot_stride,
                           parts_per_row, racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list,
                           list_row, list_count, list_segments, TOP_P, MIN_P, LISTED, WIDTH, SEGMENTS_PER_PROGRAM,
-                          PARTS_POW2, MAXIMA_POW2, UNIT_T)
+                          PARTS_POW2, MAXIMA_POW2, UNIT_T, LOOP_RACES)
         elif FINAL:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
