@@ -74,7 +74,8 @@ CHECKED = ({},) if QUICK else (dict(rounds=1, loop=False), dict(rounds=2, loop=F
 #: finishing program's segments of 1024 (the rounds'), 2048 and 4096 tokens; LOOP=1 the same with
 #: its rounds after round 0 as launches and in one launch (``loop=True``); FORMS=1 the descent
 #: over the row in launches and in the loop, and the loop from the pre-list; RACE_IN_LOOP=1 the
-#: loop from the pre-list with round 0 in a launch of its own and in the loop's launch.
+#: loop from the pre-list with round 0 in a launch of its own and in the loop's launch, and there
+#: with each program's first segment of the list held (registers capped at 168 and 128).
 MODES = {
     "LISTED": {"listed": dict(listed=True), "listed grid": dict(listed=True, descent_programs_per_row=0)},
     "FINISH": {"finish 1024": dict(finish_width=0, loop=False), "finish 2048": dict(finish_width=2048, loop=False),
@@ -83,7 +84,9 @@ MODES = {
     "FORMS": {"row": dict(listed=False, loop=False), "row loop": dict(listed=False, loop=True),
               "listed loop": dict(listed=True, loop=True)},
     "RACE_IN_LOOP": {"listed loop": dict(listed=True, loop=True, race_in_loop=False),
-                     "race in loop": dict(listed=True, loop=True, race_in_loop=True)},
+                     "race in loop": dict(listed=True, loop=True, race_in_loop=True),
+                     "held 168": dict(listed=True, loop=True, race_in_loop=True, hold_share=True),
+                     "held 128": dict(listed=True, loop=True, race_in_loop=True, hold_share=True, max_registers=128)},
 }
 VARIANTS = next((variants for mode, variants in MODES.items() if os.environ.get(mode) == "1"), None)
 if VARIANTS:

@@ -856,7 +856,8 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     (-1), ties (rows of whole numbers), a flat row whose list gives up (it descends in its row);
     bfloat16; 1 and 3 rounds, one and three programs per row; the finishing program's passes
     in segments of 64 (the rounds') and 128 as well as the default; the rounds in one launch
-    (``loop``, one program per row), with round 0 in it too (``race_in_loop``). Both kinds of row are checked to occur. Segments of 64
+    (``loop``, one program per row), with round 0 in it too (``race_in_loop``) and the list's
+    first segment held through it (``hold_share``). Both kinds of row are checked to occur. Segments of 64
     tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
@@ -899,15 +900,21 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
             got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **launch)
             assert torch.equal(got, want), (t, p, mp, launch, got, want)
             assert want[2].item() == -1
-        # round 0 in the loop's launch (``race_in_loop``)
+        # round 0 in the loop's launch (``race_in_loop``), and with the first segment of the list
+        # held through the loop (``hold_share``: one program per row holds the first of its
+        # segments and loads the rest in each pass)
         in_loop = dict(programs_per_row=1, descent_programs_per_row=1, loop=True, race_in_loop=True)
-        for (t, p, mp, seed, offset), want in zip(configs[::2], wants[::2]):
-            got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **in_loop)
-            assert torch.equal(got, want), (t, p, mp, "race_in_loop", got, want)
-        assert torch.equal(ops.sample_descent_rows(xs_16, 1.0, 0.9, None, seeds, offsets, listed=True, **in_loop),
+        held = dict(in_loop, hold_share=True)
+        for i, ((t, p, mp, seed, offset), want) in enumerate(zip(configs, wants)):
+            launch = held if i % 2 else in_loop
+            got = ops.sample_descent_rows(xs, t, p, mp, seed, offset, listed=True, **launch)
+            assert torch.equal(got, want), (t, p, mp, launch, got, want)
+        assert torch.equal(ops.sample_descent_rows(xs_16, 1.0, 0.9, None, seeds, offsets, listed=True, **held),
                            want_16)
         with pytest.raises(ValueError, match="race_in_loop=True needs the listed descent's loop"):
             ops.sample_descent_rows(xs, 1.0, 0.9, listed=True, loop=False, race_in_loop=True)
+        with pytest.raises(ValueError, match="hold_share=True needs round 0 in the loop"):
+            ops.sample_descent_rows(xs, 1.0, 0.9, listed=True, **dict(held, race_in_loop=False))
         assert wants[1][4].item() == -1 and wants[3][5].item() == -1
         # (row 3 is flat; row 0 descends in its list under every filter)
         assert all(rows[3].item() == 0 and rows[0].item() == 1 for rows in listed_rows), listed_rows
@@ -1975,7 +1982,8 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
     mps = torch.linspace(0.01, 0.5, rows, device="cuda")
     launches = [dict(rounds=1, loop=False), dict(rounds=2, loop=False), dict(loop=True)]
     if rows >= ops.DESCENT_LISTED_MIN_ROWS:
-        launches.append(dict(loop=True, race_in_loop=True))  # (round 0 in the loop's launch)
+        # (round 0 in the loop's launch; and the first segment of a program's list held through it)
+        launches += [dict(loop=True, race_in_loop=True), dict(loop=True, race_in_loop=True, hold_share=True)]
     for logits in (x, flat):
         for t, p, mp in ((1.0, 0.9, None), (0.7, 0.5, None), (1.0, None, 0.05), (1.0, 0.9, 0.05),
                          (temps, 0.95, None), (1.0, None, mps), (1.0, 0.02, None)):

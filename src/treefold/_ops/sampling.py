@@ -20,7 +20,8 @@ import torch
 from .. import backend, order
 from ..kernels import sampling as kernels
 from ..reference import sampling as reference
-from .launch import Launcher, PreparedPipeline, dependent_launch, int_type_key, register_cap
+from .launch import (Launcher, PreparedPipeline, check_max_registers, dependent_launch, int_type_key,
+                     register_cap)
 
 #: Longest row the kernels take.
 MAX_ROW = 1 << 20
@@ -963,6 +964,16 @@ DESCENT_LOOP_PROGRAMS_PER_SM = 3
 #: loop follows. The call is then three launches, and a row waits on its own programs instead of
 #: on every program of round 0's launch.
 DESCENT_LOOP_RACES = False
+#: ``sample_descent_rows``' launch choice ``hold_share`` (with ``race_in_loop``): each program of
+#: a listed row holds its first segment of the list (token indices and logits) from round 0
+#: through the loop's passes, where a pass would load the list's indices and then the logits they
+#: name again (``descent_kernel``'s LOOP_HOLDS). At 64 rows of 151936 a peaked row's list is about
+#: six segments, one per program, so its passes load nothing but the partials and the candidate.
+DESCENT_LOOP_HOLDS = False
+#: Registers per thread the loop's launch may take with ``hold_share`` (Triton's ``maxnreg``): the
+#: held segment takes it from 168 to 233 (offline, sm_90), 2 programs of 4 warps per SM instead of
+#: 3; capped at 168 it spills 8 bytes.
+DESCENT_LOOP_HOLD_MAX_REGISTERS = 168
 
 
 def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, seed=0, offset=0, *,
@@ -970,6 +981,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
                         prefetch: Optional[bool] = None, listed: Optional[bool] = None,
                         descent_programs_per_row: Optional[int] = None, finish_width: Optional[int] = None,
                         loop: Optional[bool] = None, race_in_loop: Optional[bool] = None,
+                        hold_share: Optional[bool] = None, max_registers: Optional[int] = None,
                         prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits x [rows, n] sampled under top-p and min-p (no top-k):
     the tokens ``sample_rows(x, temperature, None, top_p, min_p, seed, offset)`` gives, by
@@ -986,7 +998,10 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     instead (``rounds`` and ``finish_width`` then unused; the programs of a row wait for one
     another, so all must fit at once, and Triton's interpreter, running them one after another,
     allows one per row). ``race_in_loop`` (default DESCENT_LOOP_RACES; with ``listed`` and the
-    loop only): round 0 in the loop's launch too.
+    loop only): round 0 in the loop's launch too; ``hold_share`` (default DESCENT_LOOP_HOLDS; with
+    ``race_in_loop`` only): a listed row's programs hold their first segment of the list through it.
+    ``max_registers``: a cap on the loop launch's registers per thread (default: with
+    ``hold_share`` DESCENT_LOOP_HOLD_MAX_REGISTERS, else none).
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
@@ -1017,6 +1032,12 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         raise ValueError("sample_descent_rows: race_in_loop=True needs the listed descent's loop "
                          f"(listed={listed}, loop={loop})")
     race_in_loop = DESCENT_LOOP_RACES and loop and listed if race_in_loop is None else race_in_loop
+    if hold_share and not race_in_loop:
+        raise ValueError("sample_descent_rows: hold_share=True needs round 0 in the loop (race_in_loop)")
+    hold_share = DESCENT_LOOP_HOLDS and race_in_loop if hold_share is None else hold_share
+    check_max_registers("sample_descent_rows", max_registers)
+    if max_registers is None and hold_share:
+        max_registers = DESCENT_LOOP_HOLD_MAX_REGISTERS
     c = _common(x, temperature, None, top_p, min_p, seed, offset)
     t, _, p, mp, filters, s, s_stride, o, o_stride = c["args"]
     flags = c["flags_without_k"]
@@ -1051,7 +1072,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
             part_index, out, g.programs_per_row, grid, g_rows.programs_per_row, t, p, mp, filters, s, s_stride, o,
             o_stride,
             prelist, prelist_stride, prelist_count, part_listed, part_valid, list_rows, counter,
-            ROUND=rounds if final else r, LOOP=loop, LOOP_RACES=race_in_loop, FINAL=final, **flags,
+            ROUND=rounds if final else r, LOOP=loop, LOOP_RACES=race_in_loop, LOOP_HOLDS=hold_share, FINAL=final, **flags,
             TOP_P=top_p is not None,
             MIN_P=min_p is not None,
             WIDTH=g.width,
@@ -1059,6 +1080,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
             LISTED=listed, PRELIST_BINS=PRELIST_BINS if listed else 0, BINS_PER_NAT=BINS_PER_NAT,
             FINISH_WIDTH=finish_width if final else 0, PREFETCH=g.prefetch and r == 0 and not listed,
             UNIT_T=c["unit_t"], num_warps=DESCENT_FINISH_WARPS if final else g.num_warps,
+            **register_cap(max_registers if loop and r == 1 else None),
             **(last if final or (loop and r == 1) else middle if r > 0 or listed else first))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out

@@ -2468,10 +2468,28 @@ def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_bef
 
 
 @triton.jit
+def _descent_segment(x_ptr, row, stride_x, n, start, list_segment, from_list, list_row, list_count,
+                     LISTED: tl.constexpr, WIDTH: tl.constexpr):
+    """A segment of a descent's pass: (columns, which lanes hold a token, loaded logits) of the
+    row's columns from ``start``, or with LISTED in a row whose ``from_list`` is true, of its
+    pre-list's segment ``list_segment``."""
+    lanes = tl.arange(0, WIDTH)
+    cols = start + lanes
+    live = cols < n
+    if LISTED:
+        if from_list:
+            places = list_segment * WIDTH + lanes
+            live = places < list_count
+            cols = tl.load(list_row + places, mask=live, other=0)
+    return cols, live, tl.load(x_ptr + row * stride_x + cols, mask=live, other=0.0)
+
+
+@triton.jit
 def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m, inv_t, mp, noise_scale,
                   s, stream, o, from_list, list_row, list_count, list_step,
                   TOTAL: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
-                  LISTED: tl.constexpr, WIDTH: tl.constexpr, UNIT_T: tl.constexpr):
+                  LISTED: tl.constexpr, WIDTH: tl.constexpr, UNIT_T: tl.constexpr,
+                  held_cols=None, held_raw=None, held_live=None, HELD: tl.constexpr = False):
     """One candidate's pass over ``segments`` segments of a row from ``first_segment``: with
     TOP_P (top-p may be on) the fixed-point mass of the finite tokens before c in the composite
     order and, with TOTAL, the row's mass (else both 0: min-p alone needs neither), and the race
@@ -2483,7 +2501,8 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
     (``list_row``, ``list_count`` tokens): the segments are the list's, first_segment,
     first_segment + list_step, ..., and each token's noise is drawn for its own index. The list
     holds a prefix of the composite order that holds K, so every candidate and every token
-    before it is on it."""
+    before it is on it. With HELD, the list's first segment of the program is ``held_cols``,
+    ``held_raw`` (loaded logits) and ``held_live`` (``_held_share``), not loaded again."""
     lanes = tl.arange(0, WIDTH)
     lane_before = tl.zeros([WIDTH], tl.int64)
     lane_total = tl.zeros([WIDTH], tl.int64)
@@ -2492,14 +2511,16 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
     j = tl.full([], 0, tl.int32)
     while j < segments:  # (a bound the interpreter cannot take as a range)
         start = (first_segment + j) * WIDTH
-        cols = start + lanes
-        live = cols < n
-        if LISTED:
-            if from_list:
-                places = (first_segment + j * list_step) * WIDTH + lanes
-                live = places < list_count
-                cols = tl.load(list_row + places, mask=live, other=0)
-        x, finite, y = _logits_at(x_ptr, row, stride_x, cols, live, inv_t, UNIT_T)
+        if HELD:
+            if from_list & (j == 0):
+                cols, live, raw = held_cols, held_live, held_raw
+            else:
+                cols, live, raw = _descent_segment(x_ptr, row, stride_x, n, start, first_segment + j * list_step,
+                                                   from_list, list_row, list_count, LISTED, WIDTH)
+        else:
+            cols, live, raw = _descent_segment(x_ptr, row, stride_x, n, start, first_segment + j * list_step,
+                                               from_list, list_row, list_count, LISTED, WIDTH)
+        x, finite, y = _logits_from(raw, live, inv_t, UNIT_T)
         if MIN_P:
             w, w_fixed = _fixed_mass(y, m, finite)
         else:
@@ -2556,11 +2577,12 @@ def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, 
                        seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
                        programs_per_row, T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr,
                        OFFSET_TENSOR: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                       UNIT_T: tl.constexpr):
+                       UNIT_T: tl.constexpr, held_cols=None, held_raw=None, held_live=None,
+                       HELD: tl.constexpr = False):
     """Round 0 of a row that descends in its pre-list: the race among the list's finite tokens
     in the program's share of the list's segments (j * programs_per_row + prog in step j), each
     token's noise drawn for its own index; the winner stored at ``pid`` ((-inf, n) for a
-    program with no share)."""
+    program with no share). HELD: the first segment is held (``_descent_pass``)."""
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
     lanes = tl.arange(0, WIDTH)
@@ -2569,10 +2591,16 @@ def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, 
     for j in range(SEGMENTS_PER_PROGRAM):
         g = j * programs_per_row + prog
         if g < list_segments:
-            places = g * WIDTH + lanes
-            live = places < list_count
-            cols = tl.load(list_row + places, mask=live, other=0)
-            x, finite, y = _logits_at(x_ptr, row, stride_x, cols, live, inv_t, UNIT_T)
+            if HELD:
+                if j == 0:
+                    cols, live, raw = held_cols, held_live, held_raw
+                else:
+                    cols, live, raw = _descent_segment(x_ptr, row, stride_x, n, 0, g, True, list_row, list_count,
+                                                       True, WIDTH)
+            else:
+                cols, live, raw = _descent_segment(x_ptr, row, stride_x, n, 0, g, True, list_row, list_count, True,
+                                                   WIDTH)
+            x, finite, y = _logits_from(raw, live, inv_t, UNIT_T)
             score = y + noise_scale * _noise_at(cols.to(tl.int64), s, stream, o)
             lane_score, lane_index = _race_lanes_any_order(lane_score, lane_index, finite, score, cols)
     _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
@@ -2593,12 +2621,31 @@ def _descent_share(prog, n, from_list, list_segments, programs_per_row, WIDTH: t
 
 
 @triton.jit
+def _held_share(x_ptr, row, stride_x, list_row, list_count, prog, from_list, WIDTH: tl.constexpr,
+                HOLD: tl.constexpr):
+    """With HOLD, a listed row's program's first segment of its list (segment ``prog``: its first
+    in round 0 and in every pass, ``_descent_share``): (token indices, loaded logits, which lanes
+    are on the list), all off in a row that does not descend in its list; else unused scalars."""
+    if HOLD:
+        places = prog * WIDTH + tl.arange(0, WIDTH)
+        live = places < tl.where(from_list, list_count, 0)
+        cols = tl.load(list_row + places, mask=live, other=0)
+        raw = tl.load(x_ptr + row * stride_x + cols, mask=live, other=0.0)
+    else:
+        cols = tl.zeros([], tl.int32)
+        raw = tl.zeros([], tl.float32)
+        live = tl.zeros([], tl.int1)
+    return cols, raw, live
+
+
+@triton.jit
 def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                   part_index_ptr, token_ptr, counter_ptr, programs_per_row, slot_stride, parts_per_row,
                   racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list, list_row, list_count,
                   list_segments, TOP_P: tl.constexpr, MIN_P: tl.constexpr, LISTED: tl.constexpr, WIDTH: tl.constexpr,
                   SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr,
-                  UNIT_T: tl.constexpr, RACED_HERE: tl.constexpr):
+                  UNIT_T: tl.constexpr, RACED_HERE: tl.constexpr, held_cols, held_raw, held_live,
+                  HELD: tl.constexpr):
     """Every round after round 0 in one launch: the row's racing programs pass over their shares
     for the candidate, write their partials, meet on the row's arrival counter (``arrive``,
     ``wait_for_arrivals``: the count reaches racing_programs times the rounds done) and read
@@ -2608,7 +2655,8 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
     0 and 1 (scores and indices in 1 and 2, after round 0's): a program writes round k + 2's only
     after every program has arrived at round k + 1, so after it read round k's. Program 0
     writes the token. RACED_HERE: round 0 ran in this launch (``descent_kernel``'s LOOP_RACES),
-    its racing programs counted once on the counter already, and its winners are read past L1."""
+    its racing programs counted once on the counter already, and its winners are read past L1.
+    HELD: the program's first segment of the list is held from round 0 (``_held_share``)."""
     m, total, decided, token, c, key_c, w_c = _descent_replay(
         x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr, part_index_ptr,
         programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row, 0, TOP_P, PARTS_POW2,
@@ -2623,7 +2671,8 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
     while decided == 0:
         before, row_mass, best_score, best_index = _descent_pass(
             x_ptr, row, stride_x, n, first, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
-            from_list, list_row, list_count, programs_per_row, not LISTED, TOP_P, MIN_P, LISTED, WIDTH, UNIT_T)
+            from_list, list_row, list_count, programs_per_row, not LISTED, TOP_P, MIN_P, LISTED, WIDTH, UNIT_T,
+            held_cols, held_raw, held_live, HELD)
         slot = (rounds % 2) * slot_stride
         if TOP_P:
             tl.store(part_before_ptr + slot + pid, before)
@@ -2659,7 +2708,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                    PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr, LISTED: tl.constexpr = False,
                    PRELIST_BINS: tl.constexpr = 0,
                    BINS_PER_NAT: tl.constexpr = 4.0, FINISH_WIDTH: tl.constexpr = 0, LOOP: tl.constexpr = False,
-                   LOOP_RACES: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
+                   LOOP_RACES: tl.constexpr = False, LOOP_HOLDS: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_FOR_PRIOR: tl.constexpr = False,
                    RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False):
     """Sampling under top-p and min-p (no top-k) by descent (see the section's comment): round
     0, a round 1 .. R, or with FINAL the row's token.
@@ -2737,6 +2786,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         LOOP_RACES: with LOOP, ROUND 1 and LISTED, that launch runs round 0 too: each program
             races its share, the row's racing programs meet on its counter, then the loop; one
             launch boundary fewer, each row waiting on its own programs only.
+        LOOP_HOLDS: with LOOP_RACES, a listed row's program holds its first segment of the list
+            (token indices and logits) from round 0 through the loop's passes instead of loading
+            it again in each (``_held_share``).
         PREFETCH: round 0 loads each segment before working on the previous one.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: programmatic dependent launches (``race_kernel``).
         UNIT_T: temperature is the scalar 1 or 0 (``_logits_from``).
@@ -2769,12 +2821,15 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                                        PRELIST_BINS, BINS_PER_NAT)
             if prog == 0:
                 tl.store(list_rows_ptr + row, from_list.to(tl.int32))
+    held_cols, held_raw, held_live = _held_share(x_ptr, row, stride_x, list_row, list_count, prog, from_list,
+                                                 WIDTH, LOOP_HOLDS)
+    if RACES:
         if from_list:
             if prog < list_segments:
                 _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, pid, temperature, seed,
                                    seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
                                    programs_per_row, T_ROW, SEED_TENSOR, OFFSET_TENSOR, WIDTH,
-                                   SEGMENTS_PER_PROGRAM, UNIT_T)
+                                   SEGMENTS_PER_PROGRAM, UNIT_T, held_cols, held_raw, held_live, LOOP_HOLDS)
         else:
             # (no plan: part_score_ptr stands in for the race program's unused plan_ptr)
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
@@ -2802,7 +2857,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                           part_score_ptr, part_index_ptr, token_ptr, counter_ptr, programs_per_row, slot_stride,
                           parts_per_row, racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list,
                           list_row, list_count, list_segments, TOP_P, MIN_P, LISTED, WIDTH, SEGMENTS_PER_PROGRAM,
-                          PARTS_POW2, MAXIMA_POW2, UNIT_T, LOOP_RACES)
+                          PARTS_POW2, MAXIMA_POW2, UNIT_T, LOOP_RACES, held_cols, held_raw, held_live, LOOP_HOLDS)
         elif FINAL:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
