@@ -1969,9 +1969,10 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
     # top-p and min-p by descent against the pipeline at 151936 logits, 16 draws per row (the
     # later rounds and the finishing loop are taken: top-p 0.02 needs many steps), peaked and
     # flat rows, NaN, a row without a finite logit; the rounds in one launch as well (``loop``: a
-    # row's programs wait for one another), from the pre-list also with round 0 in it; then, with DESCENT_SAMPLES, treefold.sample
-    # sends a scalar top-p to it, eager, prepared (the second call of a kind) and compiled, with
-    # the same tokens (over the row at one row, from the pre-list at 24 and 64)
+    # row's programs wait for one another), from the pre-list also with round 0 in it and with
+    # the list's first segments held; then, with DESCENT_SAMPLES, treefold.sample sends a scalar
+    # top-p to it, eager, prepared (the second call of a kind) and compiled, with the same tokens
+    # (over the row at one row, from the pre-list at 24 and 64)
     x = qwen_like_logits(rows, 5).to(dtype)
     x[-1, ::5] = float("nan")
     flat = qwen_like_logits(rows, 6, scale=1.0).to(dtype)
