@@ -962,14 +962,25 @@ DESCENT_LOOP_PROGRAMS_PER_SM = 3
 #: round 0 as well (``descent_kernel``'s LOOP_RACES): each program races its share of the list
 #: (or of a row without one), the row's racing programs meet on its arrival counter, and the
 #: loop follows. The call is then three launches, and a row waits on its own programs instead of
-#: on every program of round 0's launch.
-DESCENT_LOOP_RACES = False
+#: on every program of round 0's launch. H100, 151936 logits, top-p 0.9, CUDA graph after the L2
+#: flush, graph / kernel us, round 0 in a launch of its own -> in the loop's
+#: (results/h100-probe-descent-race-in-loop.txt): 64 rows float32 65.7 / 62.5 -> 63.4 / 60.3,
+#: bfloat16 53.0 / 49.3 -> 50.9 / 47.3, flat 189.8 / 186.6 -> 186.1 / 183.1; 24 rows float32
+#: 43.1 / 39.7 -> 40.1 / 36.6; 32 rows 55.3 / 51.5 -> 53.5 / 50.1.
+DESCENT_LOOP_RACES = True
 #: ``sample_descent_rows``' launch choice ``hold_share`` (with ``race_in_loop``): each program of
 #: a listed row holds its first segment of the list (token indices and logits) from round 0
 #: through the loop's passes, where a pass would load the list's indices and then the logits they
 #: name again (``descent_kernel``'s LOOP_HOLDS). At 64 rows of 151936 a peaked row's list is about
 #: six segments, one per program, so its passes load nothing but the partials and the candidate.
-DESCENT_LOOP_HOLDS = False
+#: The same run, graph / kernel us, round 0 in the loop -> held (registers capped at 168; at 128,
+#: four programs per SM, it gains less: 62.3 / 59.1 at 64 rows float32): 64 rows float32 63.4 /
+#: 60.3 -> 59.9 / 56.7, bfloat16 50.9 / 47.3 -> 48.2 / 44.9, flat 186.1 / 183.1 -> 181.1 / 178.1,
+#: standard deviation 3 (lists of about 20000 tokens) 124.8 / 121.2 -> 113.7 / 110.7 (the
+#: pipeline 124.3 / 121.0); 24 rows float32 40.1 / 36.6 -> 37.4 / 33.9, bfloat16 37.4 / 33.7 ->
+#: 34.7 / 31.0, flat 126.0 / 123.0 -> 121.5 / 119.1; 32 rows float32 53.5 / 50.1 -> 50.8 / 47.2,
+#: flat 150.3 / 147.1 -> 147.0 / 144.2.
+DESCENT_LOOP_HOLDS = True
 #: Registers per thread the loop's launch may take with ``hold_share`` (Triton's ``maxnreg``): the
 #: held segment takes it from 168 to 233 (offline, sm_90), 2 programs of 4 warps per SM instead of
 #: 3; capped at 168 it spills 8 bytes.

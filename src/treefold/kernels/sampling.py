@@ -2428,7 +2428,7 @@ def _descent_round(before_ptr, score_ptr, index_ptr, parts, live, total, token, 
 def _descent_replay(x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                     part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs,
                     parts_per_row, ROUNDS_DONE: tl.constexpr, TOP_P: tl.constexpr, PARTS_POW2: tl.constexpr,
-                    MAXIMA_POW2: tl.constexpr, UNIT_T: tl.constexpr, CACHE: tl.constexpr = ""):
+                    MAXIMA_POW2: tl.constexpr, UNIT_T: tl.constexpr, CACHE: tl.constexpr):
     """A row's descent from the partials of round 0 and of rounds 1 .. ROUNDS_DONE, as every
     program of every later launch sees it (the same loads and reductions: the same decisions):
     (maximum, row mass, decided, token, candidate, its key, its weight). Each round's step is
@@ -2489,7 +2489,7 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
                   s, stream, o, from_list, list_row, list_count, list_step,
                   TOTAL: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
                   LISTED: tl.constexpr, WIDTH: tl.constexpr, UNIT_T: tl.constexpr,
-                  held_cols=None, held_raw=None, held_live=None, HELD: tl.constexpr = False):
+                  held_cols, held_raw, held_live, HELD: tl.constexpr):
     """One candidate's pass over ``segments`` segments of a row from ``first_segment``: with
     TOP_P (top-p may be on) the fixed-point mass of the finite tokens before c in the composite
     order and, with TOTAL, the row's mass (else both 0: min-p alone needs neither), and the race
@@ -2577,8 +2577,7 @@ def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, 
                        seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
                        programs_per_row, T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr,
                        OFFSET_TENSOR: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                       UNIT_T: tl.constexpr, held_cols=None, held_raw=None, held_live=None,
-                       HELD: tl.constexpr = False):
+                       UNIT_T: tl.constexpr, held_cols, held_raw, held_live, HELD: tl.constexpr):
     """Round 0 of a row that descends in its pre-list: the race among the list's finite tokens
     in the program's share of the list's segments (j * programs_per_row + prog in step j), each
     token's noise drawn for its own index; the winner stored at ``pid`` ((-inf, n) for a
@@ -2863,7 +2862,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                 part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row,
-                ROUND, TOP_P, PARTS_POW2, MAXIMA_POW2, UNIT_T)
+                ROUND, TOP_P, PARTS_POW2, MAXIMA_POW2, UNIT_T, "")
             # (the finishing program's passes go over the row, or the list, in segments of their own
             # width: the sums are exact and the race's noise is each token's, in any segments)
             FINISH: tl.constexpr = FINISH_WIDTH if FINISH_WIDTH > 0 else WIDTH
@@ -2871,7 +2870,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             while decided == 0:
                 before, unused, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, 0, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
-                    from_list, list_row, list_count, 1, False, TOP_P, MIN_P, LISTED, FINISH, UNIT_T)
+                    from_list, list_row, list_count, 1, False, TOP_P, MIN_P, LISTED, FINISH, UNIT_T, held_cols,
+                    held_raw, held_live, False)
                 decided, token, c, key_c, w_c = _descent_next(before, total, best_score, best_index, token, c,
                                                               key_c, w_c, x_ptr, row, stride_x, m, inv_t, p, mp,
                                                               UNIT_T)
@@ -2880,14 +2880,14 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                 part_index_ptr, programs_per_row, slot_stride, valid, inv_t, p, mp, racing_programs, parts_per_row,
-                ROUND - 1, TOP_P, PARTS_POW2, MAXIMA_POW2, UNIT_T)
+                ROUND - 1, TOP_P, PARTS_POW2, MAXIMA_POW2, UNIT_T, "")
             if decided == 0:
                 first, segments = _descent_share(prog, n, from_list, list_segments, programs_per_row, WIDTH,
                                                  SEGMENTS_PER_PROGRAM)
                 before, row_mass, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, first, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
                     from_list, list_row, list_count, programs_per_row, (ROUND == 1) and not LISTED, TOP_P, MIN_P,
-                    LISTED, WIDTH, UNIT_T)
+                    LISTED, WIDTH, UNIT_T, held_cols, held_raw, held_live, False)
                 slot = ROUND * slot_stride + pid
                 if TOP_P:
                     tl.store(part_before_ptr + slot - slot_stride, before)
