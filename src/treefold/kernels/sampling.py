@@ -2743,7 +2743,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     names instead of its row, and round 0 reads 24 bytes of partials per program and writes 4
     bytes per row. With LOOP each round after round 0 reads the row (or list) share again and
     the row's partials (20 bytes a program), and makes two atomics per program on the counter
-    (and one per poll while it waits).
+    (and one per poll while it waits); with LOOP_RACES round 0 adds one arrival per racing
+    program, and with LOOP_HOLDS a program's first list segment is read once, not in each round.
 
     Args:
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
