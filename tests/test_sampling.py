@@ -857,8 +857,8 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
     bfloat16; 1 and 3 rounds, one and three programs per row; the finishing program's passes
     in segments of 64 (the rounds') and 128 as well as the default; the rounds in one launch
     (``loop``, one program per row), with round 0 in it too (``race_in_loop``) and the list's
-    first segment held through it (``hold_share``). Both kinds of row are checked to occur. Segments of 64
-    tokens."""
+    first segment held through it (``hold_share``). Both kinds of row are checked to occur.
+    Segments of 64 tokens."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     g = torch.Generator().manual_seed(41)
@@ -903,7 +903,8 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
         # round 0 in the loop's launch (``race_in_loop``), and with the first segment of the list
         # held through the loop (``hold_share``: one program per row holds the first of its
         # segments and loads the rest in each pass)
-        in_loop = dict(programs_per_row=1, descent_programs_per_row=1, loop=True, race_in_loop=True)
+        in_loop = dict(programs_per_row=1, descent_programs_per_row=1, loop=True, race_in_loop=True,
+                       hold_share=False)
         held = dict(in_loop, hold_share=True)
         for i, ((t, p, mp, seed, offset), want) in enumerate(zip(configs, wants)):
             launch = held if i % 2 else in_loop
@@ -915,6 +916,8 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
             ops.sample_descent_rows(xs, 1.0, 0.9, listed=True, loop=False, race_in_loop=True)
         with pytest.raises(ValueError, match="hold_share=True needs round 0 in the loop"):
             ops.sample_descent_rows(xs, 1.0, 0.9, listed=True, **dict(held, race_in_loop=False))
+        with pytest.raises(ValueError, match="max_registers must be None or an int"):
+            ops.sample_descent_rows(xs, 1.0, 0.9, listed=True, **dict(held, max_registers=300))
         assert wants[1][4].item() == -1 and wants[3][5].item() == -1
         # (row 3 is flat; row 0 descends in its list under every filter)
         assert all(rows[3].item() == 0 and rows[0].item() == 1 for rows in listed_rows), listed_rows
@@ -1969,8 +1972,8 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
     # top-p and min-p by descent against the pipeline at 151936 logits, 16 draws per row (the
     # later rounds and the finishing loop are taken: top-p 0.02 needs many steps), peaked and
     # flat rows, NaN, a row without a finite logit; the rounds in one launch as well (``loop``: a
-    # row's programs wait for one another), from the pre-list also with round 0 in it and with
-    # the list's first segments held; then, with DESCENT_SAMPLES, treefold.sample sends a scalar
+    # row's programs wait for one another), from the pre-list also with round 0 in a launch of its
+    # own and without the held list segments; then, with DESCENT_SAMPLES, treefold.sample sends a scalar
     # top-p to it, eager, prepared (the second call of a kind) and compiled, with the same tokens
     # (over the row at one row, from the pre-list at 24 and 64)
     x = qwen_like_logits(rows, 5).to(dtype)
@@ -1983,8 +1986,9 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
     mps = torch.linspace(0.01, 0.5, rows, device="cuda")
     launches = [dict(rounds=1, loop=False), dict(rounds=2, loop=False), dict(loop=True)]
     if rows >= ops.DESCENT_LISTED_MIN_ROWS:
-        # (round 0 in the loop's launch; and the first segment of a program's list held through it)
-        launches += [dict(loop=True, race_in_loop=True), dict(loop=True, race_in_loop=True, hold_share=True)]
+        # (the loop from the pre-list takes round 0 into its launch and holds each program's first
+        # list segment by default: also round 0 on its own, and in the loop without the segment)
+        launches += [dict(loop=True, race_in_loop=False), dict(loop=True, race_in_loop=True, hold_share=False)]
     for logits in (x, flat):
         for t, p, mp in ((1.0, 0.9, None), (0.7, 0.5, None), (1.0, None, 0.05), (1.0, 0.9, 0.05),
                          (temps, 0.95, None), (1.0, None, mps), (1.0, 0.02, None)):
