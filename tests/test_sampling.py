@@ -918,6 +918,8 @@ def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device
             ops.sample_descent_rows(xs, 1.0, 0.9, listed=True, **dict(held, race_in_loop=False))
         with pytest.raises(ValueError, match="max_registers must be None or an int"):
             ops.sample_descent_rows(xs, 1.0, 0.9, listed=True, **dict(held, max_registers=300))
+        with pytest.raises(ValueError, match="max_registers caps the loop's launch"):
+            ops.sample_descent_rows(xs, 1.0, 0.9, listed=True, loop=False, max_registers=128)
         assert wants[1][4].item() == -1 and wants[3][5].item() == -1
         # (row 3 is flat; row 0 descends in its list under every filter)
         assert all(rows[3].item() == 0 and rows[0].item() == 1 for rows in listed_rows), listed_rows

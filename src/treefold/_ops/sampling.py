@@ -1011,8 +1011,8 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
     allows one per row). ``race_in_loop`` (default DESCENT_LOOP_RACES; with ``listed`` and the
     loop only): round 0 in the loop's launch too; ``hold_share`` (default DESCENT_LOOP_HOLDS; with
     ``race_in_loop`` only): a listed row's programs hold their first segment of the list through it.
-    ``max_registers``: a cap on the loop launch's registers per thread (default: with
-    ``hold_share`` DESCENT_LOOP_HOLD_MAX_REGISTERS, else none).
+    ``max_registers``: a cap on the loop launch's registers per thread (with the loop only;
+    default: with ``hold_share`` DESCENT_LOOP_HOLD_MAX_REGISTERS, else none).
     ``prepare_key``: keep this call's launches as a ``PreparedPipeline`` under this key."""
     _check_rows("sample_descent_rows", x)
     rounds = DESCENT_ROUNDS if rounds is None else rounds
@@ -1047,6 +1047,9 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
         raise ValueError("sample_descent_rows: hold_share=True needs round 0 in the loop (race_in_loop)")
     hold_share = DESCENT_LOOP_HOLDS and race_in_loop if hold_share is None else hold_share
     check_max_registers("sample_descent_rows", max_registers)
+    if max_registers is not None and not loop:
+        raise ValueError(f"sample_descent_rows: max_registers caps the loop's launch; got {max_registers} "
+                         "without the loop")
     if max_registers is None and hold_share:
         max_registers = DESCENT_LOOP_HOLD_MAX_REGISTERS
     c = _common(x, temperature, None, top_p, min_p, seed, offset)
@@ -1084,9 +1087,7 @@ def sample_descent_rows(x: torch.Tensor, temperature, top_p=None, min_p=None, se
             o_stride,
             prelist, prelist_stride, prelist_count, part_listed, part_valid, list_rows, counter,
             ROUND=rounds if final else r, LOOP=loop, LOOP_RACES=race_in_loop, LOOP_HOLDS=hold_share,
-            FINAL=final, **flags,
-            TOP_P=top_p is not None,
-            MIN_P=min_p is not None,
+            FINAL=final, **flags, TOP_P=top_p is not None, MIN_P=min_p is not None,
             WIDTH=g.width,
             SEGMENTS_PER_PROGRAM=g.segments_per_program, PARTS_POW2=g.parts_pow2, MAXIMA_POW2=g_rows.parts_pow2,
             LISTED=listed, PRELIST_BINS=PRELIST_BINS if listed else 0, BINS_PER_NAT=BINS_PER_NAT,
