@@ -847,6 +847,70 @@ def test_sampling_by_descent_gives_the_pipelines_tokens(device, poison_allocatio
 
 
 @pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
+def test_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(device, poison_allocations, monkeypatch):
+    """``sample_min_p_rows`` (the segment maxima, then one race over the tokens min-p keeps) picks
+    the token the pipeline picks (``sample_rows``), alone and where the pipeline also carries a
+    per-row top-p of 1 (a batch whose other requests ask for top-p): min_p scalar (0.05, 0.3;
+    0, which keeps every token; 1, which keeps the row's maxima) and per row with invalid values
+    (1.5, -0.1, NaN: -1); scalar and per-row temperatures (one greedy, one invalid: -1), seeds
+    and offsets as ints and tensors; NaN and +-inf (never drawn), a row without a finite logit
+    (-1), ties (whole numbers, and bfloat16); several splits among programs, prefetch on and off.
+    Segments of 64 tokens, so that most segments of a row keep no token (the race skips them)."""
+    monkeypatch.setattr(ops, "MAX_WIDTH", 64)
+    ops.plan.cache_clear()
+    x = mixed_rows(23)
+    xs = x.to(device)
+    xs_16 = xs.to(torch.bfloat16)
+    seeds = torch.tensor([5, 11, 2, 9, 31, 7], device=device)
+    offsets = torch.tensor([0, 3, 1, 4, 1, 5], device=device)
+    temps = torch.tensor([0.7, 0.0, 1.3, 0.5, -1.0, 2.0], device=device)  # row 1 greedy (ties), row 4 invalid
+    mps = torch.tensor([0.5, 0.3, 0.5, 1.5, 0.02, float("nan")], device=device)  # rows 3 and 5 invalid
+    mps_low = torch.tensor([0.0, 0.01, 0.2, -0.1, 1.0, 0.6], device=device)  # row 3 invalid
+    configs = ((1.0, 0.05, 3, 0), (0.7, 0.3, seeds, offsets), (temps, 0.05, 17, offsets), (2.0, mps, 5, 1),
+               (1.0, mps_low, seeds, 2), (1.0, 0.0, 4, 4), (0.8, 1.0, seeds, 3), (temps, mps, seeds, offsets))
+    wants = [ops.sample_rows(xs, t, None, None, mp, seed, offset) for t, mp, seed, offset in configs]
+    ones = torch.ones(6, device=device)
+    mixed = [ops.sample_rows(xs, t, None, ones, mp, seed, offset) for t, mp, seed, offset in configs[:3]]
+    want_16 = ops.sample_rows(xs_16, temps, None, None, mps_low, seeds, offsets)
+    poison_allocations()
+    try:
+        assert torch.equal(ops.sample_min_p_rows(xs_16, temps, mps_low, seeds, offsets), want_16)
+        for (t, mp, seed, offset), want in zip(configs, wants):
+            for programs, prefetch in ((None, None), (1, False), (3, True), (2, False)):
+                got = ops.sample_min_p_rows(xs, t, mp, seed, offset, programs_per_row=programs, prefetch=prefetch)
+                assert torch.equal(got, want), (t, mp, programs, prefetch, got, want)
+            assert want[2].item() == -1
+            if isinstance(t, torch.Tensor):
+                assert want[4].item() == -1
+            if mp is mps:
+                assert want[3].item() == -1 and want[5].item() == -1
+            if mp is mps_low:
+                assert want[3].item() == -1
+        for want, got in zip(wants, mixed):
+            assert torch.equal(got, want)
+        # min_p = 1 keeps a row's maxima alone: row 1 (whole numbers) ties there
+        top = xs[1].max()
+        assert xs[1, wants[6][1]].item() == top.item()
+        with pytest.raises(ValueError, match="sample_min_p_rows: x must be"):
+            ops.sample_min_p_rows(xs[:, ::2], 1.0, 0.1)
+        assert ops.sample_min_p_rows(xs[:0], 1.0, 0.1).shape == (0,)
+    finally:
+        ops.plan.cache_clear()
+
+
+def test_min_p_alone_takes_one_race(monkeypatch):
+    # which calls ``sample`` sends to ``sample_min_p_rows`` (the tokens are the pipeline's): min-p
+    # without top-k or top-p, on every device, unless one race over the row serves the call
+    serves = ops._min_p_race_serves
+    assert serves(1.0, None, None, 0.05) and serves(0.7, None, None, torch.full((2,), 0.1))
+    assert serves(torch.ones(2), None, None, 0.0)
+    assert serves(torch.zeros(2), None, None, 0.05)  # greedy per row: min-p's race is its argmax
+    assert not serves(0.0, None, None, 0.05)  # greedy under a scalar filter: the one race over the row
+    assert not serves(1.0, 50, None, 0.05) and not serves(1.0, None, 0.9, 0.05)
+    assert not serves(1.0, None, None, None)
+
+
+@pytest.mark.skipif(not KERNEL, reason="the kernels need TRITON_INTERPRET=1 or a GPU")
 def test_sampling_by_descent_from_the_pre_list_gives_the_pipelines_tokens(device, poison_allocations, monkeypatch):
     """``sample_descent_rows(listed=True)`` (the segment maxima and the histogram pass with its
     pre-list first; rows whose pre-list holds the kept prefix descend in the list) picks the
@@ -1969,6 +2033,44 @@ def test_gpu_sample_under_top_k_takes_the_faster_launches_with_the_same_tokens(r
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 64])
+def test_gpu_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(rows, dtype, monkeypatch):
+    # min-p's race against the pipeline at 151936 logits, 16 draws per row, peaked and flat rows,
+    # NaN, a row without a finite logit, per-row min_p and temperatures (one greedy); then
+    # treefold.sample sends min-p alone to it, eager, prepared (the second call of a kind) and
+    # compiled, with the same tokens
+    x = qwen_like_logits(rows, 7).to(dtype)
+    x[-1, ::5] = float("nan")
+    flat = qwen_like_logits(rows, 8, scale=1.0).to(dtype)
+    if rows > 1:
+        x[1] = float("-inf")  # nothing to sample: -1
+    seeds = torch.arange(rows, device="cuda") * 7919 + 3
+    temps = torch.linspace(0.0, 1.5, rows, device="cuda")
+    mps = torch.linspace(0.0, 0.5, rows, device="cuda")
+    for logits in (x, flat):
+        for t, mp in ((1.0, 0.05), (0.7, 0.3), (temps, 0.1), (1.0, mps), (1.0, 0.0), (1.3, 1e-4)):
+            for offset in range(16):
+                want = ops.sample_rows(logits, t, None, None, mp, seeds, offset)
+                got = ops.sample_min_p_rows(logits, t, mp, seeds, offset)
+                assert torch.equal(got, want), (mp, offset)
+    taken = []
+    race = ops.sample_min_p_rows
+    monkeypatch.setattr(ops, "sample_min_p_rows", lambda *a, **kw: taken.append(1) or race(*a, **kw))
+    monkeypatch.setattr(ops, "_PREPARED", {})
+    for config, routed in ((dict(min_p=0.05), True), (dict(temperature=temps, min_p=mps), True),
+                           (dict(top_p=0.9, min_p=0.05), False)):
+        want = ops.sample_rows(x, config.get("temperature", 1.0), None, config.get("top_p"), config["min_p"],
+                               seeds, 9)
+        taken.clear()
+        for _ in range(2):  # the second call goes through the prepared launches
+            assert torch.equal(treefold.sample(x, seed=seeds, offset=9, **config), want), config
+        assert bool(taken) == routed, config
+    compiled = torch.compile(lambda t: treefold.sample(t, min_p=0.05, seed=seeds, offset=9), fullgraph=True)
+    assert torch.equal(compiled(x), ops.sample_rows(x, 1.0, None, None, 0.05, seeds, 9))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 24, 64])
 def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeypatch):
     # top-p and min-p by descent against the pipeline at 151936 logits, 16 draws per row (the
@@ -2448,6 +2550,31 @@ def test_prepared_descent_calls_through_the_interpreter(monkeypatch, request):
                 assert torch.equal(got, ops.sample_rows(xs, t, None, p, mp, seeds, 1)), (listed, p, mp, step)
             # (round 0, two rounds, the finish; with the list, the maxima and the histogram first)
             assert InterpretedPrepared.launched >= launched + 2 * (6 if listed else 4)
+
+
+@pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
+def test_prepared_min_p_calls_through_the_interpreter(monkeypatch, request):
+    # min-p's race, prepared (the maxima and the partial winners in the workspace, seed and offset
+    # and the per-row tensors in their slots), with new logits gives the pipeline's tokens
+    prepare_through_the_interpreter(monkeypatch, ops)
+    monkeypatch.setattr(ops, "MAX_WIDTH", 64)
+    ops.plan.cache_clear()
+    request.addfinalizer(ops.plan.cache_clear)
+    g = torch.Generator().manual_seed(16)
+    seeds = torch.tensor([4, 5, 6])
+    x = torch.randn(3, 300, generator=g) * 3
+    for t, mp, seed in ((1.0, 0.1, 7), (torch.tensor([0.7, 0.0, 1.2]), torch.tensor([0.01, 0.2, 0.5]), seeds)):
+        key = ops._sample_key(x, t, None, None, mp, seed, 1)
+        first = ops.sample_min_p_rows(x, t, mp, seed, 1, prepare_key=key)
+        assert torch.equal(first, ops.sample_rows(x, t, None, None, mp, seed, 1))
+        launched = InterpretedPrepared.launched
+        for step in range(2):
+            xs = torch.randn(3, 300, generator=g) * (step + 2)
+            xs[1, 3] = float("nan")
+            got = ops._PREPARED[key](xs, ops._tensor_params(t, None, None, mp, seed, step),
+                                     {"seed": seed, "offset": step})
+            assert torch.equal(got, ops.sample_rows(xs, t, None, None, mp, seed, step)), (mp, step)
+        assert InterpretedPrepared.launched == launched + 2 * 3  # the maxima, the race, its combine
 
 
 @pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")

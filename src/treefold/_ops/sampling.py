@@ -595,7 +595,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         first, _, last = _chained(x.device)
         run(_RACE,
             (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-            o_stride, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
+            o_stride, 0.0, part_score, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
             WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch,
             UNIT_T=_unit_temperature(temperature), num_warps=g.num_warps,
             **first)
@@ -604,6 +604,63 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
             PROGRAMS_POW2=g.parts_pow2, num_warps=1, **last)
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
+
+
+#: ``sample_kernel_rows`` serves sampling under min-p alone by ``sample_min_p_rows`` (the same
+#: tokens as the pipeline's, in three launches instead of six).
+MIN_P_RACE_SAMPLES = True
+
+
+def sample_min_p_rows(x: torch.Tensor, temperature, min_p, seed=0, offset=0, *,
+                      programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None,
+                      prepare_key=None) -> torch.Tensor:
+    """Token ids [rows] (int64) of logits [rows, n] under min-p alone, by one race over the tokens
+    it keeps: the segment maxima (``segment_max_kernel``), then the race (``race_kernel`` with
+    MIN_P) on the same plan, then the race's combine. Min-p keeps the tokens with
+    exp(y - y_max) >= min_p, which depend on the row's maximum alone, so the pipeline's histogram,
+    plan, compaction and resolve have nothing to decide; the race takes the pipeline's test of a
+    kept token and its noise, so the token is the pipeline's (``sample_rows``). ``programs_per_row``
+    and ``prefetch``: launch choices (``race_plan``); ``prepare_key`` as in ``sample_rows``."""
+    _check_rows("sample_min_p_rows", x)
+    rows, n = x.shape
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if rows == 0:
+        return out
+    run, seed, offset = _sample_run(prepare_key, x, out, temperature, None, None, min_p, seed, offset)
+    g = race_plan(rows, n, x.dtype, x.device, False, programs_per_row, prefetch)
+    t, t_row = _param(temperature)
+    mp, mp_row = _param(min_p)
+    s, s_stride, s_tensor = _random(seed)
+    o, o_stride, o_tensor = _random(offset)
+    grid = rows * g.programs_per_row
+    part_max = run.buffer("part_max", grid, torch.float32, x.device)
+    part_score = run.buffer("part_score", grid, torch.float32, x.device)
+    part_index = run.buffer("part_index", grid, torch.int64, x.device)
+    unit_t = _unit_temperature(temperature)
+    first, middle, last = _chained(x.device)
+    # (no histogram follows: the maxima's pass clears nothing, its buffers stand in for them)
+    run(_SEGMENT_MAX,
+        (grid,), x, n, x.stride(0), part_max, part_max, part_max, part_max, part_max, g.programs_per_row, t,
+        T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
+        FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=unit_t, READ_POLICY=FILTER_FIRST_READ_POLICY,
+        CLEAR=False, num_warps=g.num_warps, **first)
+    run(_RACE,
+        (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
+        o_stride, mp, part_max, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=True,
+        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch, UNIT_T=unit_t,
+        MIN_P=True, MINP_ROW=mp_row, PROGRAMS_POW2=g.parts_pow2, num_warps=g.num_warps, **middle)
+    run(_RACE_COMBINE,
+        (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
+        PROGRAMS_POW2=g.parts_pow2, num_warps=1, **last)
+    _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
+    return out
+
+
+def _min_p_race_serves(temperature, top_k, top_p, min_p) -> bool:
+    """Whether ``sample_min_p_rows`` serves a call for ``sample``: min-p without top-k or top-p,
+    a call ``sample_rows`` would not serve with one race."""
+    return (top_k is None and top_p is None and min_p is not None
+            and not _one_race(temperature, top_k, top_p, min_p))
 
 
 def _scalar_greedy(temperature) -> bool:
@@ -1150,13 +1207,15 @@ def sample_kernel_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min
                        prepare_key=None) -> torch.Tensor:
     """``sample_top_k_lanes_rows`` where SAMPLE_TOP_K_LANES_MIN_ROWS' rule takes it (a scalar
     top_k, a call ``sample_rows`` would not serve with one race), ``sample_descent_rows`` where
-    DESCENT_SAMPLES and ``_descent_serves`` say, else ``sample_rows``: the same tokens, by the
-    faster launches."""
+    DESCENT_SAMPLES and ``_descent_serves`` say, ``sample_min_p_rows`` for min-p alone (with
+    MIN_P_RACE_SAMPLES), else ``sample_rows``: the same tokens, by the faster launches."""
     if (top_k.__class__ is int and not _one_race(temperature, top_k, top_p, min_p)
             and _lanes_serve(x, top_k, SAMPLE_TOP_K_LANES_MIN_ROWS, SAMPLE_TOP_K_LANES_MIN_ROWS_16BIT)):
         return sample_top_k_lanes_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
     if DESCENT_SAMPLES and _descent_serves(x, temperature, top_k, top_p, min_p):
         return sample_descent_rows(x, temperature, top_p, min_p, seed, offset, prepare_key=prepare_key)
+    if MIN_P_RACE_SAMPLES and _min_p_race_serves(temperature, top_k, top_p, min_p):
+        return sample_min_p_rows(x, temperature, min_p, seed, offset, prepare_key=prepare_key)
     return sample_rows(x, temperature, top_k, top_p, min_p, seed, offset, prepare_key=prepare_key)
 
 

@@ -214,9 +214,11 @@ def sample(logits: torch.Tensor, *, temperature: Union[Number, torch.Tensor] = 1
     within 2^-21 of the float32 reference, so a GPU token differs from
     ``treefold.reference.sampling.sample`` only where two scores lie that close. On CUDA,
     under an int top_k of up to about 50 and from a few rows on, the row's top k come from one
-    read of each row (as ``top_k`` finds them) and race there; the other calls pass the row
-    through a histogram and list only the tokens near the filters' boundaries. Both give the
-    same tokens, so a request's token does not depend on which its batch takes.
+    read of each row (as ``top_k`` finds them) and race there; min-p alone (whose kept tokens
+    depend on the row's maximum alone) takes one pass for the maximum and one race over the
+    tokens it keeps; the other calls pass the row through a histogram and list only the tokens
+    near the filters' boundaries. All give the same tokens, so a request's token does not depend
+    on which its batch takes.
 
     Args:
         logits: float32, bfloat16 or float16, shape ``[..., n]`` (1 <= n <= 2^20). Non-finite

@@ -776,13 +776,14 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                   SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, NOISE: tl.constexpr,
                   WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, SURE_ONLY: tl.constexpr,
                   NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, PREFETCH: tl.constexpr,
-                  UNIT_T: tl.constexpr, part_max_ptr, MAXIMA: tl.constexpr):
+                  UNIT_T: tl.constexpr, part_max_ptr, MAXIMA: tl.constexpr, min_p, MIN_P: tl.constexpr,
+                  MINP_ROW: tl.constexpr, PROGRAMS_POW2: tl.constexpr):
     """Race program ``pid``: of ``race_kernel`` (whose arguments these are), and with SURE_ONLY of
     ``compact_kernel``'s race programs, where only the sure-kept tokens race (bins before the
     plan's lo that min-p keeps), and only in the rows whose plan says they are raced in place
     (too many to list); the other rows' programs read their plan and store no winner. With
     MAXIMA (round 0 of ``descent_kernel``) it also stores the maximum of the finite tokens' y at
-    ``part_max_ptr + pid``.
+    ``part_max_ptr + pid``. With MIN_P (``race_kernel``'s) only the tokens min-p keeps race.
 
     Args (beyond ``race_kernel``'s):
         plan_ptr: SURE_ONLY: int32 [rows, PLAN_SLOTS], the plan ``plan_kernel`` wrote (lo,
@@ -790,6 +791,10 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
         pid: the program's index among the race programs (rows * programs_per_row of them).
         SURE_ONLY, NUM_BINS, BINS_PER_NAT: race the sure-kept tokens only, binned as in
             ``compact_kernel``.
+        part_max_ptr: float32 [rows, programs_per_row]: MAXIMA: written (this program's maximum);
+            MIN_P: read (``segment_max_kernel``'s maxima on this plan); otherwise unused.
+        MAXIMA: store the program's maximum.
+        min_p, MIN_P, MINP_ROW, PROGRAMS_POW2: as in ``race_kernel``.
     """
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -811,6 +816,14 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
         lo = tl.load(plan_row + PLAN_LO)
         m = tl.load(plan_row + PLAN_MAX_BITS).to(tl.float32, bitcast=True)
         mp = tl.load(plan_row + PLAN_MIN_P_BITS).to(tl.float32, bitcast=True)
+    if MIN_P:
+        m = _row_max(part_max_ptr, row, programs_per_row, PROGRAMS_POW2)
+        if MINP_ROW:
+            mp = tl.load(min_p + row).to(tl.float32)
+        else:
+            mp = tl.full([], min_p, tl.float32)
+        race = (mp >= 0.0) & (mp <= 1.0)  # a row's invalid min_p races nothing: its token is -1
+        minp_on = mp > 0.0  # as in ``_plan``
     if race:
         raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, "")
         for j in range(SEGMENTS_PER_PROGRAM):
@@ -823,9 +836,19 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                 valid = valid & (_bin_of(x, y, m, valid, NUM_BINS, BINS_PER_NAT, False) < lo) & (w >= mp)
             if MAXIMA:
                 lane_max = tl.maximum(lane_max, tl.where(valid, y, float("-inf")))
-            if NOISE:
-                y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-            lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
+            if MIN_P:
+                # the pipeline's own test of a kept token (``compact_kernel``, ``resolve_kernel``): w
+                # from ``_fixed_mass`` against the row's maximum. Most segments of a peaked row keep
+                # nothing, and their noise (Philox per token: what bounds the plain race) is skipped.
+                w, w_fixed = _fixed_mass(y, m, valid)
+                valid = valid & ((minp_on == 0) | (w >= mp))
+                if tl.max(valid.to(tl.int32), axis=0) > 0:
+                    score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+                    lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, score, cols)
+            else:
+                if NOISE:
+                    y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+                lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
     if MAXIMA:
         tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
     _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
@@ -833,17 +856,21 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
 
 @triton.jit(do_not_specialize=RANDOM_ARGS)
 def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
-                temperature, seed, seed_stride, offset, offset_stride,
+                temperature, seed, seed_stride, offset, offset_stride, min_p, part_max_ptr,
                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
                 NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                 PREFETCH: tl.constexpr = False,
                 WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
-                UNIT_T: tl.constexpr = False):
+                UNIT_T: tl.constexpr = False, MIN_P: tl.constexpr = False, MINP_ROW: tl.constexpr = False,
+                PROGRAMS_POW2: tl.constexpr = 1):
     """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
     (The filtered path's race of sure-kept tokens in place is the same program, run by
-    ``compact_kernel``'s race programs.)
+    ``compact_kernel``'s race programs.) With MIN_P, sampling under min-p alone: the tokens min-p
+    keeps (exp(y - y_max) >= min_p) race, the row's maximum from ``segment_max_kernel``'s pass on
+    the same plan; a row's kept set depends on its maximum alone, so no histogram is needed.
 
-    Bytes: reads the row's logits once; writes 12 bytes per program.
+    Bytes: reads the row's logits once (MIN_P: and 4 bytes per program of the row); writes 12
+    bytes per program.
 
     Args:
         x_ptr: logits [rows, n] (float32, bfloat16 or float16), last dimension contiguous.
@@ -864,13 +891,20 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: a programmatic dependent launch of the call's previous
             pass, letting the next one start early (``start_dependent_launch``).
         UNIT_T: temperature is the scalar 1 or 0: y is the logit itself (``_logits_from``).
+        min_p: MIN_P: a float in [0, 1], or a float32 pointer [rows] with MINP_ROW (a value outside
+            [0, 1] or NaN leaves its row without a token: -1); otherwise unused.
+        part_max_ptr: MIN_P: float32 [rows, programs_per_row], ``segment_max_kernel``'s maxima on
+            this launch's plan; otherwise unused.
+        MIN_P, MINP_ROW: race only the tokens min-p keeps; min_p is per row.
+        PROGRAMS_POW2: MIN_P: the next power of two of programs_per_row.
     """
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     # (no plan without SURE_ONLY: part_score_ptr stands in for the unused plan_ptr)
     _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
                   seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR, OFFSET_TENSOR,
-                  NOISE, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T, part_score_ptr, False)
+                  NOISE, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T, part_max_ptr, False,
+                  min_p, MIN_P, MINP_ROW, PROGRAMS_POW2)
 
 
 @triton.jit
@@ -910,9 +944,10 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
                        T_ROW: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                        NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr, PREFETCH: tl.constexpr = False,
                        RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False,
-                       READ_POLICY: tl.constexpr = ""):
-    """Maximum of y = x / t over the finite tokens of each program's segments; the first program
-    of a row also clears the row's histograms and list counter. Grid rows * programs_per_row.
+                       READ_POLICY: tl.constexpr = "", CLEAR: tl.constexpr = True):
+    """Maximum of y = x / t over the finite tokens of each program's segments; with CLEAR (the
+    filtered path) the first program of a row also clears the row's histograms and list counter.
+    Grid rows * programs_per_row.
 
     Each lane keeps its own maximum across the segments and the lanes meet once at the end: one
     reduction per program, not one per segment (a maximum is exact in any order).
@@ -922,7 +957,7 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
     Args:
         x_ptr, n, stride_x: logits as in ``race_kernel``.
         part_max_ptr: float32 [rows, programs_per_row] out.
-        hist_ptr: int32 [rows, NUM_BINS], cleared here.
+        hist_ptr: int32 [rows, NUM_BINS], cleared here (CLEAR; otherwise unused, as are the next three).
         fine_ptr: int32 [rows, FINE_BINS], cleared here.
         counter_ptr: int64 [rows], cleared here.
         prelist_count_ptr: int32 [rows], the pre-list lengths of ``bin_histogram_kernel``,
@@ -936,18 +971,20 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         UNIT_T: as in ``race_kernel``.
         READ_POLICY: the L2 eviction policy of the logits' loads (``_segment_logits``; a launch
             choice: the histogram pass reads the logits again).
+        CLEAR: clear the row's histograms and counters (the filtered path; not min-p's race).
     """
     start_dependent_launch(False, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
-    if prog == 0:
-        tl.store(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), tl.zeros([NUM_BINS], tl.int32))
-        tl.store(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS),
-                 tl.zeros([FINE_BINS], tl.int32))
-        tl.store(counter_ptr + row, 0)
-        tl.store(prelist_count_ptr + row, 0)
+    if CLEAR:
+        if prog == 0:
+            tl.store(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), tl.zeros([NUM_BINS], tl.int32))
+            tl.store(fine_ptr + row * FINE_BINS + tl.arange(0, FINE_BINS),
+                     tl.zeros([FINE_BINS], tl.int32))
+            tl.store(counter_ptr + row, 0)
+            tl.store(prelist_count_ptr + row, 0)
     lanes = tl.arange(0, WIDTH)
     lane_max = tl.full([WIDTH], float("-inf"), tl.float32)
     raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, READ_POLICY)
@@ -1325,7 +1362,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature,
                           seed, seed_stride, offset, offset_stride, plan_ptr, pid - race_from, T_ROW,
                           SEED_TENSOR, OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, True, NUM_BINS,
-                          BINS_PER_NAT, RACE_PREFETCH, UNIT_T, part_score_ptr, False)
+                          BINS_PER_NAT, RACE_PREFETCH, UNIT_T, part_score_ptr, False, 0.0, False, False, 1)
             return
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -2836,7 +2873,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
                           seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR,
                           OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T,
-                          part_max_ptr, not LISTED)
+                          part_max_ptr, not LISTED, 0.0, False, False, 1)
     # a listed row's partials come from its programs with a share of the list (the others, most
     # of a peaked row's, write none and return at once in the rounds after the first)
     racing_programs = tl.where(from_list, tl.minimum(list_segments, programs_per_row), programs_per_row)

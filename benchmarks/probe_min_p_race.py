@@ -1,0 +1,73 @@
+"""Sampling under min-p alone by one race over the kept tokens (``sample_min_p_rows``: the
+segment maxima, then the race, then its combine) against the pipeline (``sample_rows``: six
+launches with the pre-list), timed in the same process:
+
+    python benchmarks/probe_min_p_race.py OUT_DIR
+
+For each case (rows, dtype, peaked or flat logits of gpu_sampling.py) and min-p (0.05, 0.3, and
+one per row spread over [0, 0.5]): the two calls' tokens compared at 8 offsets (8 draws per row),
+then each call replayed from a CUDA graph (do_bench median, L2 flushed) in three interleaved
+rounds, and the profiler's kernel time of the replay (``kernel_us``). Writes
+OUT_DIR/min-p-race.json and prints a table last. ROWS="1,64" sets the batch sizes.
+"""
+import json
+import os
+import sys
+
+import torch
+
+import treefold  # noqa: F401  (the tree on PYTHONPATH)
+from treefold._ops import sampling as ops
+from treefold.bench.timing import kernel_us
+
+from gpu_sampling import FLAT, PEAKED, graphed, logits
+from probe_report import time_graphed_variants
+
+ROWS = tuple(int(r) for r in os.environ.get("ROWS", "1,64").split(","))
+
+
+def main(out_dir: str) -> None:
+    cases, mismatches = {}, {}
+    for rows in ROWS:
+        seeds = torch.arange(rows, device="cuda") * 7919 + 3
+        spread = torch.linspace(0.0, 0.5, rows, device="cuda")
+        for dtype in (torch.float32, torch.bfloat16):
+            for kind, scale in (("peaked", PEAKED), ("flat", FLAT)):
+                if kind == "flat" and dtype != torch.float32:
+                    continue
+                x = logits(rows, dtype, scale)
+                for name, mp in (("min-p 0.05", 0.05), ("min-p 0.3", 0.3), ("min-p per row", spread)):
+                    key = (rows, str(dtype).replace("torch.", ""), kind, name)
+                    bad = 0
+                    for offset in range(8):
+                        want = ops.sample_rows(x, 1.0, None, None, mp, seeds, offset)
+                        bad += int((ops.sample_min_p_rows(x, 1.0, mp, seeds, offset) != want).sum())
+                    mismatches[" ".join(map(str, key))] = bad
+                    cases[key] = {
+                        "pipeline": lambda x=x, mp=mp, s=seeds: (ops.sample_rows(x, 1.0, None, None, mp, s, 3),),
+                        "race": lambda x=x, mp=mp, s=seeds: (ops.sample_min_p_rows(x, 1.0, mp, s, 3),),
+                    }
+    os.makedirs(out_dir, exist_ok=True)
+    graph = time_graphed_variants(cases, os.path.join(out_dir, "min-p-race-graph.json"))
+    kernel = {(key, name): kernel_us(graphed(fn)) or float("nan")
+              for key, calls in cases.items() for name, fn in calls.items()}
+    rows_out = []
+    for key, calls in cases.items():
+        for name in calls:
+            ts = graph[(key, name)]
+            rows_out.append(dict(case=" ".join(map(str, key)), call=name, graph_us=sorted(ts)[len(ts) // 2],
+                                 kernel_us=kernel[(key, name)]))
+    with open(os.path.join(out_dir, "min-p-race.json"), "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), mismatches=mismatches, rows=rows_out), f, indent=1)
+    print(f"device {torch.cuda.get_device_name()}; token mismatches (8 offsets each): "
+          f"{sum(mismatches.values())} in all {mismatches}")
+    print(f"{'case':36s} {'pipeline graph':>15s} {'kernel':>8s} {'race graph':>11s} {'kernel':>8s}")
+    for key in cases:
+        p = next(r for r in rows_out if r["case"] == " ".join(map(str, key)) and r["call"] == "pipeline")
+        r = next(r for r in rows_out if r["case"] == " ".join(map(str, key)) and r["call"] == "race")
+        print(f"{' '.join(map(str, key)):36s} {p['graph_us']:15.1f} {p['kernel_us']:8.1f} "
+              f"{r['graph_us']:11.1f} {r['kernel_us']:8.1f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "out")
