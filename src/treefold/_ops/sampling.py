@@ -455,7 +455,7 @@ def _maxima_and_histogram(run: _Run, x: torch.Tensor, g: Plan, c: dict, b: _Firs
     t_row = c["flags"]["T_ROW"]
     run(_SEGMENT_MAX,
         grid, x, n, x.stride(0), b.part_max, b.hist, b.fine, b.counter, b.prelist_count, g.programs_per_row, t,
-        T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
+        b.part_max, T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=c["unit_t"],
         READ_POLICY=FILTER_FIRST_READ_POLICY, num_warps=g.num_warps, **first)
     run(_HISTOGRAM,
@@ -595,7 +595,7 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         first, _, last = _chained(x.device)
         run(_RACE,
             (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-            o_stride, 0.0, part_score, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
+            o_stride, 0.0, part_score, part_score, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
             WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch,
             UNIT_T=_unit_temperature(temperature), num_warps=g.num_warps,
             **first)
@@ -615,12 +615,14 @@ def sample_min_p_rows(x: torch.Tensor, temperature, min_p, seed=0, offset=0, *,
                       programs_per_row: Optional[int] = None, prefetch: Optional[bool] = None,
                       prepare_key=None) -> torch.Tensor:
     """Token ids [rows] (int64) of logits [rows, n] under min-p alone, by one race over the tokens
-    it keeps: the segment maxima (``segment_max_kernel``), then the race (``race_kernel`` with
-    MIN_P) on the same plan, then the race's combine. Min-p keeps the tokens with
-    exp(y - y_max) >= min_p, which depend on the row's maximum alone, so the pipeline's histogram,
-    plan, compaction and resolve have nothing to decide; the race takes the pipeline's test of a
-    kept token and its noise, so the token is the pipeline's (``sample_rows``). ``programs_per_row``
-    and ``prefetch``: launch choices (``race_plan``); ``prepare_key`` as in ``sample_rows``."""
+    it keeps: the maxima of programs and of segments (``segment_max_kernel``), then the race
+    (``race_kernel`` with MIN_P) on the same plan, reading only the segments whose maximum can
+    keep a token, then the race's combine. Min-p keeps the tokens with exp(y - y_max) >= min_p,
+    which depend on the row's maximum alone, so the pipeline's histogram, plan, compaction and
+    resolve have nothing to decide; the race takes the pipeline's test of a kept token and its
+    noise, so the token is the pipeline's (``sample_rows``). ``programs_per_row`` and
+    ``prefetch`` (the maxima's pass): launch choices (``race_plan``); ``prepare_key`` as in
+    ``sample_rows``."""
     _check_rows("sample_min_p_rows", x)
     rows, n = x.shape
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
@@ -634,6 +636,7 @@ def sample_min_p_rows(x: torch.Tensor, temperature, min_p, seed=0, offset=0, *,
     o, o_stride, o_tensor = _random(offset)
     grid = rows * g.programs_per_row
     part_max = run.buffer("part_max", grid, torch.float32, x.device)
+    segment_max = run.buffer("segment_max", grid * g.segments_per_program, torch.float32, x.device)
     part_score = run.buffer("part_score", grid, torch.float32, x.device)
     part_index = run.buffer("part_index", grid, torch.int64, x.device)
     unit_t = _unit_temperature(temperature)
@@ -641,12 +644,12 @@ def sample_min_p_rows(x: torch.Tensor, temperature, min_p, seed=0, offset=0, *,
     # (no histogram follows: the maxima's pass clears nothing, its buffers stand in for them)
     run(_SEGMENT_MAX,
         (grid,), x, n, x.stride(0), part_max, part_max, part_max, part_max, part_max, g.programs_per_row, t,
-        T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
+        segment_max, T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
         FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=unit_t, READ_POLICY=FILTER_FIRST_READ_POLICY,
-        CLEAR=False, num_warps=g.num_warps, **first)
+        CLEAR=False, SEGMENT_MAXIMA=True, num_warps=g.num_warps, **first)
     run(_RACE,
         (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-        o_stride, mp, part_max, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=True,
+        o_stride, mp, part_max, segment_max, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=True,
         WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch, UNIT_T=unit_t,
         MIN_P=True, MINP_ROW=mp_row, PROGRAMS_POW2=g.parts_pow2, num_warps=g.num_warps, **middle)
     run(_RACE_COMBINE,

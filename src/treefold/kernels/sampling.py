@@ -84,6 +84,12 @@ FIXED_ONE = tl.constexpr(1099511627776.0)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 #: Largest 1 / temperature used: keeps y = x / t finite-friendly for tiny temperatures.
 MAX_INV_TEMPERATURE = tl.constexpr(1e30)
+#: Min-p's race skips a segment whose maximum lies more than ln(1 / min_p) + this many nats below
+#: the row's: none of its tokens can reach min_p. The gaps y - m are the same float32 differences
+#: the tokens' test takes (and rounding is monotone), so the margin covers only the exp's and the
+#: log's approximations at gaps down to ln(2^-149) = -103.3 nats (min_p's least positive value):
+#: under 1e-5 nats.
+MIN_P_SKIP_MARGIN = tl.constexpr(2.0 ** -6)
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
 #: Larger than any key the bracket search meets (keys are int32 values or minus an index).
@@ -776,8 +782,8 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                   SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, NOISE: tl.constexpr,
                   WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, SURE_ONLY: tl.constexpr,
                   NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, PREFETCH: tl.constexpr,
-                  UNIT_T: tl.constexpr, part_max_ptr, MAXIMA: tl.constexpr, min_p, MIN_P: tl.constexpr,
-                  MINP_ROW: tl.constexpr, PROGRAMS_POW2: tl.constexpr):
+                  UNIT_T: tl.constexpr, part_max_ptr, MAXIMA: tl.constexpr, min_p, segment_max_ptr,
+                  MIN_P: tl.constexpr, MINP_ROW: tl.constexpr, PROGRAMS_POW2: tl.constexpr):
     """Race program ``pid``: of ``race_kernel`` (whose arguments these are), and with SURE_ONLY of
     ``compact_kernel``'s race programs, where only the sure-kept tokens race (bins before the
     plan's lo that min-p keeps), and only in the rows whose plan says they are raced in place
@@ -794,7 +800,7 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
         part_max_ptr: float32 [rows, programs_per_row]: MAXIMA: written (this program's maximum);
             MIN_P: read (``segment_max_kernel``'s maxima on this plan); otherwise unused.
         MAXIMA: store the program's maximum.
-        min_p, MIN_P, MINP_ROW, PROGRAMS_POW2: as in ``race_kernel``.
+        min_p, segment_max_ptr, MIN_P, MINP_ROW, PROGRAMS_POW2: as in ``race_kernel``.
     """
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -824,7 +830,26 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
             mp = tl.full([], min_p, tl.float32)
         race = (mp >= 0.0) & (mp <= 1.0)  # a row's invalid min_p races nothing: its token is -1
         minp_on = mp > 0.0  # as in ``_plan``
-    if race:
+        if race:
+            # A kept token has exp(y - m) >= min_p, so y - m >= ln(min_p) up to the exp's and the
+            # log's approximations (far inside MIN_P_SKIP_MARGIN): a segment whose maximum lies
+            # further below is skipped unread. Most segments of a peaked row keep no token, and the
+            # plain race's cost is the read and the noise (Philox per token); min_p = 0 (ln = -inf)
+            # skips none. A row without a finite token (m = -inf: NaN gaps) skips every segment.
+            floor = tl.log(mp) - MIN_P_SKIP_MARGIN
+            for j in range(SEGMENTS_PER_PROGRAM):
+                top = tl.load(segment_max_ptr + pid * SEGMENTS_PER_PROGRAM + j)
+                if top - m >= floor:
+                    start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
+                    cols = start + lanes
+                    in_row = cols < n
+                    x, valid, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t, UNIT_T)
+                    # the pipeline's own test of a kept token (``compact_kernel``, ``resolve_kernel``)
+                    w, w_fixed = _fixed_mass(y, m, valid)
+                    valid = valid & ((minp_on == 0) | (w >= mp))
+                    score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+                    lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, score, cols)
+    elif race:
         raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, "")
         for j in range(SEGMENTS_PER_PROGRAM):
             start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
@@ -836,19 +861,9 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                 valid = valid & (_bin_of(x, y, m, valid, NUM_BINS, BINS_PER_NAT, False) < lo) & (w >= mp)
             if MAXIMA:
                 lane_max = tl.maximum(lane_max, tl.where(valid, y, float("-inf")))
-            if MIN_P:
-                # the pipeline's own test of a kept token (``compact_kernel``, ``resolve_kernel``): w
-                # from ``_fixed_mass`` against the row's maximum. Most segments of a peaked row keep
-                # nothing, and their noise (Philox per token: what bounds the plain race) is skipped.
-                w, w_fixed = _fixed_mass(y, m, valid)
-                valid = valid & ((minp_on == 0) | (w >= mp))
-                if tl.max(valid.to(tl.int32), axis=0) > 0:
-                    score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-                    lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, score, cols)
-            else:
-                if NOISE:
-                    y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-                lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
+            if NOISE:
+                y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+            lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
     if MAXIMA:
         tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
     _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
@@ -856,7 +871,7 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
 
 @triton.jit(do_not_specialize=RANDOM_ARGS)
 def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row,
-                temperature, seed, seed_stride, offset, offset_stride, min_p, part_max_ptr,
+                temperature, seed, seed_stride, offset, offset_stride, min_p, part_max_ptr, segment_max_ptr,
                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
                 NOISE: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                 PREFETCH: tl.constexpr = False,
@@ -869,8 +884,8 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     keeps (exp(y - y_max) >= min_p) race, the row's maximum from ``segment_max_kernel``'s pass on
     the same plan; a row's kept set depends on its maximum alone, so no histogram is needed.
 
-    Bytes: reads the row's logits once (MIN_P: and 4 bytes per program of the row); writes 12
-    bytes per program.
+    Bytes: reads the row's logits once (MIN_P: the segments that can keep a token, and 4 bytes
+    per program of the row and per segment of its own); writes 12 bytes per program.
 
     Args:
         x_ptr: logits [rows, n] (float32, bfloat16 or float16), last dimension contiguous.
@@ -893,8 +908,9 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
         UNIT_T: temperature is the scalar 1 or 0: y is the logit itself (``_logits_from``).
         min_p: MIN_P: a float in [0, 1], or a float32 pointer [rows] with MINP_ROW (a value outside
             [0, 1] or NaN leaves its row without a token: -1); otherwise unused.
-        part_max_ptr: MIN_P: float32 [rows, programs_per_row], ``segment_max_kernel``'s maxima on
-            this launch's plan; otherwise unused.
+        part_max_ptr, segment_max_ptr: MIN_P: float32 [rows, programs_per_row] and
+            [rows, programs_per_row * SEGMENTS_PER_PROGRAM], ``segment_max_kernel``'s maxima of
+            programs and of segments (SEGMENT_MAXIMA) on this launch's plan; otherwise unused.
         MIN_P, MINP_ROW: race only the tokens min-p keeps; min_p is per row.
         PROGRAMS_POW2: MIN_P: the next power of two of programs_per_row.
     """
@@ -904,7 +920,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
                   seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR, OFFSET_TENSOR,
                   NOISE, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T, part_max_ptr, False,
-                  min_p, MIN_P, MINP_ROW, PROGRAMS_POW2)
+                  min_p, segment_max_ptr, MIN_P, MINP_ROW, PROGRAMS_POW2)
 
 
 @triton.jit
@@ -940,11 +956,12 @@ def race_combine_kernel(part_score_ptr, part_index_ptr, out_ptr, programs_per_ro
 
 @triton.jit
 def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, counter_ptr,
-                       prelist_count_ptr, programs_per_row, temperature,
+                       prelist_count_ptr, programs_per_row, temperature, segment_max_ptr,
                        T_ROW: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
                        NUM_BINS: tl.constexpr, FINE_BINS: tl.constexpr, PREFETCH: tl.constexpr = False,
                        RELEASE_DEPENDENTS: tl.constexpr = False, UNIT_T: tl.constexpr = False,
-                       READ_POLICY: tl.constexpr = "", CLEAR: tl.constexpr = True):
+                       READ_POLICY: tl.constexpr = "", CLEAR: tl.constexpr = True,
+                       SEGMENT_MAXIMA: tl.constexpr = False):
     """Maximum of y = x / t over the finite tokens of each program's segments; with CLEAR (the
     filtered path) the first program of a row also clears the row's histograms and list counter.
     Grid rows * programs_per_row.
@@ -952,7 +969,8 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
     Each lane keeps its own maximum across the segments and the lanes meet once at the end: one
     reduction per program, not one per segment (a maximum is exact in any order).
 
-    Bytes: reads the logits once (the pass that brings them into L2); writes 4 bytes per program.
+    Bytes: reads the logits once (the pass that brings them into L2); writes 4 bytes per program
+    (SEGMENT_MAXIMA: and per segment).
 
     Args:
         x_ptr, n, stride_x: logits as in ``race_kernel``.
@@ -964,6 +982,9 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
             cleared here.
         programs_per_row: programs sharing a row.
         temperature, T_ROW: as in ``race_kernel``.
+        segment_max_ptr: SEGMENT_MAXIMA: float32 [rows, programs_per_row * SEGMENTS_PER_PROGRAM]
+            out, each segment's maximum (-inf past the row, or with no finite token); otherwise
+            unused.
         WIDTH, SEGMENTS_PER_PROGRAM, PREFETCH: as in ``race_kernel``.
         NUM_BINS, FINE_BINS: bins of the histogram and sub-bins of the boundary bins.
         RELEASE_DEPENDENTS: the histogram pass, a programmatic dependent launch, may start early
@@ -972,6 +993,8 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         READ_POLICY: the L2 eviction policy of the logits' loads (``_segment_logits``; a launch
             choice: the histogram pass reads the logits again).
         CLEAR: clear the row's histograms and counters (the filtered path; not min-p's race).
+        SEGMENT_MAXIMA: store each segment's maximum too (min-p's race skips the segments that
+            keep no token).
     """
     start_dependent_launch(False, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
@@ -993,6 +1016,9 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
                                                           SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T,
                                                           READ_POLICY)
         lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
+        if SEGMENT_MAXIMA:
+            tl.store(segment_max_ptr + pid * SEGMENTS_PER_PROGRAM + j,
+                     tl.max(tl.where(finite, y, float("-inf")), axis=0))
     tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
 
 
@@ -1362,7 +1388,8 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature,
                           seed, seed_stride, offset, offset_stride, plan_ptr, pid - race_from, T_ROW,
                           SEED_TENSOR, OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, True, NUM_BINS,
-                          BINS_PER_NAT, RACE_PREFETCH, UNIT_T, part_score_ptr, False, 0.0, False, False, 1)
+                          BINS_PER_NAT, RACE_PREFETCH, UNIT_T, part_score_ptr, False, 0.0, part_score_ptr,
+                          False, False, 1)
             return
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -2873,7 +2900,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
                           seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR,
                           OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T,
-                          part_max_ptr, not LISTED, 0.0, False, False, 1)
+                          part_max_ptr, not LISTED, 0.0, part_max_ptr, False, False, 1)
     # a listed row's partials come from its programs with a share of the list (the others, most
     # of a peaked row's, write none and return at once in the rounds after the first)
     racing_programs = tl.where(from_list, tl.minimum(list_segments, programs_per_row), programs_per_row)
