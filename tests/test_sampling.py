@@ -1044,7 +1044,7 @@ def test_descent_serves_top_p_alone_up_to_its_rows(monkeypatch):
     assert not serves(ManyRowsOnCuda, 1.0, None, 0.9, 0.05)  # min-p: the pipeline
     assert not serves(x, 1.0, None, 0.9, None)  # not CUDA
     assert not serves(OnCuda, 1.0, 50, 0.9, None)  # top-k: the lanes or the pipeline
-    assert not serves(OnCuda, 0.7, None, None, 0.05)  # min-p alone: the pipeline's one race
+    assert not serves(OnCuda, 0.7, None, None, 0.05)  # min-p alone: its own race (sample_min_p_rows)
     assert not serves(OnCuda, 1.0, None, 0.9, 0.05) and not serves(OnCuda, 1.0, None, 0.9, torch.ones(2))
     assert not serves(OnCuda, 1.0, None, ops.DESCENT_MIN_TOP_P / 2, None)  # small p: many rounds
     assert not serves(OnCuda, 1.0, None, torch.full((2,), 0.9), None)  # p the host cannot see

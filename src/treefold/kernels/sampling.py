@@ -49,6 +49,8 @@ grid large enough for the pre-list, one more for the masks):
 6. ``apply_filter_kernel`` (the mask functions only): writes masked logits or probabilities.
 
 Greedy decoding and sampling without filters take ``race_kernel`` + ``race_combine_kernel``.
+Sampling under min-p alone takes them too, after ``segment_max_kernel``: its kept tokens depend
+on the row maximum alone, and the race (MIN_P) reads only the segments whose maximum can keep one.
 Sampling under top-p and min-p without top-k can take ``descent_kernel`` instead: the race over
 the row first, then, while its winner lies outside the kept prefix, the race among the tokens
 before it (the same scores: the same token as the race over the kept prefix; see the section).
