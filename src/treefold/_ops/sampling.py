@@ -595,7 +595,8 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
         first, _, last = _chained(x.device)
         run(_RACE,
             (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-            o_stride, 0.0, part_score, part_score, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
+            o_stride, 0.0, part_score, part_score,  # (min_p and the maxima: read only with MIN_P)
+            T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
             WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch,
             UNIT_T=_unit_temperature(temperature), num_warps=g.num_warps,
             **first)
@@ -621,8 +622,8 @@ def sample_min_p_rows(x: torch.Tensor, temperature, min_p, seed=0, offset=0, *,
     which depend on the row's maximum alone, so the pipeline's histogram, plan, compaction and
     resolve have nothing to decide; the race takes the pipeline's test of a kept token and its
     noise, so the token is the pipeline's (``sample_rows``). ``programs_per_row`` and
-    ``prefetch`` (the maxima's pass): launch choices (``race_plan``); ``prepare_key`` as in
-    ``sample_rows``."""
+    ``prefetch`` (the maxima's pass; the race loads a segment only once its maximum says so):
+    launch choices (``race_plan``); ``prepare_key`` as in ``sample_rows``."""
     _check_rows("sample_min_p_rows", x)
     rows, n = x.shape
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
@@ -644,14 +645,15 @@ def sample_min_p_rows(x: torch.Tensor, temperature, min_p, seed=0, offset=0, *,
     # (no histogram follows: the maxima's pass clears nothing, its buffers stand in for them)
     run(_SEGMENT_MAX,
         (grid,), x, n, x.stride(0), part_max, part_max, part_max, part_max, part_max, g.programs_per_row, t,
-        segment_max, T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, NUM_BINS=NUM_BINS,
-        FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=unit_t, READ_POLICY=FILTER_FIRST_READ_POLICY,
-        CLEAR=False, SEGMENT_MAXIMA=True, num_warps=g.num_warps, **first)
+        segment_max, T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
+        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=unit_t,
+        READ_POLICY=FILTER_FIRST_READ_POLICY, CLEAR=False, SEGMENT_MAXIMA=True, num_warps=g.num_warps, **first)
     run(_RACE,
         (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-        o_stride, mp, part_max, segment_max, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=True,
-        WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch, UNIT_T=unit_t,
-        MIN_P=True, MINP_ROW=mp_row, PROGRAMS_POW2=g.parts_pow2, num_warps=g.num_warps, **middle)
+        o_stride, mp, part_max, segment_max, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor,
+        NOISE=True, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
+        PREFETCH=False, UNIT_T=unit_t, MIN_P=True, MINP_ROW=mp_row, PROGRAMS_POW2=g.parts_pow2,
+        num_warps=g.num_warps, **middle)
     run(_RACE_COMBINE,
         (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
         PROGRAMS_POW2=g.parts_pow2, num_warps=1, **last)

@@ -904,7 +904,8 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
         WIDTH: tokens per segment (a power of two >= 32; a launch choice).
         SEGMENTS_PER_PROGRAM: consecutive segments one program reads.
         PREFETCH: load each segment before working on the previous one (``_segment_logits``; a
-            launch choice, as in every row pass).
+            launch choice, as in every row pass). Not with MIN_P, which loads a segment only once
+            its maximum says it can keep a token.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: a programmatic dependent launch of the call's previous
             pass, letting the next one start early (``start_dependent_launch``).
         UNIT_T: temperature is the scalar 1 or 0: y is the logit itself (``_logits_from``).
