@@ -854,8 +854,10 @@ def test_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(device, poi
     0, which keeps every token; 1, which keeps the row's maxima) and per row with invalid values
     (1.5, -0.1, NaN: -1); scalar and per-row temperatures (one greedy, one invalid: -1), seeds
     and offsets as ints and tensors; NaN and +-inf (never drawn), a row without a finite logit
-    (-1), ties (whole numbers, and bfloat16); several splits among programs, prefetch on and off.
-    Segments of 64 tokens, so that most segments of a row keep no token (the race skips them)."""
+    (-1), ties (whole numbers, and bfloat16); float16; logits spread over thousands of nats with
+    min_p = 1e-30 (a row with tokens 60 to 80 nats below its maximum, across ln(1e-30) = -69);
+    several splits among programs, prefetch on and off. Segments of 64 tokens, so that most
+    segments of a row keep no token (the race skips them)."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     x = mixed_rows(23)
@@ -872,9 +874,17 @@ def test_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(device, poi
     ones = torch.ones(6, device=device)
     mixed = [ops.sample_rows(xs, t, None, ones, mp, seed, offset) for t, mp, seed, offset in configs[:3]]
     want_16 = ops.sample_rows(xs_16, temps, None, None, mps_low, seeds, offsets)
+    # gaps of thousands of nats (most segments skipped, the rest near the margin's scale of the
+    # float32 differences) under a min_p of 1e-30 (ln: -69 nats), and float16 logits
+    wide = (xs * 700.0).to(device)
+    wide[4, 100:140] = wide[4, 100:140].max() - torch.linspace(60.0, 80.0, 40)
+    want_wide = ops.sample_rows(wide, 1.0, None, None, 1e-30, seeds, 6)
+    want_f16 = ops.sample_rows(xs.half(), 0.9, None, None, 0.2, 8, 1)
     poison_allocations()
     try:
         assert torch.equal(ops.sample_min_p_rows(xs_16, temps, mps_low, seeds, offsets), want_16)
+        assert torch.equal(ops.sample_min_p_rows(wide, 1.0, 1e-30, seeds, 6), want_wide)
+        assert torch.equal(ops.sample_min_p_rows(xs.half(), 0.9, 0.2, 8, 1), want_f16)
         for (t, mp, seed, offset), want in zip(configs, wants):
             for programs, prefetch in ((None, None), (1, False), (3, True), (2, False)):
                 got = ops.sample_min_p_rows(xs, t, mp, seed, offset, programs_per_row=programs, prefetch=prefetch)
