@@ -1904,6 +1904,35 @@ def qwen_like_logits(rows: int, seed: int, scale: float = 3.0) -> torch.Tensor:
     return torch.randn(rows, VOCAB, device="cuda", generator=g) * scale
 
 
+def assert_sample_routes(monkeypatch, x, seeds, launcher: str, routes) -> None:
+    """For each (config, routed) of ``routes``: ``treefold.sample(x, **config)`` gives the
+    pipeline's tokens (``sample_rows``), eager and prepared (the second call of a kind), and
+    takes ``ops.<launcher>`` exactly where ``routed`` says."""
+    taken = []
+    chosen = getattr(ops, launcher)
+    monkeypatch.setattr(ops, launcher, lambda *a, **kw: taken.append(1) or chosen(*a, **kw))
+    monkeypatch.setattr(ops, "_PREPARED", {})
+    for config, routed in routes:
+        want = ops.sample_rows(x, config.get("temperature", 1.0), None, config.get("top_p"), config.get("min_p"),
+                               seeds, 9)
+        taken.clear()
+        for _ in range(2):  # the second call goes through the prepared launches
+            assert torch.equal(treefold.sample(x, seed=seeds, offset=9, **config), want), config
+        assert bool(taken) == routed, config
+
+
+def compared_rows(rows: int, dtype: torch.dtype, seed: int) -> tuple:
+    """(peaked, flat, seeds) for the GPU tests that compare two launch forms' tokens: peaked logits
+    (``seed``) whose last row holds NaN and whose row 1 has no finite logit (its token is -1),
+    flat ones (``seed + 1``), and a seed per row."""
+    x = qwen_like_logits(rows, seed).to(dtype)
+    x[-1, ::5] = float("nan")
+    flat = qwen_like_logits(rows, seed + 1, scale=1.0).to(dtype)
+    if rows > 1:
+        x[1] = float("-inf")
+    return x, flat, torch.arange(rows, device="cuda") * 7919 + 3
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [dict(), dict(top_k=50), dict(top_p=0.9),
                                     dict(top_k=50, top_p=0.9), dict(min_p=0.05)],
@@ -2049,12 +2078,7 @@ def test_gpu_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(rows, d
     # NaN, a row without a finite logit, per-row min_p and temperatures (one greedy); then
     # treefold.sample sends min-p alone to it, eager, prepared (the second call of a kind) and
     # compiled, with the same tokens
-    x = qwen_like_logits(rows, 7).to(dtype)
-    x[-1, ::5] = float("nan")
-    flat = qwen_like_logits(rows, 8, scale=1.0).to(dtype)
-    if rows > 1:
-        x[1] = float("-inf")  # nothing to sample: -1
-    seeds = torch.arange(rows, device="cuda") * 7919 + 3
+    x, flat, seeds = compared_rows(rows, dtype, 7)
     temps = torch.linspace(0.0, 1.5, rows, device="cuda")
     mps = torch.linspace(0.0, 0.5, rows, device="cuda")
     for logits in (x, flat):
@@ -2063,18 +2087,9 @@ def test_gpu_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(rows, d
                 want = ops.sample_rows(logits, t, None, None, mp, seeds, offset)
                 got = ops.sample_min_p_rows(logits, t, mp, seeds, offset)
                 assert torch.equal(got, want), (mp, offset)
-    taken = []
-    race = ops.sample_min_p_rows
-    monkeypatch.setattr(ops, "sample_min_p_rows", lambda *a, **kw: taken.append(1) or race(*a, **kw))
-    monkeypatch.setattr(ops, "_PREPARED", {})
-    for config, routed in ((dict(min_p=0.05), True), (dict(temperature=temps, min_p=mps), True),
-                           (dict(top_p=0.9, min_p=0.05), False)):
-        want = ops.sample_rows(x, config.get("temperature", 1.0), None, config.get("top_p"), config["min_p"],
-                               seeds, 9)
-        taken.clear()
-        for _ in range(2):  # the second call goes through the prepared launches
-            assert torch.equal(treefold.sample(x, seed=seeds, offset=9, **config), want), config
-        assert bool(taken) == routed, config
+    assert_sample_routes(monkeypatch, x, seeds, "sample_min_p_rows",
+                         ((dict(min_p=0.05), True), (dict(temperature=temps, min_p=mps), True),
+                          (dict(top_p=0.9, min_p=0.05), False)))
     compiled = torch.compile(lambda t: treefold.sample(t, min_p=0.05, seed=seeds, offset=9), fullgraph=True)
     assert torch.equal(compiled(x), ops.sample_rows(x, 1.0, None, None, 0.05, seeds, 9))
 
@@ -2090,12 +2105,7 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
     # own and without the held list segments; then, with DESCENT_SAMPLES, treefold.sample sends a scalar
     # top-p to it, eager, prepared (the second call of a kind) and compiled, with the same tokens
     # (over the row at one row, from the pre-list at 24 and 64)
-    x = qwen_like_logits(rows, 5).to(dtype)
-    x[-1, ::5] = float("nan")
-    flat = qwen_like_logits(rows, 6, scale=1.0).to(dtype)
-    if rows > 1:
-        x[1] = float("-inf")  # nothing to sample: -1
-    seeds = torch.arange(rows, device="cuda") * 7919 + 3
+    x, flat, seeds = compared_rows(rows, dtype, 5)
     temps = torch.linspace(0.3, 1.5, rows, device="cuda")
     mps = torch.linspace(0.01, 0.5, rows, device="cuda")
     launches = [dict(rounds=1, loop=False), dict(rounds=2, loop=False), dict(loop=True)]
@@ -2111,19 +2121,10 @@ def test_gpu_sampling_by_descent_gives_the_pipelines_tokens(rows, dtype, monkeyp
                 for launch in launches:
                     got = ops.sample_descent_rows(logits, t, p, mp, seeds, offset, **launch)
                     assert torch.equal(got, want), (p, mp, offset, launch)
-    taken = []
-    descent = ops.sample_descent_rows
     monkeypatch.setattr(ops, "DESCENT_SAMPLES", True)
-    monkeypatch.setattr(ops, "sample_descent_rows", lambda *a, **kw: taken.append(1) or descent(*a, **kw))
-    monkeypatch.setattr(ops, "_PREPARED", {})
-    for config, routed in ((dict(top_p=0.9), True), (dict(temperature=0.8, min_p=0.05), False),
-                           (dict(top_p=torch.full((rows,), 0.9, device="cuda")), False), (dict(top_p=0.3), False)):
-        want = ops.sample_rows(x, config.get("temperature", 1.0), None, config.get("top_p"), config.get("min_p"),
-                               seeds, 9)
-        taken.clear()
-        for _ in range(2):  # the second call goes through the prepared launches
-            assert torch.equal(treefold.sample(x, seed=seeds, offset=9, **config), want), config
-        assert bool(taken) == routed, config
+    assert_sample_routes(monkeypatch, x, seeds, "sample_descent_rows",
+                         ((dict(top_p=0.9), True), (dict(temperature=0.8, min_p=0.05), False),
+                          (dict(top_p=torch.full((rows,), 0.9, device="cuda")), False), (dict(top_p=0.3), False)))
     compiled = torch.compile(lambda t: treefold.sample(t, top_p=0.9, seed=seeds, offset=9), fullgraph=True)
     assert torch.equal(compiled(x), ops.sample_rows(x, 1.0, None, 0.9, None, seeds, 9))
 
@@ -2534,14 +2535,20 @@ def test_prepared_top_k_calls_through_the_interpreter(monkeypatch, request, laun
     assert InterpretedPrepared.launched > launched
 
 
-@pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
-def test_prepared_descent_calls_through_the_interpreter(monkeypatch, request):
-    # the descent's prepared launches (its partials in the workspace, seed and offset in their
-    # slots) with new logits give the ordinary path's tokens
+def prepare_narrow_segments(monkeypatch, request) -> None:
+    """The interpreter standing in for prepared launches, on segments of 64 tokens (plans made
+    again before and after the test)."""
     prepare_through_the_interpreter(monkeypatch, ops)
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     request.addfinalizer(ops.plan.cache_clear)
+
+
+@pytest.mark.skipif(not KERNEL or torch.cuda.is_available(), reason="the interpreter stands in for the GPU here")
+def test_prepared_descent_calls_through_the_interpreter(monkeypatch, request):
+    # the descent's prepared launches (its partials in the workspace, seed and offset in their
+    # slots) with new logits give the ordinary path's tokens
+    prepare_narrow_segments(monkeypatch, request)
     g = torch.Generator().manual_seed(15)
     seeds = torch.tensor([4, 5, 6])
     # over the row, then from the pre-list (peaked rows: their lists hold the kept prefix; the
@@ -2566,10 +2573,7 @@ def test_prepared_descent_calls_through_the_interpreter(monkeypatch, request):
 def test_prepared_min_p_calls_through_the_interpreter(monkeypatch, request):
     # min-p's race, prepared (the maxima and the partial winners in the workspace, seed and offset
     # and the per-row tensors in their slots), with new logits gives the pipeline's tokens
-    prepare_through_the_interpreter(monkeypatch, ops)
-    monkeypatch.setattr(ops, "MAX_WIDTH", 64)
-    ops.plan.cache_clear()
-    request.addfinalizer(ops.plan.cache_clear)
+    prepare_narrow_segments(monkeypatch, request)
     g = torch.Generator().manual_seed(16)
     seeds = torch.tensor([4, 5, 6])
     x = torch.randn(3, 300, generator=g) * 3
