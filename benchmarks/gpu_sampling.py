@@ -335,7 +335,7 @@ def profile() -> None:
     for batch in BATCHES:
         x = logits(batch, torch.float32, seed=19)
         seeds = torch.arange(batch, device="cuda")
-        for name in ("top-p 0.9", "top-k 50"):
+        for name in ("top-p 0.9", "top-k 50", "min-p 0.05"):
             config = CONFIGS[name]
             treefold.sample(x, seed=seeds, **config)
             torch.cuda.synchronize()
