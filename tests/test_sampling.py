@@ -852,12 +852,14 @@ def test_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(device, poi
     the token the pipeline picks (``sample_rows``), alone and where the pipeline also carries a
     per-row top-p of 1 (a batch whose other requests ask for top-p): min_p scalar (0.05, 0.3;
     0, which keeps every token; 1, which keeps the row's maxima) and per row with invalid values
-    (1.5, -0.1, NaN: -1); scalar and per-row temperatures (one greedy, one invalid: -1), seeds
+    (1.5, -0.1, NaN: -1), and a subnormal one (1e-40: nothing skipped); a scalar temperature of 0
+    (no noise), scalar and per-row temperatures (one greedy, one invalid: -1), seeds
     and offsets as ints and tensors; NaN and +-inf (never drawn), a row without a finite logit
     (-1), ties (whole numbers, and bfloat16); float16; logits spread over thousands of nats with
     min_p = 1e-30 (a row with tokens 60 to 80 nats below its maximum, across ln(1e-30) = -69);
-    several splits among programs, prefetch on and off. Segments of 64 tokens, so that most
-    segments of a row keep no token (the race skips them)."""
+    tokens within a few ulps of the boundary, each alone in its segment; several splits among
+    programs, prefetch on and off. Segments of 64 tokens, so that most segments of a row keep no
+    token (the race skips them)."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     x = mixed_rows(23)
@@ -869,7 +871,8 @@ def test_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(device, poi
     mps = torch.tensor([0.5, 0.3, 0.5, 1.5, 0.02, float("nan")], device=device)  # rows 3 and 5 invalid
     mps_low = torch.tensor([0.0, 0.01, 0.2, -0.1, 1.0, 0.6], device=device)  # row 3 invalid
     configs = ((1.0, 0.05, 3, 0), (0.7, 0.3, seeds, offsets), (temps, 0.05, 17, offsets), (2.0, mps, 5, 1),
-               (1.0, mps_low, seeds, 2), (1.0, 0.0, 4, 4), (0.8, 1.0, seeds, 3), (temps, mps, seeds, offsets))
+               (1.0, mps_low, seeds, 2), (1.0, 0.0, 4, 4), (0.8, 1.0, seeds, 3), (temps, mps, seeds, offsets),
+               (0.0, 0.3, 3, 0), (1.0, 1e-40, 6, 2))
     wants = [ops.sample_rows(xs, t, None, None, mp, seed, offset) for t, mp, seed, offset in configs]
     ones = torch.ones(6, device=device)
     mixed = [ops.sample_rows(xs, t, None, ones, mp, seed, offset) for t, mp, seed, offset in configs[:3]]
@@ -880,11 +883,24 @@ def test_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(device, poi
     wide[4, 100:140] = wide[4, 100:140].max() - torch.linspace(60.0, 80.0, 40)
     want_wide = ops.sample_rows(wide, 1.0, None, None, 1e-30, seeds, 6)
     want_f16 = ops.sample_rows(xs.half(), 0.9, None, None, 0.2, 8, 1)
+    # tokens within a few float32 ulps of min-p's boundary, each alone in its segment of 64 (the
+    # rest of the row 50 nats down): a segment skipped though it holds a kept token changes draws
+    edge_mps = torch.tensor([0.5, 0.3], device=device)
+    edge = torch.full((2, 300), -40.0)
+    edge[:, 5] = 10.0
+    for r, mp in enumerate((0.5, 0.3)):
+        for col, delta in zip((70, 140, 200, 260, 290), (3e-6, -3e-6, 1e-6, 0.0, -0.01)):
+            edge[r, col] = 10.0 + math.log(mp) + delta
+    edge = edge.to(device)
+    want_edge = [ops.sample_rows(edge, 1.0, None, None, edge_mps, 3, offset) for offset in range(12)]
+    assert any(w[0].item() != 5 for w in want_edge) and any(w[1].item() != 5 for w in want_edge)
     poison_allocations()
     try:
         assert torch.equal(ops.sample_min_p_rows(xs_16, temps, mps_low, seeds, offsets), want_16)
         assert torch.equal(ops.sample_min_p_rows(wide, 1.0, 1e-30, seeds, 6), want_wide)
         assert torch.equal(ops.sample_min_p_rows(xs.half(), 0.9, 0.2, 8, 1), want_f16)
+        for offset, want in enumerate(want_edge):
+            assert torch.equal(ops.sample_min_p_rows(edge, 1.0, edge_mps, 3, offset), want), offset
         for (t, mp, seed, offset), want in zip(configs, wants):
             for programs, prefetch in ((None, None), (1, False), (3, True), (2, False)):
                 got = ops.sample_min_p_rows(xs, t, mp, seed, offset, programs_per_row=programs, prefetch=prefetch)
@@ -2293,6 +2309,9 @@ def test_each_pass_gets_its_place_in_the_chain(monkeypatch):
             assert options[0] == {"RELEASE_DEPENDENTS"}, (config, options)
             assert all(o == chained for o in options[1:-1]), (config, options)
             assert options[-1] == {"WAIT_FOR_PRIOR", "launch_pdl"}, (config, options)
+    ops.sample_min_p_rows(x, 1.0, 0.1, seeds, 0)  # the maxima, min-p's race, its combine
+    options = [{k for k in kwargs if k in chained and kwargs[k]} for _, kwargs in runs[-1].launches]
+    assert options == [{"RELEASE_DEPENDENTS"}, chained, {"WAIT_FOR_PRIOR", "launch_pdl"}], options
     ops.filter_rows(x, None, 0.8, None, probs=True)
     (resolve, _), (apply, applied) = runs[-1].launches[-2:]
     assert resolve is ops._RESOLVE and apply is ops._APPLY
@@ -2314,6 +2333,7 @@ def test_gpu_dependent_launches_give_the_same_results(rows, monkeypatch, poison_
                                           c.get("min_p"), seeds, 3),)
              for c in (dict(top_p=0.9), dict(min_p=0.05), dict(top_k=50), dict(top_k=50, top_p=0.9), dict(),
                        dict(temperature=0.0))]
+    calls.append(lambda: (ops.sample_min_p_rows(x, 1.0, 0.05, seeds, 3),))  # the maxima, min-p's race, combine
     graphed = len(calls)  # the sampling calls replay from a graph too
     calls += [lambda: ops.top_k_rows(x, 50), lambda: (ops.filter_rows(x, None, 0.8, None, probs=True),)]
     monkeypatch.setattr(ops, "DEPENDENT_LAUNCH", False)

@@ -651,7 +651,7 @@ def sample_min_p_rows(x: torch.Tensor, temperature, min_p, seed=0, offset=0, *,
     run(_RACE,
         (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
         o_stride, mp, part_max, segment_max, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor,
-        NOISE=True, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
+        NOISE=not _scalar_greedy(temperature), WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
         PREFETCH=False, UNIT_T=unit_t, MIN_P=True, MINP_ROW=mp_row, PROGRAMS_POW2=g.parts_pow2,
         num_warps=g.num_warps, **middle)
     run(_RACE_COMBINE,

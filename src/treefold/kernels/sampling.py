@@ -89,9 +89,11 @@ MAX_INV_TEMPERATURE = tl.constexpr(1e30)
 #: Min-p's race skips a segment whose maximum lies more than ln(1 / min_p) + this many nats below
 #: the row's: none of its tokens can reach min_p. The gaps y - m are the same float32 differences
 #: the tokens' test takes (and rounding is monotone), so the margin covers only the exp's and the
-#: log's approximations at gaps down to ln(2^-149) = -103.3 nats (min_p's least positive value):
-#: under 1e-5 nats.
+#: log's approximations, under 1e-5 nats while exp(gap) is a normal float32. A min_p below the
+#: least normal one (MIN_P_SKIP_LEAST), where exp's subnormal results round by far more, skips
+#: nothing.
 MIN_P_SKIP_MARGIN = tl.constexpr(2.0 ** -6)
+MIN_P_SKIP_LEAST = tl.constexpr(1.1754943508222875e-38)
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
 #: Larger than any key the bracket search meets (keys are int32 values or minus an index).
@@ -836,9 +838,10 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
             # A kept token has exp(y - m) >= min_p, so y - m >= ln(min_p) up to the exp's and the
             # log's approximations (far inside MIN_P_SKIP_MARGIN): a segment whose maximum lies
             # further below is skipped unread. Most segments of a peaked row keep no token, and the
-            # plain race's cost is the read and the noise (Philox per token); min_p = 0 (ln = -inf)
-            # skips none. A row without a finite token (m = -inf: NaN gaps) skips every segment.
-            floor = tl.log(mp) - MIN_P_SKIP_MARGIN
+            # plain race's cost is the read and the noise (Philox per token). min_p = 0, or one
+            # below MIN_P_SKIP_LEAST, skips none; a row without a finite token (m = -inf: NaN
+            # gaps) skips every segment.
+            floor = tl.where(mp >= MIN_P_SKIP_LEAST, tl.log(mp) - MIN_P_SKIP_MARGIN, float("-inf"))
             for j in range(SEGMENTS_PER_PROGRAM):
                 top = tl.load(segment_max_ptr + pid * SEGMENTS_PER_PROGRAM + j)
                 if top - m >= floor:
@@ -849,8 +852,9 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                     # the pipeline's own test of a kept token (``compact_kernel``, ``resolve_kernel``)
                     w, w_fixed = _fixed_mass(y, m, valid)
                     valid = valid & ((minp_on == 0) | (w >= mp))
-                    score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-                    lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, score, cols)
+                    if NOISE:
+                        y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+                    lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
     elif race:
         raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, "")
         for j in range(SEGMENTS_PER_PROGRAM):
