@@ -586,25 +586,41 @@ def sample_rows(x: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None
     else:
         # no filter, or greedy with scalar filters (they never remove the top token): one race
         g = race_plan(rows, n, x.dtype, x.device, greedy, programs_per_row, prefetch)
-        t, t_row = _param(temperature)
-        s, s_stride, s_tensor = _random(seed)
-        o, o_stride, o_tensor = _random(offset)
-        grid = rows * g.programs_per_row
-        part_score = run.buffer("part_score", grid, torch.float32, x.device)
-        part_index = run.buffer("part_index", grid, torch.int64, x.device)
         first, _, last = _chained(x.device)
-        run(_RACE,
-            (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-            o_stride, 0.0, part_score, part_score,  # (min_p and the maxima: read only with MIN_P)
-            T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor, NOISE=not greedy,
-            WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program, PREFETCH=g.prefetch,
-            UNIT_T=_unit_temperature(temperature), num_warps=g.num_warps,
-            **first)
-        run(_RACE_COMBINE,
-            (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
-            PROGRAMS_POW2=g.parts_pow2, num_warps=1, **last)
+        _race_and_combine(run, x, g, out, temperature, seed, offset, first, last, prefetch=g.prefetch)
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
+
+
+def _race_and_combine(run: _Run, x: torch.Tensor, g: Plan, out: torch.Tensor, temperature, seed, offset,
+                      race_options: dict, combine_options: dict, *, prefetch: bool, min_p=None,
+                      maxima: tuple = ()) -> None:
+    """The race over each row's segments on plan ``g`` (``race_kernel``), then its combine into the
+    tokens ``out`` (``race_combine_kernel``), with their launch options (``_chained``'s). No noise
+    under a scalar temperature of 0. With ``min_p``, only the tokens min-p keeps race: ``maxima``
+    holds ``segment_max_kernel``'s maxima of programs and of segments on the same plan."""
+    rows, n = x.shape
+    t, t_row = _param(temperature)
+    s, s_stride, s_tensor = _random(seed)
+    o, o_stride, o_tensor = _random(offset)
+    grid = rows * g.programs_per_row
+    part_score = run.buffer("part_score", grid, torch.float32, x.device)
+    part_index = run.buffer("part_index", grid, torch.int64, x.device)
+    if min_p is None:  # (min_p and the maxima are read only with MIN_P)
+        mp, part_max, segment_max, by_min_p = 0.0, part_score, part_score, {}
+    else:
+        mp, mp_row = _param(min_p)
+        part_max, segment_max = maxima
+        by_min_p = dict(MIN_P=True, MINP_ROW=mp_row, PROGRAMS_POW2=g.parts_pow2)
+    run(_RACE,
+        (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
+        o_stride, mp, part_max, segment_max, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor,
+        NOISE=not _scalar_greedy(temperature), WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
+        PREFETCH=prefetch, UNIT_T=_unit_temperature(temperature), num_warps=g.num_warps, **by_min_p,
+        **race_options)
+    run(_RACE_COMBINE,
+        (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
+        PROGRAMS_POW2=g.parts_pow2, num_warps=1, **combine_options)
 
 
 #: ``sample_kernel_rows`` serves sampling under min-p alone by ``sample_min_p_rows`` (the same
@@ -632,31 +648,18 @@ def sample_min_p_rows(x: torch.Tensor, temperature, min_p, seed=0, offset=0, *,
     run, seed, offset = _sample_run(prepare_key, x, out, temperature, None, None, min_p, seed, offset)
     g = race_plan(rows, n, x.dtype, x.device, False, programs_per_row, prefetch)
     t, t_row = _param(temperature)
-    mp, mp_row = _param(min_p)
-    s, s_stride, s_tensor = _random(seed)
-    o, o_stride, o_tensor = _random(offset)
     grid = rows * g.programs_per_row
     part_max = run.buffer("part_max", grid, torch.float32, x.device)
     segment_max = run.buffer("segment_max", grid * g.segments_per_program, torch.float32, x.device)
-    part_score = run.buffer("part_score", grid, torch.float32, x.device)
-    part_index = run.buffer("part_index", grid, torch.int64, x.device)
-    unit_t = _unit_temperature(temperature)
     first, middle, last = _chained(x.device)
     # (no histogram follows: the maxima's pass clears nothing, its buffers stand in for them)
     run(_SEGMENT_MAX,
         (grid,), x, n, x.stride(0), part_max, part_max, part_max, part_max, part_max, g.programs_per_row, t,
         segment_max, T_ROW=t_row, WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
-        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=unit_t,
+        NUM_BINS=NUM_BINS, FINE_BINS=FINE_BINS, PREFETCH=g.prefetch, UNIT_T=_unit_temperature(temperature),
         READ_POLICY=FILTER_FIRST_READ_POLICY, CLEAR=False, SEGMENT_MAXIMA=True, num_warps=g.num_warps, **first)
-    run(_RACE,
-        (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
-        o_stride, mp, part_max, segment_max, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor,
-        NOISE=not _scalar_greedy(temperature), WIDTH=g.width, SEGMENTS_PER_PROGRAM=g.segments_per_program,
-        PREFETCH=False, UNIT_T=unit_t, MIN_P=True, MINP_ROW=mp_row, PROGRAMS_POW2=g.parts_pow2,
-        num_warps=g.num_warps, **middle)
-    run(_RACE_COMBINE,
-        (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
-        PROGRAMS_POW2=g.parts_pow2, num_warps=1, **last)
+    _race_and_combine(run, x, g, out, temperature, seed, offset, middle, last, prefetch=False, min_p=min_p,
+                      maxima=(part_max, segment_max))
     _keep_prepared(prepare_key, run, (("token", (rows,), torch.int64),))
     return out
 

@@ -456,6 +456,14 @@ def _fixed_mass(y, m, finite):
 
 
 @triton.jit
+def _min_p_keeps(w, mp, minp_on):
+    """Whether min-p keeps each token of weight w = exp(y - y_max) (``_fixed_mass``'s): w >= min_p,
+    or every token where min-p is off (``minp_on``: mp > 0). Every pass that decides min-p takes
+    this test, so all of them keep the same tokens."""
+    return (minp_on == 0) | (w >= mp)
+
+
+@triton.jit
 def _fixed_weight(gap):
     """The fixed-point weight of ``_fixed_mass`` alone, from the token's ``_gap`` (0 where that is
     -inf), for passes that need no float w. Compiled, its exp flushes results below 2^-126 to
@@ -849,9 +857,9 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                     cols = start + lanes
                     in_row = cols < n
                     x, valid, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t, UNIT_T)
-                    # the pipeline's own test of a kept token (``compact_kernel``, ``resolve_kernel``)
+                    # the test of a kept token that every pass deciding min-p takes
                     w, w_fixed = _fixed_mass(y, m, valid)
-                    valid = valid & ((minp_on == 0) | (w >= mp))
+                    valid = valid & _min_p_keeps(w, mp, minp_on)
                     if NOISE:
                         y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
                     lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
@@ -1022,10 +1030,10 @@ def segment_max_kernel(x_ptr, n, stride_x, part_max_ptr, hist_ptr, fine_ptr, cou
         cols, in_row, x, finite, y, raw = _segment_logits(x_ptr, row, stride_x, prog, j, lanes, n, inv_t, raw,
                                                           SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, UNIT_T,
                                                           READ_POLICY)
-        lane_max = tl.maximum(lane_max, tl.where(finite, y, float("-inf")))
+        candidates = tl.where(finite, y, float("-inf"))
+        lane_max = tl.maximum(lane_max, candidates)
         if SEGMENT_MAXIMA:
-            tl.store(segment_max_ptr + pid * SEGMENTS_PER_PROGRAM + j,
-                     tl.max(tl.where(finite, y, float("-inf")), axis=0))
+            tl.store(segment_max_ptr + pid * SEGMENTS_PER_PROGRAM + j, tl.max(candidates, axis=0))
     tl.store(part_max_ptr + pid, tl.max(lane_max, axis=0))
 
 
@@ -1464,7 +1472,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                 above = valid & (b < lo)
                 listed = valid & (b >= lo) & (b <= hi)
                 w, w_fixed = _fixed_mass(y, m, finite)
-                survives = (minp_on == 0) | (w >= mp)
+                survives = _min_p_keeps(w, mp, minp_on)
                 if MASSES:
                     lane_mass += tl.where(above, w_fixed, 0)
                     lane_kept += tl.where(above & survives, w_fixed, 0)
@@ -1678,7 +1686,7 @@ def _resolve_short(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_ab
                    total_fixed)
     target = _top_p_target(p, m_k)
     keep = keep & ((topp_on == 0) | (mass_above + mass_before < target))
-    keep = keep & ((minp_on == 0) | (w >= mp))
+    keep = keep & _min_p_keeps(w, mp, minp_on)
     _finish(keep, comp, idx, x, y, w_fixed, rank, row, best_score, best_index, kept_above,
             kept_low, lo, hi, m, seed, stream, offset, noise_scale, token_ptr, lo_ptr, hi_ptr,
             thr_ptr, max_ptr,
@@ -1853,7 +1861,7 @@ def _resolve_search(x_ptr, row, stride_x, list_ptr, list_stride, n_list, count_a
                                                        list_stride, start, n_list, m, inv_t,
                                                        BLOCK, ALL_VALUES)
         comp = _composite(key, idx)
-        keep = live & (comp >= thr) & ((minp_on == 0) | (w >= mp))
+        keep = live & (comp >= thr) & _min_p_keeps(w, mp, minp_on)
         if MODE == MODE_SAMPLE:
             top, at = _race_listed(keep, y, idx, seed, stream, offset, noise_scale, top, at)
         else:
@@ -1881,7 +1889,7 @@ def _refine_block(list_ptr, row, list_stride, block, flo, fhi, lo, hi, written, 
     f = _fine_bin(y, m, lo, hi, FINE_BINS, BINS_PER_NAT)
     sure = live & (f < flo)
     inside = live & (f >= flo) & (f <= fhi)
-    survives = sure & ((minp_on == 0) | (w >= mp))
+    survives = sure & _min_p_keeps(w, mp, minp_on)
     if FUSED_REDUCTIONS:
         sure_count, sure_mass, sure_kept = tl.reduce(
             (sure.to(tl.int32), tl.where(sure, w_fixed, 0), tl.where(survives, w_fixed, 0)), 0, _add_three)
@@ -2264,7 +2272,7 @@ def _top_k_lanes_race(ranked, place, row, k, token_ptr, inv_t, noise_scale, ok, 
         topp_on = p < 1.0  # as in ``_plan``
         minp_on = mp > 0.0
         keep = keep & ((topp_on == 0) | (mass_before < target))
-        keep = keep & ((minp_on == 0) | (w >= mp))
+        keep = keep & _min_p_keeps(w, mp, minp_on)
     score, index = _race_entries(keep, y, index, seed, stream, offset, noise_scale)
     top, at = _winner(score, index, INT64_MAX)
     tl.store(token_ptr + row, tl.where((top > float("-inf")) & ok, at, -1))
