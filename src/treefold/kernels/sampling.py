@@ -2171,7 +2171,7 @@ def apply_filter_kernel(x_ptr, n, stride_x, out_ptr, stride_out, lo_ptr, hi_ptr,
         b = _bin_of(x, y, m, finite, NUM_BINS, BINS_PER_NAT, False)
         w, w_fixed = _fixed_mass(y, m, finite)
         keep = finite & ((b < lo) | ((b <= hi) & (_composite(_ordered_key(x), cols) >= thr)))
-        keep = keep & (w >= tl.where(mp > 0.0, mp, float("-inf")))
+        keep = keep & _min_p_keeps(w, mp, mp > 0.0)
         if PROBS:
             out = tl.where(keep, w / tl.where(mass > 0.0, mass, 1.0), 0.0)
             out = tl.where(mass > 0.0, out, float("nan"))
