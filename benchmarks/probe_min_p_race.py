@@ -8,7 +8,9 @@ For each case (rows, dtype, peaked or flat logits of gpu_sampling.py) and min-p 
 one per row spread over [0, 0.5]): the two calls' tokens compared at 8 offsets (8 draws per row),
 then each call replayed from a CUDA graph (do_bench median, L2 flushed) in three interleaved
 rounds, and the profiler's kernel time of the replay (``kernel_us``). Writes
-OUT_DIR/min-p-race.json and prints a table last. ROWS="1,64" sets the batch sizes.
+OUT_DIR/min-p-race.json and prints a table last. ROWS="1,64" sets the batch sizes;
+PROGRAMS="15,22" adds the race at those programs per row (a launch choice of both its passes),
+checked and timed beside the default plan.
 """
 import json
 import os
@@ -24,6 +26,7 @@ from gpu_sampling import FLAT, PEAKED, graphed, logits
 from probe_report import time_graphed_variants
 
 ROWS = tuple(int(r) for r in os.environ.get("ROWS", "1,64").split(","))
+PROGRAMS = tuple(int(p) for p in os.environ.get("PROGRAMS", "").split(",") if p)
 
 
 def main(out_dir: str) -> None:
@@ -39,14 +42,20 @@ def main(out_dir: str) -> None:
                 for name, mp in (("min-p 0.05", 0.05), ("min-p 0.3", 0.3), ("min-p per row", spread)):
                     key = (rows, str(dtype).replace("torch.", ""), kind, name)
                     bad = 0
+                    plans = (None,) + (PROGRAMS if rows > 1 else ())
                     for offset in range(8):
                         want = ops.sample_rows(x, 1.0, None, None, mp, seeds, offset)
-                        bad += int((ops.sample_min_p_rows(x, 1.0, mp, seeds, offset) != want).sum())
+                        for ppr in plans:
+                            got = ops.sample_min_p_rows(x, 1.0, mp, seeds, offset, programs_per_row=ppr)
+                            bad += int((got != want).sum())
                     mismatches[" ".join(map(str, key))] = bad
                     cases[key] = {
                         "pipeline": lambda x=x, mp=mp, s=seeds: (ops.sample_rows(x, 1.0, None, None, mp, s, 3),),
                         "race": lambda x=x, mp=mp, s=seeds: (ops.sample_min_p_rows(x, 1.0, mp, s, 3),),
                     }
+                    for ppr in plans[1:]:
+                        cases[key][f"race {ppr}/row"] = lambda x=x, mp=mp, s=seeds, ppr=ppr: (
+                            ops.sample_min_p_rows(x, 1.0, mp, s, 3, programs_per_row=ppr),)
     os.makedirs(out_dir, exist_ok=True)
     graph = time_graphed_variants(cases, os.path.join(out_dir, "min-p-race-graph.json"))
     kernel = {(key, name): kernel_us(graphed(fn)) or float("nan")
@@ -61,13 +70,14 @@ def main(out_dir: str) -> None:
         json.dump(dict(device=torch.cuda.get_device_name(), mismatches=mismatches, rows=rows_out), f, indent=1)
     print(f"device {torch.cuda.get_device_name()}; token mismatches (8 offsets each): "
           f"{sum(mismatches.values())} in all {mismatches}")
-    print(f"{'case':36s} {'pipeline graph':>15s} {'kernel':>8s} {'race graph':>11s} {'kernel':>8s}")
+    calls = list(dict.fromkeys(name for c in cases.values() for name in c))
+    print(f"{'case':36s} " + " ".join(f"{name + ' graph':>16s} {'kernel':>7s}" for name in calls))
     for key in cases:
-        p = next(r for r in rows_out if r["case"] == " ".join(map(str, key)) and r["call"] == "pipeline")
-        r = next(r for r in rows_out if r["case"] == " ".join(map(str, key)) and r["call"] == "race")
-        print(f"{' '.join(map(str, key)):36s} {p['graph_us']:15.1f} {p['kernel_us']:8.1f} "
-              f"{r['graph_us']:11.1f} {r['kernel_us']:8.1f}")
-
+        line = f"{' '.join(map(str, key)):36s}"
+        for name in calls:
+            r = next((r for r in rows_out if r["case"] == " ".join(map(str, key)) and r["call"] == name), None)
+            line += f" {r['graph_us']:16.1f} {r['kernel_us']:7.1f}" if r else f" {'-':>16s} {'-':>7s}"
+        print(line)
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "out")
