@@ -10,8 +10,7 @@ then each call replayed from a CUDA graph (do_bench median, L2 flushed) in three
 rounds, and the profiler's kernel time of the replay (``kernel_us``). Writes
 OUT_DIR/min-p-race.json and prints a table last. ROWS="1,64" sets the batch sizes;
 PROGRAMS="15,22" adds the race at those programs per row (a launch choice of both its passes),
-checked and timed beside the default plan; CHUNKS="1" adds the race loading that many segment
-maxima at once (``MIN_P_SEGMENT_CHUNK``; 1: a round trip per segment before its logits).
+checked and timed beside the default plan.
 """
 import json
 import os
@@ -28,19 +27,6 @@ from probe_report import time_graphed_variants
 
 ROWS = tuple(int(r) for r in os.environ.get("ROWS", "1,64").split(","))
 PROGRAMS = tuple(int(p) for p in os.environ.get("PROGRAMS", "").split(",") if p)
-CHUNKS = tuple(int(c) for c in os.environ.get("CHUNKS", "").split(",") if c)
-
-
-def chunked(chunk: int, fn):
-    """fn called with ``MIN_P_SEGMENT_CHUNK`` at chunk (while a graph captures it, too)."""
-    def call():
-        default = ops.MIN_P_SEGMENT_CHUNK
-        ops.MIN_P_SEGMENT_CHUNK = chunk
-        try:
-            return fn()
-        finally:
-            ops.MIN_P_SEGMENT_CHUNK = default
-    return call
 
 
 def main(out_dir: str) -> None:
@@ -70,13 +56,6 @@ def main(out_dir: str) -> None:
                     for ppr in plans[1:]:
                         cases[key][f"race {ppr}/row"] = lambda x=x, mp=mp, s=seeds, ppr=ppr: (
                             ops.sample_min_p_rows(x, 1.0, mp, s, 3, programs_per_row=ppr),)
-                    for chunk in CHUNKS:
-                        for offset in range(8):
-                            want = ops.sample_rows(x, 1.0, None, None, mp, seeds, offset)
-                            got = chunked(chunk, lambda: ops.sample_min_p_rows(x, 1.0, mp, seeds, offset))()
-                            mismatches[" ".join(map(str, key))] += int((got != want).sum())
-                        cases[key][f"race chunk {chunk}"] = chunked(
-                            chunk, lambda x=x, mp=mp, s=seeds: (ops.sample_min_p_rows(x, 1.0, mp, s, 3),))
     os.makedirs(out_dir, exist_ok=True)
     graph = time_graphed_variants(cases, os.path.join(out_dir, "min-p-race-graph.json"))
     kernel = {(key, name): kernel_us(graphed(fn)) or float("nan")

@@ -858,9 +858,8 @@ def test_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(device, poi
     (-1), ties (whole numbers, and bfloat16); float16; logits spread over thousands of nats with
     min_p = 1e-30 (a row with tokens 60 to 80 nats below its maximum, across ln(1e-30) = -69);
     tokens within a few ulps of the boundary, each alone in its segment; several splits among
-    programs, prefetch on and off, the segment maxima loaded 2 at a time (a program's segments in
-    several chunks, the last one short). Segments of 64 tokens, so that most segments of a row
-    keep no token (the race skips them)."""
+    programs, prefetch on and off. Segments of 64 tokens, so that most segments of a row keep no
+    token (the race skips them)."""
     monkeypatch.setattr(ops, "MAX_WIDTH", 64)
     ops.plan.cache_clear()
     x = mixed_rows(23)
@@ -903,12 +902,9 @@ def test_sampling_under_min_p_by_one_race_gives_the_pipelines_tokens(device, poi
         for offset, want in enumerate(want_edge):
             assert torch.equal(ops.sample_min_p_rows(edge, 1.0, edge_mps, 3, offset), want), offset
         for (t, mp, seed, offset), want in zip(configs, wants):
-            for programs, prefetch, chunk in ((None, None, 32), (1, False, 32), (1, False, 2), (3, True, 32),
-                                              (2, False, 2)):
-                monkeypatch.setattr(ops, "MIN_P_SEGMENT_CHUNK", chunk)
+            for programs, prefetch in ((None, None), (1, False), (3, True), (2, False)):
                 got = ops.sample_min_p_rows(xs, t, mp, seed, offset, programs_per_row=programs, prefetch=prefetch)
-                assert torch.equal(got, want), (t, mp, programs, prefetch, chunk, got, want)
-            monkeypatch.setattr(ops, "MIN_P_SEGMENT_CHUNK", 32)
+                assert torch.equal(got, want), (t, mp, programs, prefetch, got, want)
             assert want[2].item() == -1
             if isinstance(t, torch.Tensor):
                 assert want[4].item() == -1

@@ -611,8 +611,7 @@ def _race_and_combine(run: _Run, x: torch.Tensor, g: Plan, out: torch.Tensor, te
     else:
         mp, mp_row = _param(min_p)
         part_max, segment_max = maxima
-        by_min_p = dict(MIN_P=True, MINP_ROW=mp_row, PROGRAMS_POW2=g.parts_pow2,
-                        SEGMENT_CHUNK=min(order.next_pow2(g.segments_per_program), MIN_P_SEGMENT_CHUNK))
+        by_min_p = dict(MIN_P=True, MINP_ROW=mp_row, PROGRAMS_POW2=g.parts_pow2)
     run(_RACE,
         (grid,), x, n, x.stride(0), part_score, part_index, g.programs_per_row, t, s, s_stride, o,
         o_stride, mp, part_max, segment_max, T_ROW=t_row, SEED_TENSOR=s_tensor, OFFSET_TENSOR=o_tensor,
@@ -623,10 +622,6 @@ def _race_and_combine(run: _Run, x: torch.Tensor, g: Plan, out: torch.Tensor, te
         (rows,), part_score, part_index, out, g.programs_per_row, t, T_ROW=t_row,
         PROGRAMS_POW2=g.parts_pow2, num_warps=1, **combine_options)
 
-
-#: Segment maxima min-p's race loads at once (``race_kernel``'s SEGMENT_CHUNK; at most 32, the
-#: bits of its mask).
-MIN_P_SEGMENT_CHUNK = 32
 
 #: ``sample_kernel_rows`` serves sampling under min-p alone by ``sample_min_p_rows`` (the same
 #: tokens as the pipeline's, in three launches instead of six).

@@ -795,8 +795,7 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
                   WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr, SURE_ONLY: tl.constexpr,
                   NUM_BINS: tl.constexpr, BINS_PER_NAT: tl.constexpr, PREFETCH: tl.constexpr,
                   UNIT_T: tl.constexpr, part_max_ptr, MAXIMA: tl.constexpr, min_p, segment_max_ptr,
-                  MIN_P: tl.constexpr, MINP_ROW: tl.constexpr, PROGRAMS_POW2: tl.constexpr,
-                  SEGMENT_CHUNK: tl.constexpr):
+                  MIN_P: tl.constexpr, MINP_ROW: tl.constexpr, PROGRAMS_POW2: tl.constexpr):
     """Race program ``pid``: of ``race_kernel`` (whose arguments these are), and with SURE_ONLY of
     ``compact_kernel``'s race programs, where only the sure-kept tokens race (bins before the
     plan's lo that min-p keeps), and only in the rows whose plan says they are raced in place
@@ -813,7 +812,7 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
         part_max_ptr: float32 [rows, programs_per_row]: MAXIMA: written (this program's maximum);
             MIN_P: read (``segment_max_kernel``'s maxima on this plan); otherwise unused.
         MAXIMA: store the program's maximum.
-        min_p, segment_max_ptr, MIN_P, MINP_ROW, PROGRAMS_POW2, SEGMENT_CHUNK: as in ``race_kernel``.
+        min_p, segment_max_ptr, MIN_P, MINP_ROW, PROGRAMS_POW2: as in ``race_kernel``.
     """
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -836,10 +835,8 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
         m = tl.load(plan_row + PLAN_MAX_BITS).to(tl.float32, bitcast=True)
         mp = tl.load(plan_row + PLAN_MIN_P_BITS).to(tl.float32, bitcast=True)
     if MIN_P:
-        chunk = tl.arange(0, SEGMENT_CHUNK)
-        chunk_bits = tl.full([SEGMENT_CHUNK], 1, tl.int64) << chunk.to(tl.int64)
-        first_tops = tl.load(segment_max_ptr + pid * SEGMENTS_PER_PROGRAM + chunk,
-                             mask=chunk < SEGMENTS_PER_PROGRAM, other=float("-inf"))
+        # (the first segment's maximum is loaded beside the row maximum's partials)
+        top = tl.load(segment_max_ptr + pid * SEGMENTS_PER_PROGRAM)
         m = _row_max(part_max_ptr, row, programs_per_row, PROGRAMS_POW2)
         if MINP_ROW:
             mp = tl.load(min_p + row).to(tl.float32)
@@ -855,29 +852,25 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
             # below MIN_P_SKIP_LEAST, skips none; a row without a finite token (m = -inf: NaN
             # gaps) skips every segment.
             floor = tl.where(mp >= MIN_P_SKIP_LEAST, tl.log(mp) - MIN_P_SKIP_MARGIN, float("-inf"))
-            # The segments' maxima come SEGMENT_CHUNK at a time in one load, which the row
-            # maximum's load overlaps (the first chunk's) or the chunk before's work (the
-            # next's), and become a mask of the segments to read: one round trip per chunk
-            # instead of one per segment before its logits' own.
-            tops = first_tops
-            for c in range(0, SEGMENTS_PER_PROGRAM, SEGMENT_CHUNK):
-                reach = tl.sum(tl.where((tops - m >= floor) & (c + chunk < SEGMENTS_PER_PROGRAM), chunk_bits, 0),
-                               axis=0)
-                following = c + SEGMENT_CHUNK + chunk
-                tops = tl.load(segment_max_ptr + pid * SEGMENTS_PER_PROGRAM + following,
-                               mask=following < SEGMENTS_PER_PROGRAM, other=float("-inf"))
-                for jj in range(SEGMENT_CHUNK):
-                    if ((reach >> jj) & 1) != 0:
-                        start = (prog * SEGMENTS_PER_PROGRAM + c + jj) * WIDTH
-                        cols = start + lanes
-                        in_row = cols < n
-                        x, valid, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t, UNIT_T)
-                        # the test of a kept token that every pass deciding min-p takes
-                        w, w_fixed = _fixed_mass(y, m, valid)
-                        valid = valid & _min_p_keeps(w, mp, minp_on)
-                        if NOISE:
-                            y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-                        lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
+            # Each segment's maximum is loaded while the segment before is worked on, so that
+            # a segment costs no round trip of its own before its logits' (loading a program's
+            # maxima 8 at a time, as a mask, was 0.3-1.5 us slower at 64 rows on an H100).
+            for j in range(SEGMENTS_PER_PROGRAM):
+                following = j + 1
+                next_top = tl.load(segment_max_ptr + pid * SEGMENTS_PER_PROGRAM + following,
+                                   mask=following < SEGMENTS_PER_PROGRAM, other=float("-inf"))
+                if top - m >= floor:
+                    start = (prog * SEGMENTS_PER_PROGRAM + j) * WIDTH
+                    cols = start + lanes
+                    in_row = cols < n
+                    x, valid, y = _logits_at(x_ptr, row, stride_x, cols, in_row, inv_t, UNIT_T)
+                    # the test of a kept token that every pass deciding min-p takes
+                    w, w_fixed = _fixed_mass(y, m, valid)
+                    valid = valid & _min_p_keeps(w, mp, minp_on)
+                    if NOISE:
+                        y = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+                    lane_score, lane_index = _race_lanes(lane_score, lane_index, valid, y, cols)
+                top = next_top
     elif race:
         raw = _first_segment(x_ptr, row, stride_x, prog, lanes, n, SEGMENTS_PER_PROGRAM, WIDTH, PREFETCH, "")
         for j in range(SEGMENTS_PER_PROGRAM):
@@ -906,7 +899,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
                 PREFETCH: tl.constexpr = False,
                 WAIT_FOR_PRIOR: tl.constexpr = False, RELEASE_DEPENDENTS: tl.constexpr = False,
                 UNIT_T: tl.constexpr = False, MIN_P: tl.constexpr = False, MINP_ROW: tl.constexpr = False,
-                PROGRAMS_POW2: tl.constexpr = 1, SEGMENT_CHUNK: tl.constexpr = 1):
+                PROGRAMS_POW2: tl.constexpr = 1):
     """Partial race (or argmax) over the segments of one program; grid rows * programs_per_row.
     (The filtered path's race of sure-kept tokens in place is the same program, run by
     ``compact_kernel``'s race programs.) With MIN_P, sampling under min-p alone: the tokens min-p
@@ -943,8 +936,6 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
             programs and of segments (SEGMENT_MAXIMA) on this launch's plan; otherwise unused.
         MIN_P, MINP_ROW: race only the tokens min-p keeps; min_p is per row.
         PROGRAMS_POW2: MIN_P: the next power of two of programs_per_row.
-        SEGMENT_CHUNK: MIN_P: the segment maxima loaded at once, a power of two <= 32 (the
-            segments to read become the bits of one int64).
     """
     start_dependent_launch(WAIT_FOR_PRIOR, RELEASE_DEPENDENTS)
     pid = tl.program_id(0).to(tl.int64)
@@ -952,7 +943,7 @@ def race_kernel(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per
     _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
                   seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR, OFFSET_TENSOR,
                   NOISE, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T, part_max_ptr, False,
-                  min_p, segment_max_ptr, MIN_P, MINP_ROW, PROGRAMS_POW2, SEGMENT_CHUNK)
+                  min_p, segment_max_ptr, MIN_P, MINP_ROW, PROGRAMS_POW2)
 
 
 @triton.jit
@@ -1421,7 +1412,7 @@ def compact_kernel(x_ptr, n, stride_x, fine_ptr, counter_ptr,
                           seed, seed_stride, offset, offset_stride, plan_ptr, pid - race_from, T_ROW,
                           SEED_TENSOR, OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, True, NUM_BINS,
                           BINS_PER_NAT, RACE_PREFETCH, UNIT_T, part_score_ptr, False, 0.0, part_score_ptr,
-                          False, False, 1, 1)
+                          False, False, 1)
             return
     row = pid // programs_per_row
     prog = (pid % programs_per_row).to(tl.int32)  # column arithmetic in int32 (n < 2^31)
@@ -2932,7 +2923,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
                           seed_stride, offset, offset_stride, part_score_ptr, pid, T_ROW, SEED_TENSOR,
                           OFFSET_TENSOR, True, WIDTH, SEGMENTS_PER_PROGRAM, False, 1, 1.0, PREFETCH, UNIT_T,
-                          part_max_ptr, not LISTED, 0.0, part_max_ptr, False, False, 1, 1)
+                          part_max_ptr, not LISTED, 0.0, part_max_ptr, False, False, 1)
     # a listed row's partials come from its programs with a share of the list (the others, most
     # of a peaked row's, write none and return at once in the rounds after the first)
     racing_programs = tl.where(from_list, tl.minimum(list_segments, programs_per_row), programs_per_row)
