@@ -459,7 +459,9 @@ def _fixed_mass(y, m, finite):
 def _min_p_keeps(w, mp, minp_on):
     """Whether min-p keeps each token of weight w = exp(y - y_max) (``_fixed_mass``'s): w >= min_p,
     or every token where min-p is off (``minp_on``: mp > 0). Every pass that decides min-p takes
-    this test, so all of them keep the same tokens."""
+    this test, so all of them keep the same tokens; passes whose mp is already 0 where min-p is
+    off (the plan's slot, the descent's) pass ``minp_on`` = True, which compiles to w >= mp alone
+    (every weight is >= 0)."""
     return (minp_on == 0) | (w >= mp)
 
 
@@ -880,7 +882,9 @@ def _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_p
             if SURE_ONLY:
                 # the compaction's own test of a sure-kept token, on the same values
                 w, w_fixed = _fixed_mass(y, m, valid)
-                valid = valid & (_bin_of(x, y, m, valid, NUM_BINS, BINS_PER_NAT, False) < lo) & (w >= mp)
+                # (the plan's mp is 0 where min-p is off)
+                valid = valid & (_bin_of(x, y, m, valid, NUM_BINS, BINS_PER_NAT, False) < lo)
+                valid = valid & _min_p_keeps(w, mp, True)
             if MAXIMA:
                 lane_max = tl.maximum(lane_max, tl.where(valid, y, float("-inf")))
             if NOISE:
@@ -2461,7 +2465,7 @@ def _descent_candidate(x_ptr, row, stride_x, c, live, m, inv_t, p, mp, UNIT_T: t
     without a mass (top-p off in the row and min-p keeps it)."""
     x, finite, y = _logits_at(x_ptr, row, stride_x, c, live, inv_t, UNIT_T)
     w, w_fixed = _fixed_mass(y, m, finite)
-    return _ordered_key(x), w, live & (p >= 1.0) & (w >= mp)
+    return _ordered_key(x), w, live & (p >= 1.0) & _min_p_keeps(w, mp, True)
 
 
 @triton.jit
@@ -2469,7 +2473,7 @@ def _descent_accepts(before, total, w, p, mp):
     """Whether a candidate is kept: the mass before it under top-p's target (``_top_p_target``:
     the resolve pass's test) unless top-p is off (p = 1), and min-p's test on its weight (mp = 0:
     off; every weight is >= 0)."""
-    return ((p >= 1.0) | (before < _top_p_target(p, total))) & (w >= mp)
+    return ((p >= 1.0) | (before < _top_p_target(p, total))) & _min_p_keeps(w, mp, True)
 
 
 @triton.jit
@@ -2620,7 +2624,7 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
                 lane_total += w_fixed
         racing = before
         if MIN_P:
-            racing = racing & (w >= mp)
+            racing = racing & _min_p_keeps(w, mp, True)  # (mp = 0: off)
         if tl.max(racing.to(tl.int32), axis=0) > 0:
             if LISTED:
                 if from_list:
