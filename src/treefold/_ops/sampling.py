@@ -86,8 +86,10 @@ SEARCH_SLOTS = 16
 #: Programs per SM aimed at by the filtered path's row passes (4, 8, 16, 32 measured on the H200
 #: at 1 and 64 rows of 151936): best at 16. Re-measured with the pre-list and the count pass
 #: (results/h200-ab-programs-per-sm.txt, 64 rows fp32): 8 per SM about 1 us faster on peaked rows,
-#: 7-17 us slower on flat ones; 6 (one wave of the histogram pass) and 4 slower everywhere. (The
-#: unfiltered race: RACE_PROGRAMS_PER_SM.)
+#: 7-17 us slower on flat ones; 6 (one wave of the histogram pass) and 4 slower everywhere. In the
+#: listed descent, whose rounds take a plan of their own, 15 and 22 per row at 64 rows tie the
+#: default's 30 within 0.7 us (results/h100-probe-listed-plan.txt). (The unfiltered race:
+#: RACE_PROGRAMS_PER_SM.)
 FILTER_PROGRAMS_PER_SM = 16
 #: L2 eviction policies of the filtered path's two reads of the logits: the segment maxima's (from
 #: HBM) and the histogram pass's (the same bytes again, from L2). "" (the default policy),
