@@ -1128,12 +1128,7 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
     UNLISTED_TYPE: tl.constexpr = tl.int32 if UNLISTED_32 else tl.int64
     tl.static_assert(PRELIST_BINS < NUM_BINS)
     lane_unlisted = tl.zeros([WIDTH], UNLISTED_TYPE)
-    # a lane's finite tokens, one bit per segment of the chunk like its marks, counted once per
-    # chunk: a select and an or per token, where an add per token compiled to an add, a
-    # predicated move and a copy (sm_90, 64 x 151936: the segment loop 173 -> 165 instructions
-    # per 8 tokens per thread)
-    lane_finite_bits = tl.zeros([WIDTH], tl.int32)
-    valid_before = tl.full([], 0, tl.int32)  # the finite tokens of the chunks before
+    lane_valid = tl.zeros([WIDTH], tl.int32)
     lane_bits = tl.zeros([WIDTH], tl.int32)
     bit = tl.full([], 0, tl.int32)  # segment j's place in its chunk
     for j in range(SEGMENTS_PER_PROGRAM):
@@ -1155,12 +1150,10 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
             # ``_in_first_bins`` marks no token masked off, nor a non-finite one without
             # ALL_VALUES (its gap is -inf): no test of ``valid`` per token
             marked = _in_first_bins(x, gap, PRELIST_BINS, BINS_PER_NAT, ALL_VALUES)
-            seg_bit = tl.full([], 1, tl.int32) << bit  # (once per segment: a select and an or per mark,
-            # where the mark's shift was a select, a shift and an or: 178 -> 173 instructions)
             if not ALL_VALUES:
                 # (with ALL_VALUES every column in the row is valid: counted once, below)
-                lane_finite_bits |= tl.where(finite, seg_bit, 0)
-            lane_bits |= tl.where(marked, seg_bit, 0)
+                lane_valid += finite.to(tl.int32)
+            lane_bits |= marked.to(tl.int32) << bit
             if MASSES:
                 lane_unlisted += tl.where(marked, 0, w_fixed.to(UNLISTED_TYPE))
             if SEGMENTS_PER_PROGRAM > LIST_CHUNK:  # (else only the last chunk, after the loop)
@@ -1172,9 +1165,6 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
                                                  (prog * SEGMENTS_PER_PROGRAM + j - bit) * WIDTH, LIST_CHUNK,
                                                  programs_per_row, lanes, WIDTH)
                     lane_bits = tl.zeros([WIDTH], tl.int32)
-                    if not ALL_VALUES:
-                        valid_before += tl.sum(_popcount(lane_finite_bits), axis=0)
-                        lane_finite_bits = tl.zeros([WIDTH], tl.int32)
                     bit = tl.full([], -1, tl.int32)
             bit += 1
     if PRELIST_BINS == 0:
@@ -1182,14 +1172,12 @@ def bin_histogram_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, hist_
         tl.atomic_add(hist_ptr + row * NUM_BINS + tl.arange(0, NUM_BINS), counts, mask=counts > 0, sem="relaxed")
     else:
         lane_unlisted = lane_unlisted.to(tl.int64)
-        lane_valid = _popcount(lane_finite_bits)
         if FUSED_REDUCTIONS:
             total, unlisted, valid = tl.reduce((lane_mass, lane_unlisted, lane_valid), 0, _add_three)
         else:
             total = tl.sum(lane_mass, axis=0)
             unlisted = tl.sum(lane_unlisted, axis=0)
             valid = tl.sum(lane_valid, axis=0)
-        valid += valid_before
         tl.store(part_total_ptr + pid, total)
         tl.store(part_listed_ptr + pid, total - unlisted)
         if ALL_VALUES:
