@@ -1731,9 +1731,9 @@ def test_pre_list_holds_every_token_of_its_bins_once(device, monkeypatch):
     """The histogram pass lists each program's pre-list tokens once per chunk of LIST_CHUNK
     segments (one bit per lane and segment, bit 31 included). Segments of 8 tokens: one program
     per row over 32, 33, 38 and 64 segments (one chunk, a chunk and one segment, 32 + 6, two
-    full chunks), two programs per row over 38. The programs' finite tokens (counted by chunks
-    too) sum to the row's. With room for all, the list holds exactly the tokens whose bin
-    floor((m - x) * BINS_PER_NAT) lies below PRELIST_BINS, each once. At smaller
+    full chunks), two programs per row over 38. The programs' finite tokens sum to the row's.
+    With room for all, the list holds exactly the tokens whose bin floor((m - x) * BINS_PER_NAT)
+    lies below PRELIST_BINS, each once. At smaller
     capacities the count passes the capacity; where no program marked more than twice its share
     (none gave the list up) the count is exact and the list full of such tokens, each once. The
     sampled tokens equal those of a call without a pre-list."""
@@ -1769,7 +1769,7 @@ def test_pre_list_holds_every_token_of_its_bins_once(device, monkeypatch):
             run = _RecordingRun()
             assert torch.equal(_filtered_pipeline(x.to(device), "sample", config, run, ppr)[0], plain), (n, ppr)
             count, listed = run.buffers["prelist_count"].cpu(), run.buffers["prelist"].cpu()
-            # the programs' finite tokens, counted per chunk of segments (a bit per lane and segment)
+            # the programs' finite tokens, over programs of more than one chunk of segments
             valid = run.buffers["part_valid"].cpu().view(2, -1).sum(dim=1).long()
             assert torch.equal(valid, torch.isfinite(x).sum(dim=1)), (n, ppr, valid)
             stride = listed.shape[1]
