@@ -14,7 +14,6 @@ profiler's kernel time of the replay (``kernel_us``). PROGRAMS="15,20,22" sets t
 (each rounded by ``plan`` to whole segments per program). Writes OUT_DIR/listed-plan.json and
 prints a table last.
 """
-import json
 import os
 import sys
 
@@ -22,10 +21,9 @@ import torch
 
 import treefold  # noqa: F401  (the tree on PYTHONPATH)
 from treefold._ops import sampling as ops
-from treefold.bench.timing import kernel_us
 
-from gpu_sampling import FLAT, PEAKED, VOCAB, graphed, logits
-from probe_report import time_graphed_variants
+from gpu_sampling import FLAT, PEAKED, VOCAB, logits
+from probe_report import graph_and_kernel_report, time_graphed_variants
 
 ROWS = 64
 PROGRAMS = tuple(int(p) for p in os.environ.get("PROGRAMS", "15,22").split(",") if p)
@@ -59,24 +57,7 @@ def main(out_dir: str) -> None:
                     ops.sample_descent_rows(x, 1.0, p, mp, seeds, 3, listed=True, programs_per_row=ppr),)
     os.makedirs(out_dir, exist_ok=True)
     graph = time_graphed_variants(cases, os.path.join(out_dir, "listed-plan-graph.json"))
-    rows_out = []
-    for key, calls in cases.items():
-        for name, fn in calls.items():
-            ts = graph[(key, name)]
-            rows_out.append(dict(case=" ".join(key), call=name, graph_us=sorted(ts)[len(ts) // 2],
-                                 kernel_us=kernel_us(graphed(fn)) or float("nan")))
-    with open(os.path.join(out_dir, "listed-plan.json"), "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), mismatches=mismatches, rows=rows_out), f, indent=1)
-    print(f"device {torch.cuda.get_device_name()}; token mismatches against the default plan "
-          f"(8 offsets each): {sum(mismatches.values())} in all {mismatches}")
-    calls = list(dict.fromkeys(name for c in cases.values() for name in c))
-    print(f"{'case':36s} " + " ".join(f"{name + ' graph':>24s} {'kernel':>7s}" for name in calls))
-    for key in cases:
-        line = f"{' '.join(key):36s}"
-        for name in calls:
-            r = next(r for r in rows_out if r["case"] == " ".join(key) and r["call"] == name)
-            line += f" {r['graph_us']:24.1f} {r['kernel_us']:7.1f}"
-        print(line)
+    graph_and_kernel_report(cases, graph, os.path.join(out_dir, "listed-plan.json"), mismatches)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ OUT_DIR/min-p-race.json and prints a table last. ROWS="1,64" sets the batch size
 PROGRAMS="15,22" adds the race at those programs per row (a launch choice of both its passes),
 checked and timed beside the default plan.
 """
-import json
 import os
 import sys
 
@@ -20,10 +19,9 @@ import torch
 
 import treefold  # noqa: F401  (the tree on PYTHONPATH)
 from treefold._ops import sampling as ops
-from treefold.bench.timing import kernel_us
 
-from gpu_sampling import FLAT, PEAKED, graphed, logits
-from probe_report import time_graphed_variants
+from gpu_sampling import FLAT, PEAKED, logits
+from probe_report import graph_and_kernel_report, time_graphed_variants
 
 ROWS = tuple(int(r) for r in os.environ.get("ROWS", "1,64").split(","))
 PROGRAMS = tuple(int(p) for p in os.environ.get("PROGRAMS", "").split(",") if p)
@@ -58,26 +56,8 @@ def main(out_dir: str) -> None:
                             ops.sample_min_p_rows(x, 1.0, mp, s, 3, programs_per_row=ppr),)
     os.makedirs(out_dir, exist_ok=True)
     graph = time_graphed_variants(cases, os.path.join(out_dir, "min-p-race-graph.json"))
-    kernel = {(key, name): kernel_us(graphed(fn)) or float("nan")
-              for key, calls in cases.items() for name, fn in calls.items()}
-    rows_out = []
-    for key, calls in cases.items():
-        for name in calls:
-            ts = graph[(key, name)]
-            rows_out.append(dict(case=" ".join(map(str, key)), call=name, graph_us=sorted(ts)[len(ts) // 2],
-                                 kernel_us=kernel[(key, name)]))
-    with open(os.path.join(out_dir, "min-p-race.json"), "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), mismatches=mismatches, rows=rows_out), f, indent=1)
-    print(f"device {torch.cuda.get_device_name()}; token mismatches (8 offsets each): "
-          f"{sum(mismatches.values())} in all {mismatches}")
-    calls = list(dict.fromkeys(name for c in cases.values() for name in c))
-    print(f"{'case':36s} " + " ".join(f"{name + ' graph':>16s} {'kernel':>7s}" for name in calls))
-    for key in cases:
-        line = f"{' '.join(map(str, key)):36s}"
-        for name in calls:
-            r = next((r for r in rows_out if r["case"] == " ".join(map(str, key)) and r["call"] == name), None)
-            line += f" {r['graph_us']:16.1f} {r['kernel_us']:7.1f}" if r else f" {'-':>16s} {'-':>7s}"
-        print(line)
+    graph_and_kernel_report(cases, graph, os.path.join(out_dir, "min-p-race.json"), mismatches)
+
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "out")

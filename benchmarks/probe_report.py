@@ -1,6 +1,7 @@
 """What the probe_* scripts share: timing their calls in interleaved rounds against the same-run
 copy roof (``time_against_roof``) or replayed from CUDA graphs after a check that every variant
-gives the same tensors (``time_graphed_variants``), printing and writing the results as JSON; the
+gives the same tensors (``time_graphed_variants``), printing and writing the results as JSON, with
+each call's kernel time beside (``graph_and_kernel_report``); the
 command line of the sampling launch-choice probes (``sampling_variants``, ``variant_probe``); the
 norm backward's inputs (``norm_backward_inputs``); and the launch-choice variants of the row ops
 (``row_op_variants``), checked bit for bit and timed flushed or in CUDA graphs as the bench's
@@ -80,6 +81,40 @@ def time_graphed_variants(cases: dict, out_path: str = "", rounds: int = 3) -> d
         with open(out_path, "w") as f:
             json.dump({"checks": checks, "times_us": {f"{k[0]} | {k[1]}": v for k, v in times.items()}}, f, indent=1)
     return times
+
+
+def graph_and_kernel_report(cases: dict, graph: dict, out_path: str, mismatches: dict, offsets: int = 8) -> list[dict]:
+    """For ``cases`` timed by ``time_graphed_variants`` (``graph``: {(key, name): [us per round]}):
+    each call's kernel time replayed from a CUDA graph (``kernel_us``), rows of (case, call, median
+    graph us, kernel us) written to ``out_path`` (JSON, with the device and the token
+    ``mismatches`` per case over ``offsets`` draws), then printed: the mismatches, and a table of
+    cases by calls."""
+    from gpu_sampling import graphed
+
+    from treefold.bench.timing import kernel_us
+
+    rows = []
+    for key, calls in cases.items():
+        for name, fn in calls.items():
+            ts = graph[(key, name)]
+            rows.append(dict(case=" ".join(map(str, key)), call=name, graph_us=sorted(ts)[len(ts) // 2],
+                             kernel_us=kernel_us(graphed(fn)) or float("nan")))
+    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+    with open(out_path, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), mismatches=mismatches, rows=rows), f, indent=1)
+    print(f"device {torch.cuda.get_device_name()}; token mismatches ({offsets} offsets each): "
+          f"{sum(mismatches.values())} in all {mismatches}")
+    names = list(dict.fromkeys(name for calls in cases.values() for name in calls))
+    width = max(16, max(len(name) + 6 for name in names))
+    print(f"{'case':36s} " + " ".join(f"{name + ' graph':>{width}s} {'kernel':>7s}" for name in names))
+    for key in cases:
+        case = " ".join(map(str, key))
+        line = f"{case:36s}"
+        for name in names:
+            r = next((r for r in rows if r["case"] == case and r["call"] == name), None)
+            line += f" {r['graph_us']:{width}.1f} {r['kernel_us']:7.1f}" if r else f" {'-':>{width}s} {'-':>7s}"
+        print(line)
+    return rows
 
 
 def sampling_variants(ops, variants: dict, cases) -> dict:
