@@ -55,7 +55,6 @@ def main(out_dir: str) -> None:
             for ppr in plans:
                 cases[key][f"{ppr}/row"] = lambda x=x, p=p, mp=mp, ppr=ppr: (
                     ops.sample_descent_rows(x, 1.0, p, mp, seeds, 3, listed=True, programs_per_row=ppr),)
-    os.makedirs(out_dir, exist_ok=True)
     graph = time_graphed_variants(cases, os.path.join(out_dir, "listed-plan-graph.json"))
     graph_and_kernel_report(cases, graph, os.path.join(out_dir, "listed-plan.json"), mismatches)
 

@@ -54,7 +54,6 @@ def main(out_dir: str) -> None:
                     for ppr in plans[1:]:
                         cases[key][f"race {ppr}/row"] = lambda x=x, mp=mp, s=seeds, ppr=ppr: (
                             ops.sample_min_p_rows(x, 1.0, mp, s, 3, programs_per_row=ppr),)
-    os.makedirs(out_dir, exist_ok=True)
     graph = time_graphed_variants(cases, os.path.join(out_dir, "min-p-race-graph.json"))
     graph_and_kernel_report(cases, graph, os.path.join(out_dir, "min-p-race.json"), mismatches)
 
