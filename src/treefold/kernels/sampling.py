@@ -2711,14 +2711,18 @@ def _descent_share(prog, n, from_list, list_segments, programs_per_row, WIDTH: t
 
 
 @triton.jit
-def _held_share(x_ptr, row, stride_x, list_row, list_count, prog, from_list, WIDTH: tl.constexpr,
+def _held_share(x_ptr, row, stride_x, list_row, list_count, capacity, prog, WIDTH: tl.constexpr,
                 HOLD: tl.constexpr):
     """With HOLD, a listed row's program's first segment of its list (segment ``prog``: its first
     in round 0 and in every pass, ``_descent_share``): (token indices, loaded logits, which lanes
-    are on the list), all off in a row that does not descend in its list; else unused scalars."""
+    are on the list); else unused scalars. The loads wait only for the list's count, not for the
+    row's test of its list (``_descent_lists``, a reduction of three loads of partials), so that
+    both are in flight at once: the caller turns the lanes off in a row that does not descend in
+    its list. A list whose count passed its capacity may have places never written (a program
+    that gave it up, ``_list_lane_tokens``): such a row loads nothing."""
     if HOLD:
         places = prog * WIDTH + tl.arange(0, WIDTH)
-        live = places < tl.where(from_list, list_count, 0)
+        live = places < tl.where(list_count <= capacity, list_count, 0)
         cols = tl.load(list_row + places, mask=live, other=0)
         raw = tl.load(x_ptr + row * stride_x + cols, mask=live, other=0.0)
     else:
@@ -2902,6 +2906,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
         if not RACES:
             from_list = tl.load(list_rows_ptr + row) != 0
     list_segments = tl.cdiv(list_count, WIDTH)
+    held_cols, held_raw, held_live = _held_share(x_ptr, row, stride_x, list_row, list_count, prelist_stride, prog,
+                                                 WIDTH, LOOP_HOLDS)
     if RACES:
         if LOOP and not LISTED:
             # (the loop's arrival counter; with LISTED the segment maxima cleared it)
@@ -2913,8 +2919,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                                        PRELIST_BINS, BINS_PER_NAT)
             if prog == 0:
                 tl.store(list_rows_ptr + row, from_list.to(tl.int32))
-    held_cols, held_raw, held_live = _held_share(x_ptr, row, stride_x, list_row, list_count, prog, from_list,
-                                                 WIDTH, LOOP_HOLDS)
+    held_live = held_live & from_list
     if RACES:
         if from_list:
             if prog < list_segments:
