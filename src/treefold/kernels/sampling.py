@@ -2576,11 +2576,22 @@ def _descent_segment(x_ptr, row, stride_x, n, start, list_segment, from_list, li
 
 
 @triton.jit
+def _listed_pass_noise(cols, start, from_list, s, stream, o, WIDTH: tl.constexpr):
+    """The race noise of a listed descent's pass segment: each token's own (``_noise_at``) in a
+    row that descends in its list, the row's tile from column ``start`` in one that does not."""
+    if from_list:
+        noise = _noise_at(cols.to(tl.int64), s, stream, o)
+    else:
+        noise = _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
+    return noise
+
+
+@triton.jit
 def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m, inv_t, mp, noise_scale,
                   s, stream, o, from_list, list_row, list_count, list_step,
                   TOTAL: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr,
                   LISTED: tl.constexpr, WIDTH: tl.constexpr, UNIT_T: tl.constexpr,
-                  held_cols, held_raw, held_live, HELD: tl.constexpr):
+                  held_cols, held_raw, held_live, held_score, HELD: tl.constexpr):
     """One candidate's pass over ``segments`` segments of a row from ``first_segment``: with
     TOP_P (top-p may be on) the fixed-point mass of the finite tokens before c in the composite
     order and, with TOTAL, the row's mass (else both 0: min-p alone needs neither), and the race
@@ -2593,7 +2604,8 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
     first_segment + list_step, ..., and each token's noise is drawn for its own index. The list
     holds a prefix of the composite order that holds K, so every candidate and every token
     before it is on it. With HELD, the list's first segment of the program is ``held_cols``,
-    ``held_raw`` (loaded logits) and ``held_live`` (``_held_share``), not loaded again."""
+    ``held_raw`` (loaded logits) and ``held_live`` (``_held_share``), not loaded again, and its
+    race scores are ``held_score`` (``_held_scores``), not drawn again."""
     lanes = tl.arange(0, WIDTH)
     lane_before = tl.zeros([WIDTH], tl.int64)
     lane_total = tl.zeros([WIDTH], tl.int64)
@@ -2627,12 +2639,14 @@ def _descent_pass(x_ptr, row, stride_x, n, first_segment, segments, c, key_c, m,
             racing = racing & _min_p_keeps(w, mp, True)  # (mp = 0: off)
         if tl.max(racing.to(tl.int32), axis=0) > 0:
             if LISTED:
-                if from_list:
-                    noise = _noise_at(cols.to(tl.int64), s, stream, o)
+                if HELD:
+                    if from_list & (j == 0):
+                        score = held_score
+                    else:
+                        score = y + noise_scale * _listed_pass_noise(cols, start, from_list, s, stream, o, WIDTH)
                 else:
-                    noise = _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
-                lane_score, lane_index = _race_lanes_any_order(lane_score, lane_index, racing, y + noise_scale * noise,
-                                                               cols)
+                    score = y + noise_scale * _listed_pass_noise(cols, start, from_list, s, stream, o, WIDTH)
+                lane_score, lane_index = _race_lanes_any_order(lane_score, lane_index, racing, score, cols)
             else:
                 score = y + noise_scale * _noise_tile(start >> 2, s, stream, o, WIDTH // 4)
                 lane_score, lane_index = _race_lanes(lane_score, lane_index, racing, score, cols)
@@ -2668,11 +2682,11 @@ def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, 
                        seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
                        programs_per_row, T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr,
                        OFFSET_TENSOR: tl.constexpr, WIDTH: tl.constexpr, SEGMENTS_PER_PROGRAM: tl.constexpr,
-                       UNIT_T: tl.constexpr, held_cols, held_raw, held_live, HELD: tl.constexpr):
+                       UNIT_T: tl.constexpr, held_cols, held_raw, held_live, held_score, HELD: tl.constexpr):
     """Round 0 of a row that descends in its pre-list: the race among the list's finite tokens
     in the program's share of the list's segments (j * programs_per_row + prog in step j), each
     token's noise drawn for its own index; the winner stored at ``pid`` ((-inf, n) for a
-    program with no share). HELD: the first segment is held (``_descent_pass``)."""
+    program with no share). HELD: the first segment is held, its scores too (``_descent_pass``)."""
     inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
     s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
     lanes = tl.arange(0, WIDTH)
@@ -2684,14 +2698,18 @@ def _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, 
             if HELD:
                 if j == 0:
                     cols, live, raw = held_cols, held_live, held_raw
+                    x, finite, y = _logits_from(raw, live, inv_t, UNIT_T)
+                    score = held_score
                 else:
                     cols, live, raw = _descent_segment(x_ptr, row, stride_x, n, 0, g, True, list_row, list_count,
                                                        True, WIDTH)
+                    x, finite, y = _logits_from(raw, live, inv_t, UNIT_T)
+                    score = y + noise_scale * _noise_at(cols.to(tl.int64), s, stream, o)
             else:
                 cols, live, raw = _descent_segment(x_ptr, row, stride_x, n, 0, g, True, list_row, list_count, True,
                                                    WIDTH)
-            x, finite, y = _logits_from(raw, live, inv_t, UNIT_T)
-            score = y + noise_scale * _noise_at(cols.to(tl.int64), s, stream, o)
+                x, finite, y = _logits_from(raw, live, inv_t, UNIT_T)
+                score = y + noise_scale * _noise_at(cols.to(tl.int64), s, stream, o)
             lane_score, lane_index = _race_lanes_any_order(lane_score, lane_index, finite, score, cols)
     _store_race_winner(lane_score, lane_index, n, part_score_ptr, part_index_ptr, pid)
 
@@ -2733,13 +2751,31 @@ def _held_share(x_ptr, row, stride_x, list_row, list_count, capacity, prog, WIDT
 
 
 @triton.jit
+def _held_scores(held_cols, held_raw, held_live, temperature, seed, seed_stride, offset, offset_stride, row,
+                 T_ROW: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, UNIT_T: tl.constexpr,
+                 HOLD: tl.constexpr):
+    """With HOLD, the race scores y + noise of the held segment's tokens (``_held_share``), drawn
+    once: round 0 races them, and each later pass races those before its candidate with the same
+    scores, so the noise (Philox and two logarithms a token) is not drawn again in every round.
+    Else an unused scalar."""
+    if HOLD:
+        inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
+        s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
+        x, finite, y = _logits_from(held_raw, held_live, inv_t, UNIT_T)
+        score = y + noise_scale * _noise_at(held_cols.to(tl.int64), s, stream, o)
+    else:
+        score = tl.zeros([], tl.float32)
+    return score
+
+
+@triton.jit
 def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
                   part_index_ptr, token_ptr, counter_ptr, programs_per_row, slot_stride, parts_per_row,
                   racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list, list_row, list_count,
                   list_segments, TOP_P: tl.constexpr, MIN_P: tl.constexpr, LISTED: tl.constexpr, WIDTH: tl.constexpr,
                   SEGMENTS_PER_PROGRAM: tl.constexpr, PARTS_POW2: tl.constexpr, MAXIMA_POW2: tl.constexpr,
                   UNIT_T: tl.constexpr, RACED_HERE: tl.constexpr, held_cols, held_raw, held_live,
-                  HELD: tl.constexpr):
+                  held_score, HELD: tl.constexpr):
     """Every round after round 0 in one launch: the row's racing programs pass over their shares
     for the candidate, write their partials, meet on the row's arrival counter (``arrive``,
     ``wait_for_arrivals``: the count reaches racing_programs times the rounds done) and read
@@ -2766,7 +2802,7 @@ def _descent_loop(x_ptr, row, stride_x, n, pid, prog, part_max_ptr, part_total_p
         before, row_mass, best_score, best_index = _descent_pass(
             x_ptr, row, stride_x, n, first, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
             from_list, list_row, list_count, programs_per_row, not LISTED, TOP_P, MIN_P, LISTED, WIDTH, UNIT_T,
-            held_cols, held_raw, held_live, HELD)
+            held_cols, held_raw, held_live, held_score, HELD)
         slot = (rounds % 2) * slot_stride
         if TOP_P:
             tl.store(part_before_ptr + slot + pid, before)
@@ -2883,8 +2919,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             races its share, the row's racing programs meet on its counter, then the loop; one
             launch boundary fewer, each row waiting on its own programs only.
         LOOP_HOLDS: with LOOP_RACES, a listed row's program holds its first segment of the list
-            (token indices and logits) from round 0 through the loop's passes instead of loading
-            it again in each (``_held_share``).
+            (token indices and logits) and their race scores from round 0 through the loop's
+            passes instead of loading and drawing them again in each (``_held_share``,
+            ``_held_scores``).
         PREFETCH: round 0 loads each segment before working on the previous one.
         WAIT_FOR_PRIOR, RELEASE_DEPENDENTS: programmatic dependent launches (``race_kernel``).
         UNIT_T: temperature is the scalar 1 or 0 (``_logits_from``).
@@ -2920,13 +2957,16 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
             if prog == 0:
                 tl.store(list_rows_ptr + row, from_list.to(tl.int32))
     held_live = held_live & from_list
+    held_score = _held_scores(held_cols, held_raw, held_live, temperature, seed, seed_stride, offset, offset_stride,
+                              row, T_ROW, SEED_TENSOR, OFFSET_TENSOR, UNIT_T, LOOP_HOLDS)
     if RACES:
         if from_list:
             if prog < list_segments:
                 _descent_list_race(x_ptr, row, stride_x, n, part_score_ptr, part_index_ptr, pid, temperature, seed,
                                    seed_stride, offset, offset_stride, list_row, list_count, list_segments, prog,
                                    programs_per_row, T_ROW, SEED_TENSOR, OFFSET_TENSOR, WIDTH,
-                                   SEGMENTS_PER_PROGRAM, UNIT_T, held_cols, held_raw, held_live, LOOP_HOLDS)
+                                   SEGMENTS_PER_PROGRAM, UNIT_T, held_cols, held_raw, held_live, held_score,
+                                   LOOP_HOLDS)
         else:
             # (no plan: part_score_ptr stands in for the race program's unused plan_ptr)
             _race_program(x_ptr, n, stride_x, part_score_ptr, part_index_ptr, programs_per_row, temperature, seed,
@@ -2954,7 +2994,8 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                           part_score_ptr, part_index_ptr, token_ptr, counter_ptr, programs_per_row, slot_stride,
                           parts_per_row, racing_programs, valid, inv_t, noise_scale, p, mp, s, stream, o, from_list,
                           list_row, list_count, list_segments, TOP_P, MIN_P, LISTED, WIDTH, SEGMENTS_PER_PROGRAM,
-                          PARTS_POW2, MAXIMA_POW2, UNIT_T, LOOP_RACES, held_cols, held_raw, held_live, LOOP_HOLDS)
+                          PARTS_POW2, MAXIMA_POW2, UNIT_T, LOOP_RACES, held_cols, held_raw, held_live, held_score,
+                          LOOP_HOLDS)
         elif FINAL:
             m, total, decided, token, c, key_c, w_c = _descent_replay(
                 x_ptr, row, stride_x, part_max_ptr, part_total_ptr, part_before_ptr, part_score_ptr,
@@ -2968,7 +3009,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 before, unused, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, 0, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
                     from_list, list_row, list_count, 1, False, TOP_P, MIN_P, LISTED, FINISH, UNIT_T, held_cols,
-                    held_raw, held_live, False)
+                    held_raw, held_live, held_score, False)
                 decided, token, c, key_c, w_c = _descent_next(before, total, best_score, best_index, token, c,
                                                               key_c, w_c, x_ptr, row, stride_x, m, inv_t, p, mp,
                                                               UNIT_T)
@@ -2984,7 +3025,7 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
                 before, row_mass, best_score, best_index = _descent_pass(
                     x_ptr, row, stride_x, n, first, segments, c, key_c, m, inv_t, mp, noise_scale, s, stream, o,
                     from_list, list_row, list_count, programs_per_row, (ROUND == 1) and not LISTED, TOP_P, MIN_P,
-                    LISTED, WIDTH, UNIT_T, held_cols, held_raw, held_live, False)
+                    LISTED, WIDTH, UNIT_T, held_cols, held_raw, held_live, held_score, False)
                 slot = ROUND * slot_stride + pid
                 if TOP_P:
                     tl.store(part_before_ptr + slot - slot_stride, before)
