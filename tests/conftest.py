@@ -119,3 +119,110 @@ def prepare_through_the_interpreter(monkeypatch, ops):
     monkeypatch.setattr(launch_mod.Launcher, "prepare", prepare)
     monkeypatch.setattr(ops, "_PREPARED", {})
     monkeypatch.setattr(InterpretedPrepared, "launched", 0)
+
+
+# ---- every interpreted memory access inside the launch's tensors --------------------------------
+# Triton's interpreter reads and writes host memory at whatever address a kernel computes, so an
+# access past a tensor's end goes unseen on the CPU (it reads a neighbour's bytes, or another
+# allocation's) and would be an out-of-bounds access on the GPU. Under the interpreter every
+# launch records the byte span of each tensor it is given, and every load, store and atomic
+# checks that the addresses its live lanes touch lie inside one of them: a kernel that reaches
+# outside its arguments fails the test that launched it, whatever it does with the bytes.
+
+
+class LaunchSpans:
+    """The byte spans [start, end) of the tensors of the launch the interpreter is running,
+    merged and sorted, and the kernel's name for the failure message."""
+
+    current = None
+
+    def __init__(self, name: str, tensors):
+        spans = []
+        for t in tensors:
+            if t.numel() == 0:
+                continue
+            size = t.element_size()
+            low = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s < 0)
+            high = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0)
+            spans.append((t.data_ptr() + low * size, t.data_ptr() + (high + 1) * size))
+        merged = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        self.name = name
+        self.starts = np.array([s for s, _ in merged], dtype=np.uint64)
+        self.ends = np.array([e for _, e in merged], dtype=np.uint64)
+
+    def check(self, what: str, pointers, mask, size: int) -> None:
+        pointers = np.asarray(pointers, dtype=np.uint64)
+        live = pointers if mask is None else pointers[np.broadcast_to(np.asarray(mask, dtype=bool), pointers.shape)]
+        live = live.reshape(-1)
+        if live.size == 0:
+            return
+        place = np.searchsorted(self.starts, live, side="right").astype(np.int64) - 1
+        inside = place >= 0
+        inside[inside] = live[inside] + np.uint64(size) <= self.ends[place[inside]]
+        if not inside.all():
+            bad = live[~inside]
+            raise AssertionError(
+                f"{self.name}: {what} of {bad.size} live lane(s) outside every tensor of the launch, first at "
+                f"{int(bad[0]):#x} ({size}-byte elements; the tensors' spans: "
+                + ", ".join(f"[{int(s):#x}, {int(e):#x})" for s, e in zip(self.starts, self.ends)) + ")")
+
+
+def _tensors_of(values):
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, tuple):
+            yield from _tensors_of(v)
+
+
+@pytest.fixture(autouse=True)
+def accesses_inside_the_launch_tensors(monkeypatch):
+    """Under the interpreter, every kernel launch of every test checks its memory accesses
+    (``LaunchSpans``); without it, nothing is patched."""
+    if not INTERPRETED:
+        yield
+        return
+    from triton.runtime import interpreter
+
+    run = interpreter.GridExecutor.__call__
+
+    def launch(self, *args, **kwargs):
+        outer = LaunchSpans.current
+        tensors = list(_tensors_of(list(args) + list(kwargs.values())))
+        if any(t.device.type != "cpu" for t in tensors):
+            return run(self, *args, **kwargs)
+        LaunchSpans.current = LaunchSpans(getattr(self.fn, "__name__", "kernel"), tensors)
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            LaunchSpans.current = outer
+
+    builder = interpreter.InterpreterBuilder
+
+    def element_size(pointers):
+        return interpreter._get_np_dtype(pointers.get_element_ty()).itemsize
+
+    def checked(method, what, pointer_at, mask_at):
+        original = getattr(builder, method)
+
+        def wrapper(self, *args, **kwargs):
+            spans = LaunchSpans.current
+            if spans is not None:
+                pointers = args[pointer_at]
+                mask = None if mask_at is None else args[mask_at]
+                spans.check(what, pointers.data, None if mask is None else mask.data, element_size(pointers))
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(builder, method, wrapper)
+
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", launch)
+    checked("create_masked_load", "a load", 0, 1)
+    checked("create_masked_store", "a store", 0, 2)
+    checked("create_atomic_rmw", "an atomic", 1, 3)
+    checked("create_atomic_cas", "an atomic compare-and-swap", 0, None)
+    yield

@@ -2757,7 +2757,10 @@ def _held_scores(held_cols, held_raw, held_live, temperature, seed, seed_stride,
     """With HOLD, the race scores y + noise of the held segment's tokens (``_held_share``), drawn
     once: round 0 races them, and each later pass races those before its candidate with the same
     scores, so the noise (Philox and two logarithms a token) is not drawn again in every round.
-    Else an unused scalar."""
+    Every program draws them, also where its row does not descend in its list and its lanes are
+    off (flat rows: about 2% of their call on an H100): drawing them only under the row's test,
+    or in round 0's race, spilled the loop's launch past its register cap. Else an unused
+    scalar."""
     if HOLD:
         inv_t, noise_scale, t_ok = _row_temperature(temperature, row, T_ROW)
         s, stream, o = _row_random(seed, seed_stride, offset, offset_stride, row, SEED_TENSOR, OFFSET_TENSOR)
@@ -2875,7 +2878,9 @@ def descent_kernel(x_ptr, n, stride_x, part_max_ptr, part_total_ptr, part_before
     bytes per row. With LOOP each round after round 0 reads the row (or list) share again and
     the row's partials (20 bytes a program), and makes two atomics per program on the counter
     (and one per poll while it waits); with LOOP_RACES round 0 adds one arrival per racing
-    program, and with LOOP_HOLDS a program's first list segment is read once, not in each round.
+    program, and with LOOP_HOLDS a program's first list segment is read once, not in each round
+    (also in a row whose list is complete but which does not descend in it: at most 8 bytes a
+    token of the segment).
 
     Args:
         x_ptr, n, stride_x: logits [rows, n], last dimension contiguous.
