@@ -62,8 +62,10 @@ def dim(fn: str, value: int, ndim: int, name: str = "dim") -> int:
 
 def flag(fn: str, name: str, value) -> bool:
     """A Python bool (a NumPy bool is named as such: its type is also called "bool")."""
-    if value.__class__ is not bool:
-        kind = value.__class__
+    # type(), not value.__class__: under torch.compile, torch 2.11's Dynamo takes a constant's
+    # __class__ for another object, and every bool would be refused
+    if type(value) is not bool:
+        kind = type(value)
         shown = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
         raise TypeError(f"{fn}: {name} must be a bool, got {shown}")
     return value

@@ -165,9 +165,9 @@ class LayerNorm(nn.Module):
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        # torch.nn.LayerNorm's, bias included (False without an affine transform too)
-        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
-                f"bias={self.bias is not None}")
+        # torch.nn.LayerNorm's own: its wording changed between releases (2.13 names the bias,
+        # 2.11 does not), and a drop-in prints what the installed torch's module prints
+        return nn.LayerNorm.extra_repr(self)
 
 
 class CrossEntropyLoss(nn.Module):

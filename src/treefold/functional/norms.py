@@ -146,7 +146,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         _check_residual(fn, residual, x)
     eps = _eps(fn, eps)
     offset = _offset(fn, offset)
-    if casting.__class__ is not str:
+    if type(casting) is not str:  # (type(): torch 2.11's Dynamo gets a constant's __class__ wrong)
         raise TypeError(f"{fn}: casting must be a str (one of {', '.join(map(repr, CASTINGS))}), "
                         f"got {type(casting).__name__}")
     if casting not in CASTINGS:
@@ -217,7 +217,7 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
     if weight is not None:
         _check_vector(fn, "weight", weight, n, x, "x.shape[-1]")
     eps = _eps(fn, eps)
-    if enable_pdl is not None and enable_pdl.__class__ is not bool:
+    if enable_pdl is not None and type(enable_pdl) is not bool:
         raise TypeError(f"{fn}: enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
     _check_row_length(fn, n)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight)):
