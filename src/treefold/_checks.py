@@ -60,14 +60,16 @@ def dim(fn: str, value: int, ndim: int, name: str = "dim") -> int:
     return value % max(ndim, 1)
 
 
-def flag(fn: str, name: str, value) -> bool:
-    """A Python bool (a NumPy bool is named as such: its type is also called "bool")."""
+def flag(fn: str, name: str, value, *, optional: bool = False):
+    """A Python bool, or with ``optional`` also None (a NumPy bool is named as such: its type is
+    also called "bool")."""
     # type(), not value.__class__: under torch.compile, torch 2.11's Dynamo takes a constant's
     # __class__ for another object, and every bool would be refused
-    if type(value) is not bool:
+    if type(value) is not bool and not (optional and value is None):
         kind = type(value)
         shown = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
-        raise TypeError(f"{fn}: {name} must be a bool, got {shown}")
+        wanted = "a bool or None" if optional else "a bool"
+        raise TypeError(f"{fn}: {name} must be {wanted}, got {shown}")
     return value
 
 

@@ -217,8 +217,7 @@ def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: Optiona
     if weight is not None:
         _check_vector(fn, "weight", weight, n, x, "x.shape[-1]")
     eps = _eps(fn, eps)
-    if enable_pdl is not None and type(enable_pdl) is not bool:
-        raise TypeError(f"{fn}: enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
+    _checks.flag(fn, "enable_pdl", enable_pdl, optional=True)
     _check_row_length(fn, n)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight)):
         raise ValueError(f"{fn}: an input requires grad, but this in-place op has no autograd formula; "
