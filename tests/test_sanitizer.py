@@ -13,6 +13,11 @@ Skipped without a CUDA device or without ``compute-sanitizer`` on the PATH. The 
 (each allocation is a cudaMalloc, each launch is instrumented): on a fresh compile cache expect
 minutes per family. ``SANITIZER_LOGS=<dir>`` keeps each run's whole output there,
 ``SANITIZER_WORKERS`` sets each run's pytest-xdist workers (2) and ``SANITIZER_TIMEOUT`` its limit.
+``SANITIZER_SHARDS=k`` splits each family's tests into k runs of their own (every k-th test of
+the family's collection order, so that a family's long parametrized cases spread over the
+shards), each a test of its own (``[sampling-2of3]``): a family that takes longer under memcheck
+than one device call allows (sampling, about 15 minutes) is then taken a shard per call with
+``-k``.
 """
 import os
 import pathlib
@@ -28,10 +33,22 @@ SANITIZER = shutil.which("compute-sanitizer")
 TESTS = pathlib.Path(__file__).resolve().parent
 REPORTED_ERRORS = 86  # memcheck's exit status when it reported an error (--error-exitcode)
 
-pytestmark = [
+FAMILIES = ["softmax", "cross_entropy", "norms", "reductions", "sampling", "launch", "demo"]
+
+needs_sanitizer = [
     pytest.mark.gpu,
     pytest.mark.skipif(SANITIZER is None, reason="needs compute-sanitizer on the PATH"),
 ]
+
+
+def _shard_count() -> int:
+    value = os.environ.get("SANITIZER_SHARDS", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"SANITIZER_SHARDS must be a whole number >= 1, got {value!r}")
+    return int(value)
+
+
+SHARDS = _shard_count()
 
 _PLANTED = textwrap.dedent("""
     import torch, triton, triton.language as tl
@@ -48,14 +65,33 @@ _PLANTED = textwrap.dedent("""
 """)
 
 
+def _test_env() -> dict:
+    """The environment of the runs: the compiled kernels (no interpreter), PyTorch's caching
+    allocator off, and the checkout's own package, installed or not."""
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    env.pop("TRITON_INTERPRET", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent / "src"), env.get("PYTHONPATH")]))
+    return env
+
+
+def _shard(family: str, shard: int, shards: int) -> list:
+    """The node ids of the family's CPU-tier tests that shard ``shard`` (of ``shards``) runs: every
+    ``shards``-th from the ``shard``-th, in the order pytest collects them."""
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "-m", "not gpu", str(TESTS / f"test_{family}.py")],
+                            cwd=TESTS.parent, env=_test_env(), capture_output=True, text=True)
+    ids = [line for line in listed.stdout.splitlines() if line.startswith(f"tests/test_{family}.py::")]
+    if listed.returncode != 0 or not ids:
+        raise RuntimeError(f"collecting test_{family}.py failed (status {listed.returncode}):\n"
+                           f"{listed.stdout[-3000:]}{listed.stderr[-3000:]}")
+    return ids[shard::shards]
+
+
 def _memcheck(args: list, log: pathlib.Path) -> tuple:
     """Run ``python *args`` under memcheck (child processes too), its output written to ``log``
     as it comes; returns (exit status, output). ``SANITIZER_TIMEOUT`` (seconds) ends a run that
     takes longer: the status is then None and the log shows how far it got."""
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
-    env.pop("TRITON_INTERPRET", None)
-    # the checkout's own package, installed or not
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent / "src"), env.get("PYTHONPATH")]))
+    env = _test_env()
     command = [SANITIZER, "--tool", "memcheck", "--error-exitcode", str(REPORTED_ERRORS),
                "--target-processes", "all", "--print-limit", "20", sys.executable, *args]
     limit = float(os.environ["SANITIZER_TIMEOUT"]) if os.environ.get("SANITIZER_TIMEOUT") else None
@@ -79,7 +115,23 @@ def _log_dir(tmp_path) -> pathlib.Path:
     return path
 
 
-def test_memcheck_reports_a_planted_read_past_the_end(tmp_path):
+@pytest.mark.parametrize("shards", [1, 3])
+def test_shards_split_a_family_into_parts_that_cover_it_once(shards):
+    whole = _shard("launch", 0, 1)
+    parts = [_shard("launch", i, shards) for i in range(shards)]
+    assert sorted(sum(parts, [])) == sorted(whole) and len(set(whole)) == len(whole) > shards
+    assert all(parts), "every shard has tests"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", ""])
+def test_shard_count_refuses_what_is_not_a_positive_whole_number(value, monkeypatch):
+    monkeypatch.setenv("SANITIZER_SHARDS", value)
+    with pytest.raises(ValueError, match="SANITIZER_SHARDS must be a whole number >= 1, got"):
+        _shard_count()
+
+
+@pytest.mark.parametrize("_", [pytest.param(None, marks=needs_sanitizer, id="memcheck")])
+def test_memcheck_reports_a_planted_read_past_the_end(_, tmp_path):
     script = tmp_path / "planted.py"
     script.write_text(_PLANTED)
     status, output = _memcheck([str(script)], _log_dir(tmp_path) / "memcheck-planted.txt")
@@ -87,12 +139,15 @@ def test_memcheck_reports_a_planted_read_past_the_end(tmp_path):
     assert "Invalid __global__ read" in output, output[-3000:]
 
 
-@pytest.mark.parametrize("family", ["softmax", "cross_entropy", "norms", "reductions", "sampling",
-                                    "launch", "demo"])
-def test_cpu_tier_under_memcheck(family, tmp_path):
+@pytest.mark.parametrize("family, shard", [
+    pytest.param(family, shard, marks=needs_sanitizer,
+                 id=family if SHARDS == 1 else f"{family}-{shard + 1}of{SHARDS}")
+    for family in FAMILIES for shard in range(SHARDS)])
+def test_cpu_tier_under_memcheck(family, shard, tmp_path):
     workers = os.environ.get("SANITIZER_WORKERS", "2")
-    args = ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "not gpu", "-n", workers,
-            str(TESTS / f"test_{family}.py")]
-    status, output = _memcheck(args, _log_dir(tmp_path) / f"memcheck-{family}.txt")
+    tests = [str(TESTS / f"test_{family}.py")] if SHARDS == 1 else _shard(family, shard, SHARDS)
+    args = ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "not gpu", "-n", workers, *tests]
+    name = family if SHARDS == 1 else f"{family}-{shard + 1}of{SHARDS}"
+    status, output = _memcheck(args, _log_dir(tmp_path) / f"memcheck-{name}.txt")
     summaries = re.findall(r"ERROR SUMMARY: (\d+) error", output)  # (one for the run, its workers included)
     assert status == 0 and summaries and set(summaries) == {"0"}, output[-4000:]
