@@ -50,6 +50,10 @@ def _shard_count() -> int:
 
 SHARDS = _shard_count()
 
+
+def _run_name(family: str, shard: int) -> str:
+    return family if SHARDS == 1 else f"{family}-{shard + 1}of{SHARDS}"
+
 _PLANTED = textwrap.dedent("""
     import torch, triton, triton.language as tl
 
@@ -140,14 +144,12 @@ def test_memcheck_reports_a_planted_read_past_the_end(_, tmp_path):
 
 
 @pytest.mark.parametrize("family, shard", [
-    pytest.param(family, shard, marks=needs_sanitizer,
-                 id=family if SHARDS == 1 else f"{family}-{shard + 1}of{SHARDS}")
+    pytest.param(family, shard, marks=needs_sanitizer, id=_run_name(family, shard))
     for family in FAMILIES for shard in range(SHARDS)])
 def test_cpu_tier_under_memcheck(family, shard, tmp_path):
     workers = os.environ.get("SANITIZER_WORKERS", "2")
     tests = [str(TESTS / f"test_{family}.py")] if SHARDS == 1 else _shard(family, shard, SHARDS)
     args = ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "not gpu", "-n", workers, *tests]
-    name = family if SHARDS == 1 else f"{family}-{shard + 1}of{SHARDS}"
-    status, output = _memcheck(args, _log_dir(tmp_path) / f"memcheck-{name}.txt")
+    status, output = _memcheck(args, _log_dir(tmp_path) / f"memcheck-{_run_name(family, shard)}.txt")
     summaries = re.findall(r"ERROR SUMMARY: (\d+) error", output)  # (one for the run, its workers included)
     assert status == 0 and summaries and set(summaries) == {"0"}, output[-4000:]
