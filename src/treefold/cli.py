@@ -39,7 +39,7 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="ops or cases to run (default: all), e.g. softmax rms_norm sum.accurate")
     bench.add_argument("--dtype", choices=DTYPE_NAMES, help="force every shape to this dtype")
     bench.add_argument("--shapes", choices=("small", "llm", "sweep"),
-                       help="small: a fast smoke run; llm: the shapes of ../shared/PERF.md (default); "
+                       help="small: a fast smoke run; llm: LLM shapes (hidden sizes, vocabularies; default); "
                             "sweep: N from 256 to 262144 at 2^26 elements, for plots")
     bench.add_argument("--peers", metavar="LIST",
                        help="comma-separated peers among torch,hf,compile,liger,quack, or none "
