@@ -107,6 +107,16 @@ def test_round_overflow():
     assert FMT["float8_e4m3fn"].round(460.0) == 448.0
 
 
+def test_round_takes_numbers_and_names_what_it_refuses():
+    assert FMT["bfloat16"].round(3) == 3.0 and FMT["bfloat16"].round(np.float32(1.00390625)) == 1.0
+    with pytest.raises(TypeError, match="FloatFormat.round: value must be a number, got str"):
+        FMT["bfloat16"].round("1")
+    with pytest.raises(TypeError, match="FloatFormat.round: value must be a number, got bool"):
+        FMT["bfloat16"].round(True)
+    with pytest.raises(ValueError, match="FloatFormat.round: value is a number too large for a float"):
+        FMT["bfloat16"].round(10 ** 400)
+
+
 # --------------------------------------------------------------------------------------------
 # TOLERANCES
 # --------------------------------------------------------------------------------------------
@@ -230,6 +240,20 @@ def test_error_report_prints_one_line_and_converts_to_dict(rng):
         "max_abs", "mean_abs", "relative_l2", "max_ulps", "nan_mismatches", "inf_mismatches"}
 
 
+def test_compare_differences_past_float64s_top():
+    # the difference of 1e308 and -1e308 overflows float64 (max_abs says so); the relative L2
+    # error is still the finite 2
+    report = compare(torch.tensor([1e308, 1.0], dtype=torch.float64),
+                     torch.tensor([-1e308, 1.0], dtype=torch.float64))
+    assert report.max_abs == math.inf and report.relative_l2 == 2.0 and not report.ok
+
+
+def test_compare_takes_numpy_arrays_of_any_strides():
+    a = np.arange(1.0, 5.0)[::-1]
+    report = compare(a, a.copy() * (1 + 1e-9))
+    assert report.numel == 4 and 0 < report.relative_l2 < 2e-9
+
+
 def test_compare_relative_l2_when_expected_is_zero():
     zero = torch.zeros(3)
     assert compare(zero, zero).relative_l2 == 0.0
@@ -247,6 +271,10 @@ def test_compare_relative_l2_when_expected_is_zero():
     ((torch.ones(2), torch.ones(2)), {"dtype": 32}, TypeError, "compare: dtype must be a torch.dtype or a format name, got int"),
     ((torch.ones(2), torch.ones(2)), {"dtype": torch.int8}, ValueError, "compare: no tolerance for dtype=torch.int8"),
     ((torch.ones(2).to(torch.float8_e4m3fnuz), torch.ones(2)), {}, ValueError, "no tolerance for dtype=torch.float8_e4m3fnuz"),
+    ((np.ones(2, dtype=np.longdouble), np.ones(2)), {}, TypeError,
+     r"compare: actual has NumPy dtype float128, expected a floating-point dtype \(float16, float32 or float64\)"),
+    ((np.ones(2), np.array([1.0, None])), {}, TypeError, "compare: expected has NumPy dtype object"),
+    ((10 ** 400, 1.0), {}, ValueError, "compare: actual is a number too large for a float"),
 ])
 def test_compare_bad_input(args, kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -393,7 +421,13 @@ def test_three_way_report_text_and_dict(rng):
     ((torch.sum, torch.sum, [1.0]), {}, TypeError, "three_way: x must be a torch.Tensor, got list"),
     ((torch.sum, torch.sum, torch.ones(2, dtype=torch.int64)), {}, TypeError, "three_way: x has dtype int64"),
     ((torch.sum, torch.sum, torch.ones(2)), {"low": torch.float32}, ValueError, "three_way: low=torch.float32 is not supported"),
-    ((torch.sum, torch.sum, torch.ones(2)), {"factor": 1.0}, ValueError, "three_way: factor must be a number > 1, got 1.0"),
+    ((torch.sum, torch.sum, torch.ones(2)), {"factor": 1.0}, ValueError, "three_way: factor must be a finite number > 1, got 1.0"),
+    ((torch.sum, torch.sum, torch.ones(2)), {"factor": math.inf}, ValueError, "three_way: factor must be a finite number > 1, got inf"),
+    ((torch.sum, torch.sum, torch.ones(2)), {"factor": 10 ** 400}, ValueError,
+     "three_way: factor must be a finite number > 1, got a number too large for a float"),
+    ((torch.sum, torch.sum, torch.ones(2)), {"factor": "2"}, TypeError, "three_way: factor must be a number > 1, got str"),
+    ((torch.sum, torch.sum, torch.ones(2)), {"low": None}, TypeError,
+     r"three_way: low must be a torch.dtype \(torch.bfloat16 or torch.float16\), got NoneType"),
     ((lambda t: 3.0, torch.sum, torch.ones(2)), {}, TypeError, "three_way: fn_impl must return a torch.Tensor, got float"),
     ((lambda t: t, torch.sum, torch.ones(2)), {}, ValueError, r"three_way: fn_impl returned shape \(2,\) for a float32 input but \(\) for float32"),
 ])
@@ -519,6 +553,8 @@ def test_sums_bad_input(fn):
         fn(torch.ones(2, 2))
     with pytest.raises(TypeError, match=f"{name}: values must hold numbers, found str"):
         fn([1.0, "2"])
+    with pytest.raises(ValueError, match=f"{name}: values holds a number too large for a float"):
+        fn([10 ** 400, 1.0])
     with pytest.raises(TypeError, match=f"{name}: values must be a 1-D torch.Tensor, NumPy array, list or tuple, got float"):
         fn(1.0)
     with pytest.raises(ValueError, match=f"{name}: storage_dtype=torch.float8_e4m3fn is not supported"):

@@ -26,6 +26,8 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from . import _checks
+
 __all__ = [
     "FloatFormat", "formats", "format_table",
     "Tolerance", "TOLERANCES",
@@ -135,6 +137,12 @@ class FloatFormat:
         Values beyond the largest finite number become infinities in IEEE formats; the formats
         without infinities have no single rounding rule for overflow, so they raise.
         """
+        if value.__class__ is not float:  # (the checks off the sums' per-value loop)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"FloatFormat.round: value must be a number, got {type(value).__name__}")
+            if _checks.beyond_float(value):
+                raise ValueError("FloatFormat.round: value is a number too large for a float")
+            value = float(value)
         if value == 0.0 or not math.isfinite(value):
             return value
         _, exponent = math.frexp(value)  # value = m * 2**exponent with 0.5 <= |m| < 1
@@ -314,12 +322,22 @@ class ErrorReport:
         return text
 
 
+#: The NumPy dtypes that torch takes as they are (NumPy's longdouble has no torch dtype).
+_NUMPY_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _as_tensor(fn: str, name: str, value) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         t = value.detach()
     elif isinstance(value, np.ndarray):
-        t = torch.from_numpy(value)
+        if value.dtype not in _NUMPY_FLOATS:
+            raise TypeError(f"{fn}: {name} has NumPy dtype {value.dtype}, expected a floating-point dtype "
+                            f"(float16, float32 or float64)")
+        # (a copy where the strides are negative: torch.from_numpy takes no such array)
+        t = torch.from_numpy(value if all(st >= 0 for st in value.strides) else value.copy())
     elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if _checks.beyond_float(value):
+            raise ValueError(f"{fn}: {name} is a number too large for a float")
         t = torch.tensor(float(value), dtype=torch.float64)
     else:
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, a NumPy array or a number, "
@@ -392,10 +410,12 @@ def compare(actual, expected, *, dtype=None) -> ErrorReport:
         return ErrorReport(fmt.name, a.numel(), 0.0, 0.0, 0.0, 0.0, nan_mismatches, inf_mismatches,
                            0, tol.atol, tol.rtol, nan_mismatches == 0 and inf_mismatches == 0)
     # both norms over the same power-of-two scale: float64 squares of values beyond 1e+-154
-    # would overflow or underflow, and the scale cancels in the ratio (exactly: a power of two)
-    largest = float(torch.maximum(diff.max(), rf.abs().max()))
-    scale = 2.0 ** math.frexp(largest)[1] if largest > 0 else 1.0
-    diff_norm = float(torch.linalg.vector_norm(diff / scale))
+    # would overflow or underflow, and the scale cancels in the ratio (exactly: a power of two).
+    # The difference is taken after the scaling: finite values of opposite signs near the top of
+    # float64 have a difference that overflows (max_abs says inf), but not a scaled one.
+    largest = float(torch.maximum(af.abs().max(), rf.abs().max()))
+    scale = math.ldexp(1.0, math.frexp(largest)[1] - 1) if largest > 0 else 1.0  # (at most 2^1023)
+    diff_norm = float(torch.linalg.vector_norm(af / scale - rf / scale))
     ref_norm = float(torch.linalg.vector_norm(rf / scale))
     if ref_norm > 0:
         relative_l2 = diff_norm / ref_norm
@@ -495,10 +515,16 @@ def three_way(fn_impl: Callable, fn_trusted: Callable, x: torch.Tensor, *,
         raise TypeError(f"three_way: x must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"three_way: x has dtype {_dtype_name(x.dtype)}, expected a floating-point dtype")
+    if not isinstance(low, torch.dtype):
+        raise TypeError(f"three_way: low must be a torch.dtype (torch.bfloat16 or torch.float16), "
+                        f"got {type(low).__name__}")
     if low not in (torch.bfloat16, torch.float16):
         raise ValueError(f"three_way: low={low} is not supported; expected torch.bfloat16 or torch.float16")
-    if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not factor > 1:
-        raise ValueError(f"three_way: factor must be a number > 1, got {factor!r}")
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+        raise TypeError(f"three_way: factor must be a number > 1, got {type(factor).__name__}")
+    if _checks.beyond_float(factor) or not 1 < float(factor) < math.inf:
+        raise ValueError(f"three_way: factor must be a finite number > 1, got "
+                         f"{'a number too large for a float' if _checks.beyond_float(factor) else repr(factor)}")
 
     x32, x_low = x.detach().float(), x.detach().to(low)
     trusted32 = _call("fn_trusted", fn_trusted, x32, None)
@@ -564,6 +590,8 @@ def _host_array(fn: str, values) -> np.ndarray:
         for v in values:
             if isinstance(v, bool) or not isinstance(v, numbers.Real):
                 raise TypeError(f"{fn}: values must hold numbers, found {type(v).__name__}")
+            if _checks.beyond_float(v):
+                raise ValueError(f"{fn}: values holds a number too large for a float")
         array = np.asarray(values, dtype=np.float64)
     else:
         raise TypeError(f"{fn}: values must be a 1-D torch.Tensor, NumPy array, list or tuple, "
