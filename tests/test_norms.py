@@ -1905,8 +1905,34 @@ def test_modules_reject_bad_arguments_by_name():
         RMSNorm(-1)
     with pytest.raises(TypeError, match="LayerNorm: normalized_shape must be an int or a sequence of ints, got str"):
         LayerNorm("8")
-    with pytest.raises(ValueError, match="RMSNorm: casting must be 'llama', 'gemma' or 'none', got 'bad'"):
+    with pytest.raises(ValueError, match="RMSNorm: casting must be one of 'llama', 'gemma', 'none', got 'bad'"):
         RMSNorm(8, casting="bad")
+    with pytest.raises(TypeError, match="RMSNorm: casting must be a str .*, got NoneType"):
+        RMSNorm(8, casting=None)
+    # flags are bools (a string "False" would otherwise be taken as true)
+    with pytest.raises(TypeError, match="RMSNorm: elementwise_affine must be a bool, got str"):
+        RMSNorm(8, elementwise_affine="False")
+    with pytest.raises(TypeError, match="LayerNorm: elementwise_affine must be a bool, got NoneType"):
+        LayerNorm(8, elementwise_affine=None)
+    with pytest.raises(TypeError, match="LayerNorm: bias must be a bool, got int"):
+        LayerNorm(8, bias=1)
+    # the parameters' dtype and device, named before torch's factory sees them
+    with pytest.raises(TypeError, match="RMSNorm: dtype must be a floating-point torch.dtype or None, got torch.int64"):
+        RMSNorm(8, dtype=torch.int64)
+    with pytest.raises(TypeError, match="LayerNorm: dtype must be a floating-point torch.dtype or None, got str"):
+        LayerNorm(8, dtype="float32")
+    with pytest.raises(ValueError, match="RMSNorm: device 'nope' names no device torch knows"):
+        RMSNorm(8, device="nope")
+    with pytest.raises(TypeError, match="LayerNorm: device must be a torch.device, a str, an int or None, got float"):
+        LayerNorm(8, device=1.5)
+    assert LayerNorm(8, dtype=torch.float64, device="cpu").weight.dtype == torch.float64
+    with pytest.raises(TypeError, match=r"RMSNorm: normalized_shape must be an int or a sequence of ints, got a tensor "
+                                        r"of dtype torch.float32 and shape \(\)"):
+        RMSNorm(torch.tensor(8.0))
+    with pytest.raises(TypeError, match=r"LayerNorm: normalized_shape must be an int or a sequence of ints, got a NumPy "
+                                        r"array of dtype int64 and shape \(1, 2\)"):
+        LayerNorm(np.array([[2, 4]]))
+    assert RMSNorm(torch.tensor([2, 4])).normalized_shape == (2, 4) == LayerNorm(np.array([2, 4])).normalized_shape
     with pytest.raises(TypeError, match="RMSNorm: x must be a torch.Tensor, got list"):
         RMSNorm(8)([1.0])
     with pytest.raises(ValueError, match=r"RMSNorm: expected residual with trailing shape \(2, 4\), got \(5,\)"):

@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import nn
 
 from . import _checks
-from .functional.norms import layer_norm, rms_norm
+from .functional.norms import check_casting, layer_norm, rms_norm
 from .functional.softmax import check_loss_options, cross_entropy
 
 __all__ = ["RMSNorm", "LayerNorm", "CrossEntropyLoss"]
@@ -38,10 +39,39 @@ def _as_shape(module: str, normalized_shape: _Shape) -> tuple[int, ...]:
     if any(isinstance(d, bool) or not hasattr(d, "__index__") for d in shape):
         raise TypeError(f"{module}: normalized_shape must be an int or a sequence of ints, got "
                         f"{', '.join(type(d).__name__ for d in shape)}")
-    shape = tuple(d.__index__() for d in shape)
+    try:
+        shape = tuple(d.__index__() for d in shape)
+    except TypeError:  # a float tensor, an array of more than one dimension
+        raise TypeError(f"{module}: normalized_shape must be an int or a sequence of ints, got "
+                        f"{_described(normalized_shape)}") from None
     if not shape or any(d < 1 for d in shape):
         raise ValueError(f"{module}: normalized_shape must be one or more positive ints, got {shape!r}")
     return shape
+
+
+def _described(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of dtype {value.dtype} and shape {tuple(value.shape)}"
+    if isinstance(value, np.ndarray):
+        return f"a NumPy array of dtype {value.dtype} and shape {value.shape}"
+    return type(value).__name__
+
+
+def _parameter_options(module: str, device, dtype):
+    """The ``device`` and ``dtype`` of the module's parameters, checked before torch's factory sees
+    them (it raises RuntimeErrors that name neither the module nor the argument)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        shown = dtype if isinstance(dtype, torch.dtype) else type(dtype).__name__
+        raise TypeError(f"{module}: dtype must be a floating-point torch.dtype or None, got {shown}")
+    if device is None:
+        return None, dtype
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"{module}: device must be a torch.device, a str, an int or None, got "
+                        f"{type(device).__name__}")
+    try:
+        return torch.device(device), dtype
+    except RuntimeError:
+        raise ValueError(f"{module}: device {device!r} names no device torch knows") from None
 
 
 def _check_weight(module: str, name: str, value, shape: tuple[int, ...]) -> None:
@@ -82,10 +112,10 @@ class RMSNorm(nn.Module):
                  *, casting: str = "llama", offset: float = 0.0, device=None, dtype=None):
         super().__init__()
         self.normalized_shape = _as_shape("RMSNorm", normalized_shape)
-        if casting not in ("llama", "gemma", "none"):
-            raise ValueError(f"RMSNorm: casting must be 'llama', 'gemma' or 'none', got {casting!r}")
+        check_casting("RMSNorm", casting)
         self.eps = None if eps is None else _checks.finite_float("RMSNorm", "eps", eps, low=0.0)
-        self.elementwise_affine = elementwise_affine
+        self.elementwise_affine = _checks.flag("RMSNorm", "elementwise_affine", elementwise_affine)
+        device, dtype = _parameter_options("RMSNorm", device, dtype)
         self.casting = casting
         self.offset = _checks.finite_float("RMSNorm", "offset", offset)
         if self.offset != 0.0 and not elementwise_affine:
@@ -143,7 +173,9 @@ class LayerNorm(nn.Module):
         super().__init__()
         self.normalized_shape = _as_shape("LayerNorm", normalized_shape)
         self.eps = _checks.finite_float("LayerNorm", "eps", eps, low=0.0)
-        self.elementwise_affine = elementwise_affine
+        self.elementwise_affine = _checks.flag("LayerNorm", "elementwise_affine", elementwise_affine)
+        _checks.flag("LayerNorm", "bias", bias)
+        device, dtype = _parameter_options("LayerNorm", device, dtype)
         if elementwise_affine:
             self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
             if bias:

@@ -80,6 +80,15 @@ def _check_residual(fn: str, residual, x: torch.Tensor) -> None:
         raise ValueError(f"{fn}: residual has shape {_shape(residual)}, expected {_shape(x)} (x.shape)")
 
 
+def check_casting(fn: str, casting) -> None:
+    """One of ``CASTINGS`` (a TypeError for what is not a str, a ValueError for another str)."""
+    if type(casting) is not str:  # (type(): torch 2.11's Dynamo gets a constant's __class__ wrong)
+        raise TypeError(f"{fn}: casting must be a str (one of {', '.join(map(repr, CASTINGS))}), "
+                        f"got {type(casting).__name__}")
+    if casting not in CASTINGS:
+        raise ValueError(f"{fn}: casting must be one of {', '.join(map(repr, CASTINGS))}, got {casting!r}")
+
+
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, *,
              residual: Optional[torch.Tensor] = None, offset: float = 0.0, casting: str = "llama",
              out_dtype: Optional[torch.dtype] = None):
@@ -146,11 +155,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         _check_residual(fn, residual, x)
     eps = _eps(fn, eps)
     offset = _offset(fn, offset)
-    if type(casting) is not str:  # (type(): torch 2.11's Dynamo gets a constant's __class__ wrong)
-        raise TypeError(f"{fn}: casting must be a str (one of {', '.join(map(repr, CASTINGS))}), "
-                        f"got {type(casting).__name__}")
-    if casting not in CASTINGS:
-        raise ValueError(f"{fn}: casting must be one of {', '.join(map(repr, CASTINGS))}, got {casting!r}")
+    check_casting(fn, casting)
     if offset != 0.0 and weight is None:
         raise ValueError(f"{fn}: offset={offset} needs a weight (the offset is added to the weight)")
     out_dtype_arg = out_dtype
