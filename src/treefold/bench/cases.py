@@ -124,8 +124,9 @@ def bytes_cross_entropy(s: Shape) -> int:
 
 
 def bytes_cross_entropy_with_grad(s: Shape) -> int:
-    """Forward and dx in one pass: read logits and targets, write losses and dx."""
-    return 2 * s.rows * s.n * itemsize(s.dtype) + s.rows * (8 + 4)
+    """Forward and dx in one step: read logits, targets and each row's float32 dy, write losses
+    and dx."""
+    return 2 * s.rows * s.n * itemsize(s.dtype) + s.rows * (8 + 4 + 4)
 
 
 def bytes_cross_entropy_mean(s: Shape) -> int:
